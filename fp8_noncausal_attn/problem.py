@@ -1,0 +1,78 @@
+"""The validated, normalised form of one ``paged_attention`` call.
+
+Validation (``validation.py``) turns the user's arguments into an :class:`AttentionProblem`;
+every backend (reference, Triton, CUDA) consumes only this, so each kernel sees one layout
+convention and never re-checks user input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One paged attention call, checked and normalised.
+
+    Tensors (all on one device):
+      query:        [num_tokens, num_q_heads, head_dim], bf16/fp16, last dim contiguous.
+      key_cache:    [num_blocks, block_size, num_kv_heads, head_dim], fp8 e4m3/e5m2, bf16 or fp16,
+                    any strides with stride(-1) == 1 (a vLLM combined cache arrives as a view).
+      value_cache:  same shape and dtype as key_cache, strides may differ.
+      block_table:  [num_seqs, max_blocks_per_seq] int32.
+      cu_seqlens_q: [num_seqs + 1] int32, non-decreasing, cu_seqlens_q[-1] == num_tokens.
+      seq_lens:     [num_seqs] int32, KV length of each sequence including its new tokens.
+      k_scale, v_scale: [num_kv_heads] float32, contiguous; dequantisation multipliers
+                    (real K = stored K * k_scale[kv_head]); all ones when the user gave none.
+      causal_per_seq: [num_seqs] bool when the user passed a per-sequence tensor, else None
+                    and ``causal`` holds the one mask for the whole launch.
+    Scalars:
+      softmax_scale:  multiplier of q.k before the softmax (default head_dim ** -0.5).
+      max_seqlen_q/k: host-side upper bounds of q_len / kv_len, used to size grids without a
+                    device-to-host sync.
+    """
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    causal: bool
+    causal_per_seq: torch.Tensor | None
+    softmax_scale: float
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query.shape[0]
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.query.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.query.shape[2]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.key_cache.shape[2]
+
+    @property
+    def block_size(self) -> int:
+        return self.key_cache.shape[1]
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA ratio)."""
+        return self.num_q_heads // self.num_kv_heads
