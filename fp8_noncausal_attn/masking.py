@@ -1,0 +1,49 @@
+"""The attention mask, in one place (SPEC §3).
+
+Query token ``i`` of a sequence with ``q_len`` new tokens and ``kv_len`` keys sits at absolute
+position ``p = kv_len - q_len + i``. Causal: it sees keys ``0 <= j <= p``. Bidirectional: it sees
+keys ``0 <= j < kv_len``. The Triton and CUDA kernels implement exactly :func:`visible_keys`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def normalize_causal(
+    causal: bool | torch.Tensor, num_seqs: int, device: torch.device
+) -> tuple[bool, torch.Tensor | None]:
+    """Split ``causal`` into (launch-wide flag, per-sequence bool tensor or None).
+
+    A per-sequence tensor must be bool ``[num_seqs]`` on ``device``; the flag is then unused.
+    """
+    if isinstance(causal, bool):
+        return causal, None
+    if not isinstance(causal, torch.Tensor):
+        raise TypeError(
+            f"causal must be a bool or a bool tensor [num_seqs], got {type(causal).__name__}"
+        )
+    if causal.dtype != torch.bool:
+        raise TypeError(f"causal tensor must have dtype torch.bool, got {causal.dtype}")
+    if causal.shape != (num_seqs,):
+        raise ValueError(
+            f"causal tensor must have shape [num_seqs] = [{num_seqs}], got {list(causal.shape)}"
+        )
+    if causal.device != device:
+        raise ValueError(f"causal tensor must be on {device} like query, got {causal.device}")
+    return True, causal.contiguous()
+
+
+def visible_keys(
+    token_index: torch.Tensor, q_len: int, kv_len: int, causal: bool | torch.Tensor
+) -> torch.Tensor:
+    """Number of leading keys each query token attends to.
+
+    Args:
+        token_index: ``[n]`` int64, 0-based index of the query token inside its sequence.
+        causal: a bool, or a 0-d bool tensor for this sequence.
+    Returns:
+        ``[n]`` int64: ``p + 1`` for causal (``p = kv_len - q_len + i``), ``kv_len`` otherwise.
+    """
+    causal_limit = kv_len - q_len + token_index + 1
+    return torch.where(torch.as_tensor(causal), causal_limit, torch.full_like(token_index, kv_len))

@@ -1,0 +1,80 @@
+"""The oracle: plain PyTorch, fp32 math, one sequence at a time (``backend="reference"``).
+
+Not CUDA-graph safe (it reads the lengths on the host); every other backend is tested against it,
+and it is tested against an independent float64 computation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .masking import visible_keys
+from .problem import AttentionProblem
+from .scales import dequantize, quantize
+
+
+def availability() -> tuple[bool, str]:
+    return True, "plain PyTorch: runs on every device, fp32 math, reads lengths on the host"
+
+
+def unsupported_reason(problem: AttentionProblem) -> str | None:
+    return None
+
+
+def gather_sequence_kv(
+    problem: AttentionProblem, seq: int, kv_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real (dequantised) K and V of one sequence, float32 ``[kv_len, num_kv_heads, head_dim]``."""
+    num_pages = -(-kv_len // problem.block_size)
+    pages = problem.block_table[seq, :num_pages].long()
+
+    def gather(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        rows = cache[pages].reshape(-1, problem.num_kv_heads, problem.head_dim)[:kv_len]
+        return dequantize(rows, scale)
+
+    return gather(problem.key_cache, problem.k_scale), gather(problem.value_cache, problem.v_scale)
+
+
+def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
+    """Write ``softmax(q K^T * softmax_scale) V`` for every query token into ``out``."""
+    cu = problem.cu_seqlens_q.tolist()
+    kv_lens = problem.seq_lens.tolist()
+    group = problem.group_size
+    for seq, kv_len in enumerate(kv_lens):
+        q_start, q_end = cu[seq], cu[seq + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        keys, values = gather_sequence_kv(problem, seq, kv_len)
+        # [q_len, num_q_heads, d] -> [num_kv_heads, group, q_len, d]
+        q = problem.query[q_start:q_end].float()
+        q = q.view(q_len, problem.num_kv_heads, group, -1).permute(1, 2, 0, 3)
+        scores = torch.einsum("hgqd,khd->hgqk", q, keys) * problem.softmax_scale
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        limit = visible_keys(torch.arange(q_len, device=q.device), q_len, kv_len, causal)
+        hidden = torch.arange(kv_len, device=q.device)[None, :] >= limit[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        result = torch.einsum("hgqk,khd->qhgd", probs, values)
+        out[q_start:q_end] = result.reshape(q_len, problem.num_q_heads, -1).to(out.dtype)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Quantise ``key``/``value`` rows into the paged caches at ``slot_mapping`` (< 0: skipped)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    block_size = key_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    for rows, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        stored = quantize(rows[keep], scale, cache.dtype)
+        # index_put_ is not implemented for FP8 dtypes: write the same bytes through a uint8 view.
+        as_bytes = torch.uint8 if cache.element_size() == 1 else torch.int16
+        cache.view(as_bytes)[blocks, offsets] = stored.view(as_bytes)

@@ -1,0 +1,316 @@
+"""Checks on every public entry point (SPEC §5), run before anything launches.
+
+Each failure raises TypeError (wrong type or dtype) or ValueError (wrong shape, value or device)
+with a message that names the argument, the expected and the actual value. Checks that need the
+values of device tensors (lengths, page ids) run when those values are on the host, when the call
+needs them on the host anyway (``max_seqlen_q/k`` not given), or when ``validate=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .masking import normalize_causal
+from .problem import AttentionProblem
+from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, normalize_scale
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+MIN_BLOCK_SIZE = 8
+MAX_BLOCK_SIZE = 256
+
+
+def _require_tensor(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _require_dtype(x: torch.Tensor, name: str, allowed: tuple[torch.dtype, ...]) -> None:
+    if x.dtype not in allowed:
+        hint = ""
+        if x.dtype == torch.uint8:
+            hint = " (an FP8 cache stored as uint8 must be viewed as its FP8 dtype first)"
+        raise TypeError(f"{name} must have dtype in {list(allowed)}, got {x.dtype}{hint}")
+
+
+def _require_rank(x: torch.Tensor, name: str, rank: int, layout: str) -> None:
+    if x.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {list(x.shape)}")
+
+
+def _require_device(x: torch.Tensor, name: str, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"{name} must be on {device} like query, got {x.device}")
+
+
+def _require_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got {x.stride(-1)}")
+
+
+def _optional_host_int(value: int | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_kv_tokens(key: torch.Tensor, value: torch.Tensor) -> None:
+    """Check new K/V rows: ``[num_tokens, num_kv_heads, head_dim]``, floating, same shape."""
+    for name, x in (("key", key), ("value", value)):
+        _require_tensor(x, name)
+        _require_dtype(x, name, SIXTEEN_BIT_DTYPES + (torch.float32,))
+        _require_rank(x, name, 3, "[num_tokens, num_kv_heads, head_dim]")
+        _require_last_dim_contiguous(x, name)
+    if value.shape != key.shape:
+        raise ValueError(
+            f"value must have the shape of key {list(key.shape)}, got {list(value.shape)}"
+        )
+    if value.device != key.device:
+        raise ValueError(f"value must be on {key.device} like key, got {value.device}")
+
+
+def _check_caches(key_cache: object, value_cache: object, device: torch.device) -> None:
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _require_tensor(cache, name)
+        _require_dtype(cache, name, CACHE_DTYPES)
+        _require_rank(cache, name, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+        _require_device(cache, name, device)
+        _require_last_dim_contiguous(cache, name)
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"value_cache must have the shape of key_cache {list(key_cache.shape)}, "
+            f"got {list(value_cache.shape)}"
+        )
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(
+            f"value_cache must have the dtype of key_cache {key_cache.dtype}, "
+            f"got {value_cache.dtype}"
+        )
+    block_size, head_dim = key_cache.shape[1], key_cache.shape[3]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if not (MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE) or block_size & (block_size - 1):
+        raise ValueError(
+            f"block_size (key_cache.shape[1]) must be a power of two in "
+            f"[{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}"
+        )
+
+
+def _check_index_tensor(x: object, name: str, rank: int, layout: str, device: torch.device):
+    _require_tensor(x, name)
+    _require_dtype(x, name, (torch.int32,))
+    _require_rank(x, name, rank, layout)
+    _require_device(x, name, device)
+
+
+def _check_lengths_on_host(
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+) -> tuple[int, int]:
+    """Value checks on lengths and page ids; returns the true (max_q_len, max_kv_len)."""
+    cu = cu_seqlens_q.cpu().long()
+    kv = seq_lens.cpu().long()
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens_q[0] must be 0, got {int(cu[0])}")
+    q_lens = cu[1:] - cu[:-1]
+    if bool((q_lens < 0).any()):
+        raise ValueError(f"cu_seqlens_q must be non-decreasing, got {cu.tolist()}")
+    if int(cu[-1]) != num_tokens:
+        raise ValueError(
+            f"cu_seqlens_q[-1] must equal num_tokens = {num_tokens}, got {int(cu[-1])}"
+        )
+    if bool((kv < 0).any()):
+        raise ValueError(f"seq_lens must be >= 0, got {kv.tolist()}")
+    too_long = q_lens > kv
+    if bool(too_long.any()):
+        s = int(too_long.nonzero()[0])
+        raise ValueError(
+            f"q_len must be <= kv_len: sequence {s} has q_len {int(q_lens[s])} "
+            f"(from cu_seqlens_q) > seq_lens[{s}] = {int(kv[s])}"
+        )
+    pages_needed = (kv + block_size - 1) // block_size
+    if bool((pages_needed > block_table.shape[1]).any()):
+        s = int((pages_needed > block_table.shape[1]).nonzero()[0])
+        raise ValueError(
+            f"block_table is too short: sequence {s} has seq_lens {int(kv[s])}, needing "
+            f"{int(pages_needed[s])} pages, but block_table has {block_table.shape[1]} columns"
+        )
+    if kv.numel():
+        table = block_table.cpu().long()
+        used = torch.arange(table.shape[1])[None, :] < pages_needed[:, None]
+        pages = table[used]
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_blocks):
+            raise ValueError(
+                f"block_table entries for used pages must be in [0, {num_blocks}), got range "
+                f"[{int(pages.min())}, {int(pages.max())}]"
+            )
+    true_max_q = int(q_lens.max()) if q_lens.numel() else 0
+    true_max_k = int(kv.max()) if kv.numel() else 0
+    for name, given, true in (
+        ("max_seqlen_q", max_seqlen_q, true_max_q),
+        ("max_seqlen_k", max_seqlen_k, true_max_k),
+    ):
+        if given is not None and given < true:
+            raise ValueError(f"{name} must be >= the longest sequence {true}, got {given}")
+    return true_max_q, true_max_k
+
+
+def validate_attention(
+    query: object,
+    key_cache: object,
+    value_cache: object,
+    block_table: object,
+    cu_seqlens_q: object,
+    seq_lens: object,
+    *,
+    causal: bool | torch.Tensor,
+    k_scale: ScaleArg,
+    v_scale: ScaleArg,
+    softmax_scale: float | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    out: torch.Tensor | None,
+    validate: bool,
+) -> AttentionProblem:
+    """Check a ``paged_attention`` call and return its normalised :class:`AttentionProblem`."""
+    query = _require_tensor(query, "query")
+    _require_dtype(query, "query", SIXTEEN_BIT_DTYPES)
+    _require_rank(query, "query", 3, "[num_tokens, num_q_heads, head_dim]")
+    _require_last_dim_contiguous(query, "query")
+    device = query.device
+    _check_caches(key_cache, value_cache, device)
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    if cache_head_dim != head_dim:
+        raise ValueError(
+            f"key_cache head_dim (shape[3]) must equal query head_dim {head_dim}, "
+            f"got {cache_head_dim}"
+        )
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads (query.shape[1] = {num_q_heads}) must be a multiple of num_kv_heads "
+            f"(key_cache.shape[2] = {num_kv_heads})"
+        )
+    _check_index_tensor(block_table, "block_table", 2, "[num_seqs, max_blocks_per_seq]", device)
+    _check_index_tensor(seq_lens, "seq_lens", 1, "[num_seqs]", device)
+    _check_index_tensor(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]", device)
+    num_seqs = seq_lens.shape[0]
+    if cu_seqlens_q.shape[0] != num_seqs + 1:
+        raise ValueError(
+            f"cu_seqlens_q must have shape [num_seqs + 1] = [{num_seqs + 1}], "
+            f"got {list(cu_seqlens_q.shape)}"
+        )
+    if block_table.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_table must have num_seqs = {num_seqs} rows (from seq_lens), "
+            f"got {block_table.shape[0]}"
+        )
+    if out is not None:
+        _require_tensor(out, "out")
+        if out.dtype != query.dtype:
+            raise TypeError(f"out must have the dtype of query {query.dtype}, got {out.dtype}")
+        if out.shape != query.shape:
+            raise ValueError(
+                f"out must have the shape of query {list(query.shape)}, got {list(out.shape)}"
+            )
+        _require_device(out, "out", device)
+        _require_last_dim_contiguous(out, "out")
+    if softmax_scale is None:
+        softmax_scale = head_dim**-0.5
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (float, int)):
+        raise TypeError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
+        )
+    elif not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    max_seqlen_q = _optional_host_int(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _optional_host_int(max_seqlen_k, "max_seqlen_k")
+
+    values_on_host = device.type == "cpu"
+    check_values = validate or values_on_host
+    k_scale_t = normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values)
+    v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
+    causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
+
+    if check_values or max_seqlen_q is None or max_seqlen_k is None:
+        true_max_q, true_max_k = _check_lengths_on_host(
+            cu_seqlens_q, seq_lens, block_table, num_tokens, num_blocks, block_size,
+            max_seqlen_q, max_seqlen_k,
+        )  # fmt: skip
+        max_seqlen_q = true_max_q if max_seqlen_q is None else max_seqlen_q
+        max_seqlen_k = true_max_k if max_seqlen_k is None else max_seqlen_k
+
+    return AttentionProblem(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens=seq_lens,
+        k_scale=k_scale_t,
+        v_scale=v_scale_t,
+        causal=causal_flag,
+        causal_per_seq=causal_per_seq,
+        softmax_scale=float(softmax_scale),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
+
+
+def validate_cache_write(
+    key: object,
+    value: object,
+    key_cache: object,
+    value_cache: object,
+    slot_mapping: object,
+    *,
+    k_scale: ScaleArg,
+    v_scale: ScaleArg,
+    validate: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check a ``reshape_and_cache`` call; return the normalised ``(k_scale, v_scale)``."""
+    check_kv_tokens(key, value)
+    if key.dtype == torch.float32:
+        raise TypeError("key must have dtype bfloat16 or float16, got torch.float32")
+    device = key.device
+    _check_caches(key_cache, value_cache, device)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if key_cache.shape[2:] != (num_kv_heads, head_dim):
+        raise ValueError(
+            f"key_cache [num_blocks, block_size, num_kv_heads, head_dim] must match key's "
+            f"(num_kv_heads, head_dim) = {(num_kv_heads, head_dim)}, "
+            f"got {tuple(key_cache.shape[2:])}"
+        )
+    slot_mapping = _require_tensor(slot_mapping, "slot_mapping")
+    _require_dtype(slot_mapping, "slot_mapping", (torch.int64,))
+    _require_rank(slot_mapping, "slot_mapping", 1, "[num_tokens]")
+    _require_device(slot_mapping, "slot_mapping", device)
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(
+            f"slot_mapping must have shape [num_tokens] = [{num_tokens}], "
+            f"got {list(slot_mapping.shape)}"
+        )
+    check_values = validate or device.type == "cpu"
+    if check_values and num_tokens:
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        top = int(slot_mapping.max())
+        if top >= num_slots:
+            raise ValueError(
+                f"slot_mapping entries must be < num_blocks * block_size = {num_slots}, got {top}"
+            )
+    return (
+        normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values),
+        normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values),
+    )
