@@ -1,0 +1,116 @@
+"""Triton ``reshape_and_cache``: quantise new K/V rows into the paged caches.
+
+The conversion to the cache format is done with integer arithmetic on the fp32 bit pattern
+(saturate to the finite max, round to nearest even, subnormals included) rather than a float
+cast, so the GPU and Triton's CPU interpreter (whose fp32->fp8 and fp32->bf16 casts round
+wrongly) give the same bytes as ``scales.quantize``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .scales import finite_max
+
+# Cache format codes shared by the kernel and its launcher.
+_FORMATS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.bfloat16: 2, torch.float16: 3}
+_STORAGE = {0: torch.uint8, 1: torch.uint8, 2: torch.int16, 3: torch.float16}
+
+
+@triton.jit
+def _encode_fp8(x, MANT: tl.constexpr, BIAS: tl.constexpr, FMAX: tl.constexpr):
+    """fp32 -> FP8 byte (sign, BIAS-biased exponent, MANT mantissa bits), saturating, RNE."""
+    is_nan = x != x
+    x = tl.minimum(tl.maximum(x, -FMAX), FMAX)
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    magnitude = tl.abs(x)
+    # Below the smallest normal the format is fixed-point with step 2^(1 - BIAS - MANT): adding
+    # and removing 2^23 rounds that fixed-point value to the nearest even integer in fp32.
+    fixed = magnitude * (2.0 ** (BIAS + MANT - 1))
+    subnormal = ((fixed + 8388608.0) - 8388608.0).to(tl.int32)
+    shift: tl.constexpr = 23 - MANT
+    mag_bits = magnitude.to(tl.int32, bitcast=True)
+    rounded = mag_bits + ((1 << (shift - 1)) - 1) + ((mag_bits >> shift) & 1)
+    exponent = (rounded >> 23) - 127 + BIAS
+    normal = (exponent << MANT) | ((rounded >> shift) & ((1 << MANT) - 1))
+    code = tl.where(magnitude < 2.0 ** (1 - BIAS), subnormal, normal) | sign
+    return tl.where(is_nan, 0x7F, code).to(tl.uint8)
+
+
+@triton.jit
+def _encode_bf16(x):
+    """fp32 -> bf16 bit pattern (as int16), round to nearest even; NaN stays NaN."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(x != x, (bits >> 16) | 0x40, rounded).to(tl.int16)
+
+
+@triton.jit
+def _encode(x, FORMAT: tl.constexpr, FMAX: tl.constexpr):
+    if FORMAT == 0:
+        return _encode_fp8(x, 3, 7, FMAX)
+    elif FORMAT == 1:
+        return _encode_fp8(x, 2, 15, FMAX)
+    elif FORMAT == 2:
+        return _encode_bf16(x)
+    else:
+        return x.to(tl.float16)
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+    k_scale_ptr, v_scale_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch,
+    stride_vcb, stride_vcs, stride_vch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(key_ptr + token * stride_kt + head * stride_kh + dims).to(tl.float32)
+    v = tl.load(value_ptr + token * stride_vt + head * stride_vh + dims).to(tl.float32)
+    k = tl.math.div_rn(k, tl.load(k_scale_ptr + head))
+    v = tl.math.div_rn(v, tl.load(v_scale_ptr + head))
+    k_dst = key_cache_ptr + block * stride_kcb + offset * stride_kcs + head * stride_kch
+    v_dst = value_cache_ptr + block * stride_vcb + offset * stride_vcs + head * stride_vch
+    tl.store(k_dst + dims, _encode(k, FORMAT, FMAX))
+    tl.store(v_dst + dims, _encode(v, FORMAT, FMAX))
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Same contract as ``reference.reshape_and_cache``; scales are float32 ``[num_kv_heads]``."""
+    fmt = _FORMATS[key_cache.dtype]
+    kc = key_cache.view(_STORAGE[fmt])
+    vc = value_cache.view(_STORAGE[fmt])
+    num_tokens, num_kv_heads, head_dim = key.shape
+    _reshape_and_cache_kernel[(num_tokens, num_kv_heads)](
+        key, value, kc, vc, slot_mapping, k_scale, v_scale,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
+        BLOCK_SIZE=key_cache.shape[1],
+        HEAD_DIM=head_dim,
+        FORMAT=fmt,
+        FMAX=finite_max(key_cache.dtype),
+    )  # fmt: skip
