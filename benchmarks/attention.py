@@ -1,0 +1,62 @@
+"""Command line: ``python -m benchmarks.attention [--quick|--full|--dry-run] --out DIR``.
+
+``--quick`` (the default) takes a few minutes on an H200 and includes the CUDA issue's acceptance
+shape (batch 32, q_len 8, 32 q / 8 kv heads, head_dim 128, 8k context, FP8, bidirectional);
+``--full`` is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU (Triton through its
+interpreter) to exercise every path and writer, with no timing claims. Peers that need files
+(vLLM's kernel) read them from ``.peers/``: run ``benchmarks/fetch_peers.sh`` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.attention",
+        description="Paged attention over FP8/BF16 KV caches: ours against the peers.",
+    )
+    preset = parser.add_mutually_exclusive_group()
+    for flag, name in (("--quick", "quick"), ("--full", "full"), ("--dry-run", "dry-run")):
+        preset.add_argument(flag, dest="preset", action="store_const", const=name)
+    parser.set_defaults(preset="quick")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the result files")
+    parser.add_argument(
+        "--backends",
+        help="comma-separated subset of: cuda, triton, reference, vllm_triton_unified, "
+        "torch_sdpa, flex_attention, flashinfer",
+    )
+    parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy study")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.preset == "dry-run":
+        # Must be set before the first Triton kernel is decorated, i.e. before the imports below.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    from .suite import run_suite
+
+    if args.preset == "dry-run":
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        print(f"--{args.preset} needs a CUDA GPU; use --dry-run on a CPU", file=sys.stderr)
+        return 2
+    only = set(args.backends.split(",")) if args.backends else None
+    command = "python -m benchmarks.attention " + " ".join(sys.argv[1:] if argv is None else argv)
+    run_suite(
+        args.preset, args.out, device, only=only, accuracy=not args.no_accuracy, command=command
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

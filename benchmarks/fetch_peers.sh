@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Copy vLLM 0.33.0's Triton unified attention kernel (and the one helper module it imports) out
+# of the vLLM wheel into .peers/ (git-ignored: vLLM code is never committed). benchmarks/vllm_peer.py
+# loads it from there; carry .peers/ to a machine without registry access.
+#
+#   benchmarks/fetch_peers.sh            # downloads the wheel with pip (no dependencies)
+#   WHEEL=/path/to/vllm-0.33.0-*.whl benchmarks/fetch_peers.sh   # or uses one you have
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VERSION=0.33.0
+DEST=.peers/vllm-$VERSION
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+
+wheel=${WHEEL:-}
+if [ -z "$wheel" ]; then
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    "$PYTHON" -m pip download "vllm==$VERSION" --no-deps --only-binary=:all: -d "$tmp" -q
+    wheel=$(ls "$tmp"/vllm-"$VERSION"-*.whl)
+fi
+
+"$PYTHON" - "$wheel" "$DEST" <<'PY'
+import pathlib
+import sys
+import zipfile
+
+wheel, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+files = [
+    "vllm/v1/attention/ops/triton_attention_helpers.py",
+    "vllm/v1/attention/ops/triton_unified_attention.py",
+]
+with zipfile.ZipFile(wheel) as archive:
+    for name in files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.read(name))
+        print(f"{target} ({target.stat().st_size} bytes) from {pathlib.Path(wheel).name}")
+PY

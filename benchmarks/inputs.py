@@ -1,0 +1,153 @@
+"""Random paged attention problems for the benchmarks (never zeros).
+
+A quantised cache stores FP8 values spread over most of the e4m3 range, with per-KV-head
+dequantisation scales that differ by a factor of eight across heads, so a backend that drops
+per-head scales or broadcasts element 0 gives a visibly wrong answer. Pages are shuffled, so
+the block table is a real indirection and not the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .shapes import Shape
+
+# Stored FP8 values are N(0, STORED_STD) clamped to the e4m3 finite max: most of the format's
+# range is used, as with amax-calibrated scales.
+STORED_STD = 100.0
+FP8_MAX = 448.0
+# Real K/V standard deviations across KV heads (scale = std / STORED_STD).
+HEAD_STD_RANGE = (0.25, 2.0)
+# Elements generated per step, so a multi-GiB cache never needs a float32 copy of itself.
+_CHUNK = 1 << 26
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem's tensors, in the library's layout (SPEC §2).
+
+    query:        [batch * q_len, num_q_heads, head_dim], shape.query_dtype.
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], shape.kv_dtype.
+    k_scale, v_scale: [num_kv_heads] float32 dequantisation multipliers (all ones when the
+                  cache is not quantised; the API then gets ``None``).
+    block_table:  [batch, blocks_per_seq] int32, a random permutation of the pages.
+    cu_seqlens_q: [batch + 1] int32; seq_lens: [batch] int32 (all equal to kv_len).
+    """
+
+    shape: Shape
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    block_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.shape.head_dim**-0.5
+
+    def clone_storage(self) -> Case:
+        """Same values in new memory (for L2 rotation); the small index tensors are shared."""
+        return replace(
+            self,
+            query=self.query.clone(),
+            key_cache=self.key_cache.clone(),
+            value_cache=self.value_cache.clone(),
+        )
+
+
+def _fill_random(cache: torch.Tensor, head_std: torch.Tensor, generator: torch.Generator) -> None:
+    """Fill ``cache`` [num_blocks, block, heads, dim] in place, head h with std head_std[h]."""
+    flat = cache.view(-1, *cache.shape[2:])
+    rows_per_chunk = max(1, _CHUNK // (cache.shape[2] * cache.shape[3]))
+    for start in range(0, flat.shape[0], rows_per_chunk):
+        part = flat[start : start + rows_per_chunk]
+        values = torch.randn(part.shape, generator=generator, device=cache.device)
+        values *= head_std[None, :, None]
+        if cache.dtype.itemsize == 1:
+            values.clamp_(-FP8_MAX, FP8_MAX)
+        part.copy_(values)
+
+
+def make_case(shape: Shape, device: torch.device, seed: int = 0) -> Case:
+    """A random problem of ``shape`` on ``device`` (K and V distinct, per-head scales distinct)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    heads = shape.num_kv_heads
+    num_blocks = shape.batch * shape.blocks_per_seq + 1
+    cache_shape = (num_blocks, shape.block_size, heads, shape.head_dim)
+    caches = []
+    scales = []
+    for _ in ("key", "value"):
+        head_std = torch.empty(heads, device=device).uniform_(*HEAD_STD_RANGE, generator=generator)
+        cache = torch.empty(cache_shape, dtype=shape.torch_kv_dtype, device=device)
+        if shape.quantized:
+            _fill_random(cache, torch.full_like(head_std, STORED_STD), generator)
+            scales.append(head_std / STORED_STD)
+        else:
+            _fill_random(cache, head_std, generator)
+            scales.append(torch.ones(heads, device=device))
+        caches.append(cache)
+    pages = torch.randperm(num_blocks, generator=generator, device=device)[: num_blocks - 1]
+    block_table = pages.view(shape.batch, shape.blocks_per_seq).to(torch.int32)
+    query = torch.randn(
+        (shape.num_tokens, shape.num_q_heads, shape.head_dim), generator=generator, device=device
+    ).to(shape.torch_query_dtype)
+    cu_seqlens_q = torch.arange(0, shape.num_tokens + 1, shape.q_len, device=device)
+    seq_lens = torch.full((shape.batch,), shape.kv_len, device=device)
+    return Case(
+        shape=shape,
+        query=query,
+        key_cache=caches[0],
+        value_cache=caches[1],
+        k_scale=scales[0].contiguous(),
+        v_scale=scales[1].contiguous(),
+        block_table=block_table.contiguous(),
+        cu_seqlens_q=cu_seqlens_q.to(torch.int32),
+        seq_lens=seq_lens.to(torch.int32),
+    )
+
+
+def gathered_kv(
+    case: Case,
+    dtype: torch.dtype,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dequantised cache gathered per sequence, as a user would build it for SDPA.
+
+    Returns (key, value), each [batch, num_kv_heads, kv_len, head_dim] in ``dtype``; the scales
+    default to the case's per-head scales.
+    """
+    shape = case.shape
+    k_scale = case.k_scale if k_scale is None else k_scale
+    v_scale = case.v_scale if v_scale is None else v_scale
+    out = []
+    for cache, scale in ((case.key_cache, k_scale), (case.value_cache, v_scale)):
+        dense = torch.empty(
+            (shape.batch, shape.num_kv_heads, shape.kv_len, shape.head_dim),
+            dtype=dtype,
+            device=cache.device,
+        )
+        for seq in range(shape.batch):
+            dense[seq] = sequence_kv(cache, scale, case.block_table[seq], shape.kv_len).transpose(
+                0, 1
+            )
+        out.append(dense)
+    return out[0], out[1]
+
+
+def sequence_kv(
+    cache: torch.Tensor,
+    scale: torch.Tensor,
+    pages: torch.Tensor,
+    kv_len: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """One sequence's keys or values, dequantised: [kv_len, num_kv_heads, head_dim] in dtype."""
+    tokens = cache[pages.long()].flatten(0, 1)[:kv_len]
+    return tokens.to(dtype) * scale.to(dtype)[None, :, None]

@@ -1,0 +1,318 @@
+"""One adapter per benchmarked backend: ours through the public API, and the peers.
+
+Every adapter turns a :class:`~benchmarks.inputs.Case` into a :class:`Prepared` call on the same
+inputs (or raises :class:`Unsupported` with the reason), and says what it was given where that
+differs from the problem (a BF16 copy, a scalar scale). Peers that cannot take per-KV-head
+scales get one scalar, the largest per-head scale (what vLLM's checkpoint loader reduces
+per-head scales to), and their ``rel_err`` is measured against the oracle with that scalar:
+their timing is of the same bytes, their answer is of a different (scalar-scale) problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import vllm_peer
+from .inputs import Case, gathered_kv
+
+PEER_NAMES = ("vllm_triton_unified", "torch_sdpa", "flex_attention", "flashinfer")
+
+
+class Unsupported(Exception):
+    """The backend cannot run this case; the message says why."""
+
+
+def failure_reason(error: BaseException) -> str:
+    """A one-line reason for a backend's failure, for the skip lists."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"failed: {type(error).__name__}: {first_line[:300]}"
+
+
+@dataclass
+class Prepared:
+    """A ready call: ``run()`` computes the attention, then ``result()`` returns it as
+    [num_tokens, num_q_heads, head_dim] in the query dtype."""
+
+    run: Callable[[], None]
+    result: Callable[[], torch.Tensor]
+
+
+class Adapter:
+    """A backend to time. Subclasses set ``name`` and ``note`` and implement ``prepare``."""
+
+    name: str = ""
+    note: str = ""
+    ours: bool = False
+
+    def unavailable(self, device: torch.device) -> str | None:
+        """Why this backend cannot run on ``device`` at all, or None."""
+        return None
+
+    def prepare(self, case: Case) -> Prepared:
+        """Build the call on ``case`` (raises Unsupported); its output starts as NaN."""
+        raise NotImplementedError
+
+    def given_scales(self, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        """The [num_kv_heads] scales the backend actually computes with (for ``rel_err``)."""
+        return case.k_scale, case.v_scale
+
+
+class Ours(Adapter):
+    """``fp8_noncausal_attn.paged_attention(..., backend=name)`` with per-KV-head scales."""
+
+    ours = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.note = "per-KV-head scales, paged cache, CUDA-graph safe call (max_seqlen_q/k given)"
+
+    def unavailable(self, device: torch.device) -> str | None:
+        from fp8_noncausal_attn import dispatch
+
+        runs, why = dispatch.backend_module(self.name).availability()
+        return None if runs else why
+
+    def prepare(self, case: Case) -> Prepared:
+        from fp8_noncausal_attn import dispatch, paged_attention
+        from fp8_noncausal_attn.validation import validate_attention
+
+        shape = case.shape
+        out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
+        arguments = (
+            case.query,
+            case.key_cache,
+            case.value_cache,
+            case.block_table,
+            case.cu_seqlens_q,
+            case.seq_lens,
+        )
+        options = {
+            "causal": shape.causal,
+            "k_scale": case.k_scale if shape.quantized else None,
+            "v_scale": case.v_scale if shape.quantized else None,
+            "max_seqlen_q": shape.q_len,
+            "max_seqlen_k": shape.kv_len,
+            "softmax_scale": None,
+            "out": out,
+        }
+        problem = validate_attention(*arguments, **options, validate=False)
+        reason = dispatch.backend_module(self.name).unsupported_reason(problem)
+        if reason is not None:
+            raise Unsupported(reason)
+
+        def run() -> None:
+            paged_attention(*arguments, **options, backend=self.name)
+
+        return Prepared(run=run, result=lambda: out)
+
+
+def _scalar_scales(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    return case.k_scale.max().reshape(1), case.v_scale.max().reshape(1)
+
+
+class ScalarScaled(Adapter):
+    """A peer that takes one KV scale per tensor: it computes with the max per-head scale."""
+
+    def given_scales(self, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = _scalar_scales(case)
+        heads = case.shape.num_kv_heads
+        return k.expand(heads), v.expand(heads)
+
+
+class VllmTritonUnified(ScalarScaled):
+    name = "vllm_triton_unified"
+    note = (
+        "vLLM 0.33.0 triton_unified_attention as TRITON_ATTN calls it, same paged cache; "
+        "KV scales per tensor only (given the max per-head scale; per-KV-head scales cannot be "
+        "expressed), rel_err against that scalar-scale problem"
+    )
+
+    def unavailable(self, device: torch.device) -> str | None:
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "CPU tensors need TRITON_INTERPRET=1"
+        try:
+            vllm_peer.load()
+        except (FileNotFoundError, ImportError) as error:
+            return str(error)
+        return None
+
+    def prepare(self, case: Case) -> Prepared:
+        shape = case.shape
+        out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
+        k_scale, v_scale = _scalar_scales(case)
+        run = vllm_peer.unified_attention_call(
+            case.query,
+            case.key_cache,
+            case.value_cache,
+            out,
+            case.block_table,
+            case.cu_seqlens_q,
+            case.seq_lens,
+            max_seqlen_q=shape.q_len,
+            max_seqlen_k=shape.kv_len,
+            causal=shape.causal,
+            softmax_scale=case.softmax_scale,
+            scalar_k_scale=k_scale,
+            scalar_v_scale=v_scale,
+        )
+        return Prepared(run=run, result=lambda: out)
+
+
+def _to_packed(out: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, q_len, dim] -> [batch * q_len, heads, dim]."""
+    return out.transpose(1, 2).flatten(0, 1)
+
+
+def _padded_query(case: Case) -> torch.Tensor:
+    shape = case.shape
+    return case.query.view(shape.batch, shape.q_len, shape.num_q_heads, shape.head_dim).transpose(
+        1, 2
+    )
+
+
+class TorchSdpa(Adapter):
+    name = "torch_sdpa"
+    note = (
+        "F.scaled_dot_product_attention (enable_gqa) on a padded batch of the dequantised, "
+        "gathered cache in the query dtype; building that copy is not timed"
+    )
+
+    def prepare(self, case: Case) -> Prepared:
+        from torch.nn.attention.bias import causal_lower_right
+
+        shape = case.shape
+        key, value = gathered_kv(case, case.query.dtype)
+        query = _padded_query(case)
+        mask = None
+        if shape.causal and shape.q_len > 1:
+            mask = causal_lower_right(shape.q_len, shape.kv_len)
+        holder: list[torch.Tensor] = []
+
+        def run() -> None:
+            holder[:] = [
+                torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, enable_gqa=True
+                )
+            ]
+
+        return Prepared(run=run, result=lambda: _to_packed(holder[0]))
+
+
+_compiled_flex: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def _flex_function(device: torch.device) -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _compiled_flex:
+        _compiled_flex["cuda"] = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex["cuda"]
+
+
+class FlexAttention(Adapter):
+    name = "flex_attention"
+    note = (
+        "torch.compile(flex_attention) (enable_gqa, lower-right causal block mask) on the same "
+        "dequantised, gathered copy as torch_sdpa (it does not take a quantised cache); the copy "
+        "is not timed; eager and unfused on CPU"
+    )
+
+    def prepare(self, case: Case) -> Prepared:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        shape = case.shape
+        device = case.query.device
+        key, value = gathered_kv(case, case.query.dtype)
+        query = _padded_query(case).contiguous()
+        offset = shape.kv_len - shape.q_len
+        block_mask = None
+        if shape.causal and shape.q_len > 1:
+            block_mask = create_block_mask(
+                lambda b, h, q, k: k <= q + offset,
+                None,
+                None,
+                shape.q_len,
+                shape.kv_len,
+                device=device,
+            )
+        flex = _flex_function(device)
+        holder: list[torch.Tensor] = []
+
+        def run() -> None:
+            with warnings.catch_warnings():
+                # On CPU flex_attention warns that it runs unfused without torch.compile.
+                warnings.simplefilter("ignore", UserWarning)
+                holder[:] = [flex(query, key, value, block_mask=block_mask, enable_gqa=True)]
+
+        return Prepared(run=run, result=lambda: _to_packed(holder[0]))
+
+
+class FlashInfer(ScalarScaled):
+    name = "flashinfer"
+    note = (
+        "BatchPrefillWithPagedKVCacheWrapper (NHD) on the same paged cache; scalar k/v scales "
+        "only (given the max per-head scale), rel_err against that scalar-scale problem"
+    )
+
+    def unavailable(self, device: torch.device) -> str | None:
+        if importlib.util.find_spec("flashinfer") is None:
+            return "absent: flashinfer is not importable here"
+        if device.type != "cuda":
+            return "needs a CUDA device"
+        return None
+
+    def prepare(self, case: Case) -> Prepared:
+        import flashinfer
+
+        shape = case.shape
+        device = case.query.device
+        workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=device)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        blocks = shape.blocks_per_seq
+        kv_indptr = torch.arange(0, shape.batch + 1, device=device, dtype=torch.int32) * blocks
+        last_page_len = torch.full(
+            (shape.batch,), shape.kv_len - (blocks - 1) * shape.block_size, dtype=torch.int32
+        )
+        wrapper.plan(
+            case.cu_seqlens_q,
+            kv_indptr,
+            case.block_table.flatten(),
+            last_page_len.to(device),
+            shape.num_q_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+            shape.block_size,
+            causal=shape.causal,
+            sm_scale=case.softmax_scale,
+            q_data_type=case.query.dtype,
+            kv_data_type=case.key_cache.dtype,
+        )
+        k_scale, v_scale = (float(s) for s in _scalar_scales(case))
+        out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
+
+        def run() -> None:
+            wrapper.run(
+                case.query,
+                (case.key_cache, case.value_cache),
+                k_scale=k_scale,
+                v_scale=v_scale,
+                out=out,
+            )
+
+        return Prepared(run=run, result=lambda: out)
+
+
+def adapters(device: torch.device) -> list[Adapter]:
+    """Ours first (the compiled and Triton kernels; the reference stands in for them on CPU),
+    then the peers."""
+    ours = ("cuda", "triton") if device.type == "cuda" else ("reference", "triton")
+    peers: list[Adapter] = [VllmTritonUnified(), TorchSdpa(), FlexAttention(), FlashInfer()]
+    return [Ours(name) for name in ours] + peers

@@ -1,0 +1,185 @@
+"""Writers: the JSON result file, a Markdown summary and PNG plots (matplotlib)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on the benchmark machines
+import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
+
+SHAPE_KEYS = (
+    "kind",
+    "batch",
+    "q_len",
+    "kv_len",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "causal",
+    "kv_dtype",
+    "query_dtype",
+    "block_size",
+)
+MAX_PANELS = 4
+
+
+def shape_label(row: dict) -> str:
+    mask = "causal" if row["causal"] else "bidir"
+    return (
+        f"{row['kind']} b{row['batch']} q{row['q_len']} kv{row['kv_len']} "
+        f"{row['num_q_heads']}/{row['num_kv_heads']}x{row['head_dim']} {mask} {row['kv_dtype']}"
+    )
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def _fmt(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def write_markdown(path: Path, payload: dict) -> None:
+    """Tables of the rows (grouped by shape), skips, backends and the accuracy study."""
+    lines = [f"# Paged attention benchmark: {payload['gpu']}, {payload['date']}", ""]
+    lines.append(f"Command: `{payload['command']}`. {payload['timing_note']}")
+    copy_bw = payload["copy_bw_gbps"]
+    if copy_bw is not None:
+        lines.append(
+            f"Device-to-device copy bandwidth measured in the same run: {copy_bw:.0f} GB/s "
+            "(bytes read + written)."
+        )
+    lines += [
+        "",
+        "| shape | backend | median us | GB/s | % copy BW | TFLOP/s | rel_err | timing | "
+        "speedup over peers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in payload["rows"]:
+        speedups = ", ".join(f"{peer} {x:.2f}x" for peer, x in row["speedup"].items())
+        frac = row["frac_of_copy_bw"]
+        lines.append(
+            f"| {shape_label(row)} | {row['backend']} | {row['median_us']:.1f} | "
+            f"{row['gbps']:.0f} | {_fmt(None if frac is None else 100 * frac)} | "
+            f"{row['tflops']:.2f} | {row['rel_err']:.2e} | {row['timing_method']} | "
+            f"{speedups or '-'} |"
+        )
+    lines += ["", "## Backends", "", "| backend | status | what it is given and runs |"]
+    lines.append("|---|---|---|")
+    for name, info in payload["backends"].items():
+        lines.append(f"| {name} | {info['status']} | {info['note']} |")
+    if payload["skipped"]:
+        lines += [
+            "",
+            "## Skipped on some shapes",
+            "",
+            "| shape | backend | reason |",
+            "|---|---|---|",
+        ]
+        for skip in payload["skipped"]:
+            lines.append(f"| {shape_label(skip)} | {skip['backend']} | {skip['reason']} |")
+    lines += _accuracy_table(payload["accuracy"])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _accuracy_table(entries: list[dict]) -> list[str]:
+    if not entries:
+        return []
+    columns = sorted({(e["route"], e["backend"]) for e in entries})
+    by_shape: dict[tuple, dict] = defaultdict(dict)
+    for entry in entries:
+        key = tuple(entry[k] for k in SHAPE_KEYS)
+        by_shape[key][(entry["route"], entry["backend"])] = entry["rel_err"]
+    lines = [
+        "",
+        "## Accuracy: relative error against float64 on the same FP8 cache",
+        "",
+        "| shape | " + " | ".join(f"{route} ({backend})" for route, backend in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for key, errors in by_shape.items():
+        cells = " | ".join(_fmt(errors.get(column), 3) for column in columns)
+        lines.append(f"| {shape_label(dict(zip(SHAPE_KEYS, key, strict=True)))} | {cells} |")
+    return lines
+
+
+def _sweep_groups(rows: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """Rows grouped by everything but kv_len and backend; the groups with most kv_lens first."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        key = tuple(row[k] for k in SHAPE_KEYS if k != "kv_len")
+        groups[key].append(row)
+
+    def breadth(item: tuple[tuple, list[dict]]) -> int:
+        return len({row["kv_len"] for row in item[1]})
+
+    return sorted(groups.items(), key=breadth, reverse=True)[:MAX_PANELS]
+
+
+def plot_bandwidth(path: Path, payload: dict) -> None:
+    """GB/s against kv_len, one line per backend, with the measured copy bandwidth."""
+    groups = _sweep_groups(payload["rows"])
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(6 * max(1, len(groups)), 4.5))
+    axes = [axes] if not hasattr(axes, "__len__") else list(axes)
+    for ax, (_, rows) in zip(axes, groups, strict=False):
+        by_backend: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            by_backend[row["backend"]].append(row)
+        for backend, points in sorted(by_backend.items()):
+            points.sort(key=lambda r: r["kv_len"])
+            ax.plot([r["kv_len"] for r in points], [r["gbps"] for r in points], "o-", label=backend)
+        if payload["copy_bw_gbps"] is not None:
+            ax.axhline(payload["copy_bw_gbps"], color="k", linestyle="--", label="copy bandwidth")
+        label = shape_label(rows[0]).replace(f" kv{rows[0]['kv_len']}", "")
+        ax.set(xscale="log", xlabel="kv_len", ylabel="GB/s (problem bytes / time)", title=label)
+        ax.legend(fontsize=8)
+    if not groups:
+        axes[0].text(0.5, 0.5, "no rows measured", ha="center", va="center")
+    fig.suptitle(f"{payload['gpu']} {payload['date']}: {payload['timing_note']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_speedup(path: Path, payload: dict) -> None:
+    """Speedup of each of our backends over each peer, per shape, against kv_len."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in payload["rows"]:
+        for peer, speedup in row["speedup"].items():
+            series[f"{row['backend']} ({row['kv_dtype']}) over {peer}"].append(
+                (row["kv_len"], speedup)
+            )
+    for name, points in sorted(series.items()):
+        ax.scatter([p[0] for p in points], [p[1] for p in points], label=name, s=18)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    if series:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no peer measured", ha="center", va="center", transform=ax.transAxes)
+    ax.set(xscale="log", yscale="log", xlabel="kv_len", ylabel="speedup (peer time / our time)")
+    ax.set_title(f"{payload['gpu']} {payload['date']}: {payload['timing_note']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(out_dir: Path, stem: str, payload: dict) -> list[Path]:
+    """Write ``stem``.json, ``stem``.md, ``stem``-gbps.png and ``stem``-speedup.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [
+        out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", "-gbps.png", "-speedup.png")
+    ]
+    write_json(paths[0], payload)
+    write_markdown(paths[1], payload)
+    plot_bandwidth(paths[2], payload)
+    plot_speedup(paths[3], payload)
+    return paths

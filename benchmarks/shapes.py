@@ -1,0 +1,201 @@
+"""Benchmark shapes and the sweep presets.
+
+Every sequence of a shape has the same ``q_len`` and ``kv_len`` (``kv_len`` counts the new query
+tokens, SPEC §3), so a padded batch is exact for the peers that need one. Byte and FLOP counts are
+the problem's minimum: each KV byte read once, the query read once, the output written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+KV_DTYPES = {
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+QUERY_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Shapes whose BF16 K+V (the size of the peers' dequantised copy) exceed this are left out of
+# the full sweep: with the FP8 cache, its copy, rotations and the oracle they would not fit.
+MAX_BF16_KV_BYTES = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark problem: ``batch`` sequences of ``q_len`` queries over ``kv_len`` keys."""
+
+    kind: str  # "drafter" or "prefill"
+    batch: int
+    q_len: int
+    kv_len: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool
+    kv_dtype: str  # a KV_DTYPES key
+    query_dtype: str = "bfloat16"
+    block_size: int = 16
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        return KV_DTYPES[self.kv_dtype]
+
+    @property
+    def torch_query_dtype(self) -> torch.dtype:
+        return QUERY_DTYPES[self.query_dtype]
+
+    @property
+    def quantized(self) -> bool:
+        return self.torch_kv_dtype.itemsize == 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch * self.q_len
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.kv_len // self.block_size)
+
+    def kv_bytes(self, itemsize: int | None = None) -> int:
+        """Bytes of K and V the problem reads once (in the cache dtype unless ``itemsize``)."""
+        size = self.torch_kv_dtype.itemsize if itemsize is None else itemsize
+        return 2 * self.batch * self.kv_len * self.num_kv_heads * self.head_dim * size
+
+    @property
+    def bytes(self) -> int:
+        """Minimum HBM traffic: KV read once, Q read once, the output written once."""
+        q_or_out = self.num_tokens * self.num_q_heads * self.head_dim * 2
+        return self.kv_bytes() + 2 * q_or_out
+
+    @property
+    def flops(self) -> int:
+        """2 FLOP per multiply-add of QK^T and of PV, over the keys each query attends to."""
+        if self.causal:
+            first = self.kv_len - self.q_len + 1
+            keys_per_seq = self.q_len * first + self.q_len * (self.q_len - 1) // 2
+        else:
+            keys_per_seq = self.q_len * self.kv_len
+        return 4 * self.batch * keys_per_seq * self.num_q_heads * self.head_dim
+
+    def label(self) -> str:
+        mask = "causal" if self.causal else "bidir"
+        return (
+            f"{self.kind} b{self.batch} q{self.q_len} kv{self.kv_len} "
+            f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_dim} {mask} {self.kv_dtype}"
+        )
+
+    def fields(self) -> dict[str, object]:
+        """The row fields that identify the shape (JSON-ready)."""
+        return asdict(self)
+
+
+def _drafter(**overrides: object) -> Shape:
+    """The DSpark drafter on a Qwen3-8B target: the CUDA issue's acceptance shape by default."""
+    base = Shape(
+        kind="drafter",
+        batch=32,
+        q_len=8,
+        kv_len=8192,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        causal=False,
+        kv_dtype="fp8_e4m3",
+    )
+    return replace(base, **overrides)
+
+
+def _prefill(length: int, **overrides: object) -> Shape:
+    return replace(_drafter(kind="prefill", batch=1, q_len=length, kv_len=length), **overrides)
+
+
+def quick() -> list[Shape]:
+    """A few minutes on an H200: the acceptance shape and one step along each axis."""
+    shapes = [
+        _drafter(),
+        _drafter(kv_dtype="bfloat16"),
+        _drafter(causal=True),
+        _drafter(kv_len=2048),
+        _drafter(kv_len=32768),
+        _drafter(kv_len=32768, kv_dtype="bfloat16"),
+        _drafter(batch=1),
+        _drafter(batch=8),
+        _drafter(q_len=16),
+        _drafter(num_q_heads=64),
+        _prefill(4096),
+    ]
+    return shapes
+
+
+def full() -> list[Shape]:
+    """The issue's sweep, one axis at a time around the drafter shape, within the memory cap."""
+    kv_lens = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    shapes: list[Shape] = []
+    for kv_dtype in ("fp8_e4m3", "bfloat16"):
+        for causal in (False, True):
+            for batch in (1, 8, 32, 64):
+                for q_len in (1, 8, 16):
+                    for kv_len in kv_lens:
+                        shapes.append(
+                            _drafter(
+                                batch=batch,
+                                q_len=q_len,
+                                kv_len=kv_len,
+                                causal=causal,
+                                kv_dtype=kv_dtype,
+                            )
+                        )
+            for num_q_heads in (32, 64):
+                for head_dim in (64, 128, 256):
+                    for kv_len in (8192, 32768):
+                        shapes.append(
+                            _drafter(
+                                num_q_heads=num_q_heads,
+                                head_dim=head_dim,
+                                kv_len=kv_len,
+                                causal=causal,
+                                kv_dtype=kv_dtype,
+                            )
+                        )
+        for length in (4096, 8192, 16384):
+            shapes.append(_prefill(length, kv_dtype=kv_dtype))
+    return _unique_within_cap(shapes)
+
+
+def dry_run() -> list[Shape]:
+    """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, a kv sweep, prefill).
+
+    FP16 queries because Triton's CPU interpreter computes ``tl.dot`` on BF16 operands wrongly.
+    """
+    tiny = {
+        "batch": 2,
+        "num_q_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 64,
+        "query_dtype": "float16",
+    }
+    return [
+        _drafter(q_len=4, kv_len=40, **tiny),
+        _drafter(q_len=4, kv_len=75, **tiny),
+        _drafter(q_len=4, kv_len=75, causal=True, **tiny),
+        _drafter(q_len=1, kv_len=75, **tiny),
+        _drafter(q_len=4, kv_len=75, kv_dtype="float16", **tiny),
+        _prefill(32, **{**tiny, "batch": 1}),
+    ]
+
+
+def _unique_within_cap(shapes: list[Shape]) -> list[Shape]:
+    seen: set[Shape] = set()
+    kept = []
+    for shape in shapes:
+        if shape in seen or shape.kv_bytes(itemsize=2) > MAX_BF16_KV_BYTES:
+            continue
+        seen.add(shape)
+        kept.append(shape)
+    return kept
+
+
+PRESETS = {"dry-run": dry_run, "quick": quick, "full": full}

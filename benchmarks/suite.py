@@ -1,0 +1,214 @@
+"""The benchmark run: every shape of a preset through every backend, then the accuracy study.
+
+A backend that is unavailable, does not support a shape or fails on it is recorded with the
+reason and the run goes on. Each measured row is checked against the float32 oracle on the
+same inputs before it is timed (outputs start as NaN, so unwritten elements show).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from . import report
+from .accuracy import accuracy_shapes, run_accuracy
+from .inputs import Case, make_case
+from .oracle import attention_oracle, relative_error
+from .peers import Adapter, Unsupported, adapters, failure_reason
+from .shapes import PRESETS, Shape
+from .timing import copy_bandwidth, rotation_count, time_calls
+
+# SPEC §7 tolerances against the float32 reference on the same cache.
+TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3}
+# torch.compile recompiles FlexAttention for every shape; past its default limit it would
+# silently fall back to the unfused eager implementation.
+RECOMPILE_LIMIT = 1024
+
+
+class ShapeRun:
+    """One shape: its input copies, oracle outputs, and a row or a skip per backend."""
+
+    def __init__(self, shape: Shape, device: torch.device, seed: int) -> None:
+        self.shape = shape
+        self.device = device
+        case = make_case(shape, device, seed)
+        copies = rotation_count(shape.bytes, device)
+        self.copies: list[Case] = [case] + [case.clone_storage() for _ in range(copies - 1)]
+        self._oracles: dict[tuple[float, ...], torch.Tensor] = {}
+
+    def oracle(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+        key = tuple(k_scale.tolist() + v_scale.tolist())
+        if key not in self._oracles:
+            self._oracles[key] = attention_oracle(self.copies[0], torch.float32, k_scale, v_scale)
+        return self._oracles[key]
+
+    def measure(self, adapter: Adapter, copy_bw: float | None) -> dict:
+        """The row of ``adapter`` on this shape; raises the backend's error if it fails."""
+        shape = self.shape
+        prepared = [adapter.prepare(case) for case in self.copies]
+        # The output checked is the one the timed calls (graph replays on a GPU) wrote.
+        timing = time_calls([call.run for call in prepared], self.device)
+        rel_err = relative_error(
+            prepared[0].result(), self.oracle(*adapter.given_scales(self.copies[0]))
+        )
+        seconds = timing.median_us * 1e-6
+        gbps = shape.bytes / seconds / 1e9
+        return {
+            **shape.fields(),
+            "backend": adapter.name,
+            "median_us": timing.median_us,
+            "bytes": shape.bytes,
+            "gbps": gbps,
+            "frac_of_copy_bw": None if copy_bw is None else gbps / copy_bw,
+            "tflops": shape.flops / seconds / 1e12,
+            "rel_err": rel_err,
+            "within_tolerance": rel_err <= TOLERANCE[shape.query_dtype],
+            "timing_method": timing.method,
+            "timing_reps": timing.reps,
+            "timing_spread": timing.spread,
+            "rotated_copies": len(prepared),
+            "speedup": {},
+        }
+
+
+def _add_speedups(rows: list[dict], ours: set[str]) -> None:
+    """Our rows get ``speedup[peer] = peer time / our time`` for each peer on the same shape."""
+    peers = {row["backend"]: row["median_us"] for row in rows if row["backend"] not in ours}
+    for row in rows:
+        if row["backend"] in ours:
+            row["speedup"] = {name: us / row["median_us"] for name, us in sorted(peers.items())}
+
+
+def _environment(device: torch.device) -> dict:
+    import triton
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            {
+                "gpu_name": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "sm_count": props.multi_processor_count,
+                "l2_bytes": props.L2_cache_size,
+                "cuda": torch.version.cuda,
+            }
+        )
+    return env
+
+
+def _timing_note(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "CPU dry run: timings are CPU wall-clock and NOT meaningful."
+    return (
+        "Times: median per call of CUDA-graph replays (CUDA events), each graph one call per "
+        "rotated input copy spanning 3x L2; bytes = KV read once + Q + out."
+    )
+
+
+def _print_summary(payload: dict, paths: list[Path]) -> None:
+    print(f"\n{payload['gpu']}  copy bandwidth: {payload['copy_bw_gbps'] or '-'} GB/s")
+    print(payload["timing_note"])
+    header = f"{'shape':<52} {'backend':<20} {'us':>9} {'GB/s':>7} {'%copy':>6} {'rel_err':>8}"
+    print(header + "  speedups")
+    for row in payload["rows"]:
+        frac = row["frac_of_copy_bw"]
+        speedups = " ".join(f"{peer}={x:.2f}x" for peer, x in row["speedup"].items())
+        print(
+            f"{report.shape_label(row):<52} {row['backend']:<20} {row['median_us']:>9.1f} "
+            f"{row['gbps']:>7.0f} {'-' if frac is None else f'{100 * frac:.0f}':>6} "
+            f"{row['rel_err']:>8.1e}  {speedups}"
+        )
+    for entry in payload["accuracy"]:
+        result = entry.get("error") or f"rel_err vs float64 {entry['rel_err']:.2e}"
+        print(
+            f"accuracy kv{entry['kv_len']:<7} {entry['route']:<20} {entry['backend']:<16} {result}"
+        )
+    print(f"skipped (backend, shape) pairs: {len(payload['skipped'])}")
+    for path in paths:
+        print(f"wrote {path}")
+
+
+def run_suite(
+    preset: str,
+    out_dir: Path,
+    device: torch.device,
+    *,
+    only: set[str] | None = None,
+    accuracy: bool = True,
+    command: str = "",
+) -> list[Path]:
+    """Run ``preset`` on ``device``; write JSON, Markdown and PNGs into ``out_dir``."""
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    candidates = [a for a in adapters(device) if only is None or a.name in only]
+    backends, live = {}, []
+    for adapter in candidates:
+        try:
+            why_not = adapter.unavailable(device)
+        except Exception as error:  # a peer's import may fail in any way
+            why_not = failure_reason(error)
+        backends[adapter.name] = {"status": why_not or "ok", "note": adapter.note}
+        if why_not is None:
+            live.append(adapter)
+        print(f"backend {adapter.name}: {why_not or 'ok'}", flush=True)
+
+    copy_bw = copy_bandwidth(device)
+    rows, skipped = [], []
+    for index, shape in enumerate(PRESETS[preset]()):
+        run = ShapeRun(shape, device, seed=index)
+        shape_rows = []
+        for adapter in live:
+            try:
+                row = run.measure(adapter, copy_bw)
+            except Unsupported as error:
+                skipped.append({**shape.fields(), "backend": adapter.name, "reason": str(error)})
+                continue
+            except Exception as error:  # one failing backend must not end the run (ours either)
+                skipped.append(
+                    {**shape.fields(), "backend": adapter.name, "reason": failure_reason(error)}
+                )
+                continue
+            shape_rows.append(row)
+            print(
+                f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
+                f"rel_err {row['rel_err']:.1e}",
+                flush=True,
+            )
+        _add_speedups(shape_rows, {a.name for a in live if a.ours})
+        rows += shape_rows
+        del run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    ours = [a for a in live if a.ours]
+    study = run_accuracy(accuracy_shapes(preset), ours, device) if accuracy else []
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    payload = {
+        "gpu": gpu,
+        "copy_bw_gbps": copy_bw,
+        "date": date,
+        "preset": preset,
+        "command": command or " ".join(sys.argv),
+        "timings_meaningful": device.type == "cuda",
+        "timing_note": _timing_note(device),
+        "environment": _environment(device),
+        "backends": backends,
+        "rows": rows,
+        "skipped": skipped,
+        "accuracy": study,
+    }
+    stem = f"{date}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
+    paths = report.write_all(out_dir, stem, payload)
+    _print_summary(payload, paths)
+    return paths
