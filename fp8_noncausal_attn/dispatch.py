@@ -7,20 +7,26 @@ interpreter, which exists for testing, so on a CPU it picks the reference.
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
 import torch
 
+from . import cuda_backend, reference, triton_attention
 from .problem import AttentionProblem
 
-BACKEND_MODULES = {"cuda": "cuda_backend", "triton": "triton_attention", "reference": "reference"}
-BACKEND_NAMES = tuple(BACKEND_MODULES)
+# Imported eagerly (each imports its compiled kernels lazily) so that torch.compile can trace
+# the choice without stepping into importlib.
+BACKENDS: dict[str, ModuleType] = {
+    "cuda": cuda_backend,
+    "triton": triton_attention,
+    "reference": reference,
+}
+BACKEND_NAMES = tuple(BACKENDS)
 
 
 def backend_module(name: str) -> ModuleType:
-    """The module implementing backend ``name`` (imported on first use)."""
-    return importlib.import_module(f".{BACKEND_MODULES[name]}", __package__)
+    """The module implementing backend ``name``."""
+    return BACKENDS[name]
 
 
 def _auto_skips(name: str, device: torch.device) -> str | None:
@@ -76,7 +82,7 @@ def resolve_backend(backend: str, problem: AttentionProblem) -> str:
                 if module.unsupported_reason(problem) is None:
                     return name
         raise AssertionError("the reference backend supports every valid call")
-    if backend not in BACKEND_MODULES:
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {BACKEND_NAMES}, got {backend!r}")
     module = backend_module(backend)
     runs, why = module.availability()

@@ -238,8 +238,11 @@ def validate_attention(
     max_seqlen_q = _optional_host_int(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _optional_host_int(max_seqlen_k, "max_seqlen_k")
 
-    values_on_host = device.type == "cpu"
-    check_values = validate or values_on_host
+    # Under torch.compile, values are symbolic: reading them would break the graph.
+    compiling = torch.compiler.is_compiling()
+    if compiling and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
+    check_values = (validate or device.type == "cpu") and not compiling
     k_scale_t = normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values)
     v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
     causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
@@ -302,7 +305,7 @@ def validate_cache_write(
             f"slot_mapping must have shape [num_tokens] = [{num_tokens}], "
             f"got {list(slot_mapping.shape)}"
         )
-    check_values = validate or device.type == "cpu"
+    check_values = (validate or device.type == "cpu") and not torch.compiler.is_compiling()
     if check_values and num_tokens:
         num_slots = key_cache.shape[0] * key_cache.shape[1]
         top = int(slot_mapping.max())
