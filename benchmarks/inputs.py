@@ -8,6 +8,7 @@ the block table is a real indirection and not the identity.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -18,7 +19,7 @@ from .shapes import Shape
 # range is used, as with amax-calibrated scales.
 STORED_STD = 100.0
 FP8_MAX = 448.0
-# Real K/V standard deviations across KV heads (scale = std / STORED_STD).
+# Real K/V standard deviations across KV heads (scale = std / STORED_STD): a factor of 8.
 HEAD_STD_RANGE = (0.25, 2.0)
 # Elements generated per step, so a multi-GiB cache never needs a float32 copy of itself.
 _CHUNK = 1 << 26
@@ -80,10 +81,13 @@ def make_case(shape: Shape, device: torch.device, seed: int = 0) -> Case:
     heads = shape.num_kv_heads
     num_blocks = shape.batch * shape.blocks_per_seq + 1
     cache_shape = (num_blocks, shape.block_size, heads, shape.head_dim)
+    # Geometric spread over HEAD_STD_RANGE in a random head order, reversed for V.
+    low, high = (math.log10(x) for x in HEAD_STD_RANGE)
+    order = torch.randperm(heads, generator=generator, device=device)
+    spread = torch.logspace(low, high, heads, device=device)[order]
     caches = []
     scales = []
-    for _ in ("key", "value"):
-        head_std = torch.empty(heads, device=device).uniform_(*HEAD_STD_RANGE, generator=generator)
+    for head_std in (spread, spread.flip(0)):
         cache = torch.empty(cache_shape, dtype=shape.torch_kv_dtype, device=device)
         if shape.quantized:
             _fill_random(cache, torch.full_like(head_std, STORED_STD), generator)
@@ -126,6 +130,7 @@ def gathered_kv(
     shape = case.shape
     k_scale = case.k_scale if k_scale is None else k_scale
     v_scale = case.v_scale if v_scale is None else v_scale
+    compute = torch.promote_types(dtype, torch.float32)
     out = []
     for cache, scale in ((case.key_cache, k_scale), (case.value_cache, v_scale)):
         dense = torch.empty(
@@ -134,9 +139,8 @@ def gathered_kv(
             device=cache.device,
         )
         for seq in range(shape.batch):
-            dense[seq] = sequence_kv(cache, scale, case.block_table[seq], shape.kv_len).transpose(
-                0, 1
-            )
+            real = sequence_kv(cache, scale, case.block_table[seq], shape.kv_len, compute)
+            dense[seq] = real.transpose(0, 1)
         out.append(dense)
     return out[0], out[1]
 

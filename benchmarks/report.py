@@ -150,16 +150,27 @@ def plot_bandwidth(path: Path, payload: dict) -> None:
 
 
 def plot_speedup(path: Path, payload: dict) -> None:
-    """Speedup of each of our backends over each peer, per shape, against kv_len."""
+    """Speedup of each of our backends over each peer, per shape, against kv_len.
+
+    Colour: the peer; marker: our backend and cache dtype.
+    """
     fig, ax = plt.subplots(figsize=(8, 5))
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for row in payload["rows"]:
         for peer, speedup in row["speedup"].items():
-            series[f"{row['backend']} ({row['kv_dtype']}) over {peer}"].append(
-                (row["kv_len"], speedup)
-            )
-    for name, points in sorted(series.items()):
-        ax.scatter([p[0] for p in points], [p[1] for p in points], label=name, s=18)
+            series[(peer, f"{row['backend']} {row['kv_dtype']}")].append((row["kv_len"], speedup))
+    peers = sorted({peer for peer, _ in series})
+    ours = sorted({mine for _, mine in series})
+    markers = "os^vDP*X"
+    for (peer, mine), points in sorted(series.items()):
+        ax.scatter(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            color=plt.cm.tab10(peers.index(peer) % 10),
+            marker=markers[ours.index(mine) % len(markers)],
+            label=f"{mine} over {peer}",
+            s=22,
+        )
     ax.axhline(1.0, color="k", linewidth=0.8)
     if series:
         ax.legend(fontsize=7)

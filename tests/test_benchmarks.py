@@ -1,0 +1,230 @@
+"""The benchmark suite: its CPU dry run end to end, and the pieces its numbers rest on."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import shapes, vllm_peer
+from benchmarks.accuracy import fp8_query_route
+from benchmarks.inputs import gathered_kv, make_case
+from benchmarks.oracle import attention_oracle, relative_error
+
+REPO = Path(__file__).resolve().parent.parent
+ROW_FIELDS = {
+    "backend": str,
+    "kv_dtype": str,
+    "causal": bool,
+    "batch": int,
+    "q_len": int,
+    "kv_len": int,
+    "num_q_heads": int,
+    "num_kv_heads": int,
+    "head_dim": int,
+    "median_us": float,
+    "bytes": int,
+    "gbps": float,
+    "tflops": float,
+    "rel_err": float,
+    "speedup": dict,
+}
+BACKENDS = {
+    "cuda",
+    "triton",
+    "reference",
+    "vllm_triton_unified",
+    "torch_sdpa",
+    "flex_attention",
+    "flashinfer",
+}
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.attention", "--dry-run", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = out.glob("*.json")
+    return json.loads(result.read_text()), result, done.stdout
+
+
+def test_dry_run_json_schema(dry_run):
+    payload, _, _ = dry_run
+    assert payload["gpu"] == "cpu"
+    assert payload["copy_bw_gbps"] is None
+    assert payload["timings_meaningful"] is False
+    assert "NOT meaningful" in payload["timing_note"]
+    assert set(payload["backends"]) <= BACKENDS
+    assert payload["rows"], "the dry run measured nothing"
+    for row in payload["rows"]:
+        for field, kind in ROW_FIELDS.items():
+            assert isinstance(row[field], kind), (field, row)
+        assert row["backend"] in BACKENDS
+        assert row["frac_of_copy_bw"] is None
+        assert row["bytes"] > 0 and row["median_us"] > 0
+
+
+def test_dry_run_covers_the_sweep_axes_and_the_cpu_backends(dry_run):
+    payload, _, _ = dry_run
+    rows = payload["rows"]
+    assert {row["causal"] for row in rows} == {True, False}
+    assert {row["kv_dtype"] for row in rows} == {"fp8_e4m3", "float16"}
+    assert {row["kind"] for row in rows} == {"drafter", "prefill"}
+    assert len({row["q_len"] for row in rows if row["kind"] == "drafter"}) >= 2
+    measured = {row["backend"] for row in rows}
+    assert {"reference", "triton", "torch_sdpa", "flex_attention"} <= measured
+    if all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
+        assert "vllm_triton_unified" in measured
+    else:
+        assert "fetch_peers.sh" in payload["backends"]["vllm_triton_unified"]["status"]
+    assert payload["backends"]["flashinfer"]["status"] != "ok"
+
+
+def test_dry_run_outputs_match_the_oracle(dry_run):
+    payload, _, _ = dry_run
+    for row in payload["rows"]:
+        assert math.isfinite(row["rel_err"]) and row["rel_err"] < 5e-3, row
+        assert row["within_tolerance"] is True
+
+
+def test_dry_run_speedups_cover_every_peer_on_the_shape(dry_run):
+    payload, _, _ = dry_run
+    ours = {"cuda", "triton", "reference"}
+    by_shape: dict[tuple, list[dict]] = {}
+    for row in payload["rows"]:
+        key = tuple(row[k] for k in ("kind", "batch", "q_len", "kv_len", "causal", "kv_dtype"))
+        by_shape.setdefault(key, []).append(row)
+    for rows in by_shape.values():
+        peers = {row["backend"]: row["median_us"] for row in rows if row["backend"] not in ours}
+        for row in rows:
+            if row["backend"] in ours:
+                assert set(row["speedup"]) == set(peers)
+                for peer, speedup in row["speedup"].items():
+                    assert speedup == pytest.approx(peers[peer] / row["median_us"])
+            else:
+                assert row["speedup"] == {}
+
+
+def test_dry_run_accuracy_study(dry_run):
+    payload, _, _ = dry_run
+    entries = payload["accuracy"]
+    fp8_route = {e["kv_len"]: e["rel_err"] for e in entries if e["route"] == "fp8_query_emulated"}
+    ours = [e for e in entries if e["route"] != "fp8_query_emulated"]
+    assert fp8_route and ours
+    for entry in ours:
+        assert entry["rel_err"] < 5e-3, entry
+        # FP8 rounding of Q and P must show in the emulated route, or it emulates nothing.
+        assert fp8_route[entry["kv_len"]] > 10 * entry["rel_err"]
+
+
+def test_dry_run_writes_markdown_and_plots(dry_run):
+    payload, result, stdout = dry_run
+    stem = result.with_suffix("")
+    markdown = stem.with_suffix(".md").read_text()
+    assert "NOT meaningful" in markdown
+    assert markdown.count("| drafter ") + markdown.count("| prefill ") >= len(payload["rows"])
+    assert "## Accuracy" in markdown
+    for suffix in ("-gbps.png", "-speedup.png"):
+        png = Path(f"{stem}{suffix}")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(png) in stdout
+
+
+def test_quick_preset_holds_the_acceptance_shape():
+    acceptance = shapes.Shape(
+        kind="drafter",
+        batch=32,
+        q_len=8,
+        kv_len=8192,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        causal=False,
+        kv_dtype="fp8_e4m3",
+    )
+    assert acceptance in shapes.quick()
+
+
+def test_full_preset_is_unique_and_within_the_memory_cap():
+    full = shapes.full()
+    assert len(full) == len(set(full))
+    assert all(s.kv_bytes(itemsize=2) <= shapes.MAX_BF16_KV_BYTES for s in full)
+    assert {s.head_dim for s in full} == {64, 128, 256}
+    assert {s.q_len for s in full if s.kind == "drafter"} == {1, 8, 16}
+    assert max(s.kv_len for s in full) == 131072
+    assert {s.q_len for s in full if s.kind == "prefill"} == {4096, 8192, 16384}
+
+
+def test_byte_and_flop_counts():
+    shape = shapes.quick()[0]
+    kv = 2 * 32 * 8192 * 8 * 128  # K and V, one byte each
+    q_and_out = 2 * (32 * 8) * 32 * 128 * 2
+    assert shape.bytes == kv + q_and_out
+    assert shape.flops == 4 * 32 * 8 * 8192 * 32 * 128
+    prefill = shapes.Shape("prefill", 1, 64, 64, 2, 1, 64, True, "bfloat16")
+    assert prefill.flops == 4 * (64 * 65 // 2) * 2 * 64
+
+
+def test_case_has_distinct_per_head_scales_and_shuffled_pages():
+    shape = shapes.dry_run()[1]
+    case = make_case(shape, torch.device("cpu"))
+    assert float(case.k_scale.max() / case.k_scale.min()) > 1.5
+    assert not torch.equal(case.k_scale, case.v_scale)
+    flat = case.block_table.flatten()
+    assert not torch.equal(flat, torch.arange(flat.numel(), dtype=flat.dtype))
+    stored = case.key_cache.float()
+    assert (stored == 0).float().mean() < 0.01 and stored.std() > 10
+
+
+def test_oracle_matches_sdpa_on_the_gathered_copy_and_needs_per_head_scales():
+    shape = shapes.dry_run()[2]  # causal
+    case = make_case(shape, torch.device("cpu"), seed=3)
+    key, value = gathered_kv(case, torch.float64)
+    query = case.query.double().view(shape.batch, shape.q_len, shape.num_q_heads, -1)
+    group = shape.num_q_heads // shape.num_kv_heads
+    scores = (
+        torch.einsum("bqhd,bhkd->bhqk", query, key.repeat_interleave(group, dim=1))
+        * case.softmax_scale
+    )
+    offset = shape.kv_len - shape.q_len
+    allowed = torch.arange(shape.kv_len)[None, :] <= torch.arange(shape.q_len)[:, None] + offset
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    expected = torch.einsum(
+        "bhqk,bhkd->bqhd", scores.softmax(-1), value.repeat_interleave(group, dim=1)
+    ).flatten(0, 1)
+    assert relative_error(attention_oracle(case, torch.float64), expected) < 1e-12
+    scalar = case.k_scale.max().expand(shape.num_kv_heads)
+    dropped = attention_oracle(case, torch.float64, k_scale=scalar)
+    assert relative_error(dropped, expected) > 0.05
+
+
+def test_fp8_query_route_error_comes_from_fp8_rounding():
+    case = make_case(shapes.dry_run()[0], torch.device("cpu"), seed=5)
+    exact = attention_oracle(case, torch.float64)
+    error = relative_error(fp8_query_route(case), exact)
+    assert 1e-3 < error < 0.2
+
+
+def test_vllm_kernel_loads_without_touching_sys_modules():
+    if not all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
+        pytest.skip("vLLM's kernel is not in .peers/ (run benchmarks/fetch_peers.sh)")
+    before = {name: module for name, module in sys.modules.items() if name.startswith("vllm")}
+    kernel = vllm_peer.load()
+    after = {name: module for name, module in sys.modules.items() if name.startswith("vllm")}
+    assert before == after
+    assert callable(kernel.unified_attention)
