@@ -234,6 +234,8 @@ def launch_plan(problem: AttentionProblem, num_splits: int | None = None) -> dic
         "num_q_tiles": num_q_tiles,
         "num_splits": num_splits,
         "split_keys": split_keys,
+        "num_warps": 4 if problem.head_dim <= 128 else 8,
+        "num_stages": 2,
     }
 
 
@@ -274,8 +276,8 @@ def paged_attention(
         MASK_MODE=mask_mode,
         SPLIT=split,
         DOT_FP32=interpreting(),
-        num_warps=4 if problem.head_dim <= 128 else 8,
-        num_stages=2,
+        num_warps=plan["num_warps"],
+        num_stages=plan["num_stages"],
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(problem.num_tokens, problem.num_q_heads)](

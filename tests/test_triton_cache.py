@@ -1,0 +1,44 @@
+"""Triton reshape_and_cache writes the same bytes as the reference, for every cache format."""
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from fp8_noncausal_attn import reference, triton_cache
+from fp8_noncausal_attn.synthetic import allocate_cache
+
+
+def cache_bytes(cache):
+    return cache.view(torch.uint8 if cache.element_size() == 1 else torch.int16).clone()
+
+
+@pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]
+)
+def test_triton_cache_write_is_bit_exact(cache_dtype, query_dtype):
+    gen = torch.Generator().manual_seed(0)
+    num_tokens, heads, dim, blocks, block_size = 40, 3, 64, 6, 16
+    # Magnitudes from 1e-4 to 1e3 after scaling reach FP8 subnormals and saturation.
+    magnitude = torch.logspace(-4, 3, num_tokens)[:, None, None]
+    key = (torch.randn(num_tokens, heads, dim, generator=gen) * magnitude).to(query_dtype)
+    key[0, 0, :4] = torch.tensor([1e-9, -0.0, 6e4, -6e4])
+    value = torch.randn(num_tokens, heads, dim, generator=gen).to(query_dtype)
+    k_scale = torch.rand(heads, generator=gen) + 0.3
+    v_scale = torch.rand(heads, generator=gen) + 0.3
+    slots = torch.randperm(blocks * block_size, generator=gen)[:num_tokens]
+    slots[3] = -1
+    written = []
+    for module in (triton_cache, reference):
+        key_cache, value_cache = allocate_cache(
+            blocks, block_size, heads, dim, cache_dtype, "vllm", DEVICE
+        )
+        for cache in (key_cache, value_cache):
+            cache.view(torch.uint8).fill_(7)
+        module.reshape_and_cache(
+            key.to(DEVICE), value.to(DEVICE), key_cache, value_cache, slots.to(DEVICE),
+            k_scale.to(DEVICE), v_scale.to(DEVICE),
+        )  # fmt: skip
+        written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
+    assert torch.equal(written[0][0], written[1][0])
+    assert torch.equal(written[0][1], written[1][1])
