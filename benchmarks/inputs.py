@@ -153,5 +153,9 @@ def sequence_kv(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """One sequence's keys or values, dequantised: [kv_len, num_kv_heads, head_dim] in dtype."""
-    tokens = cache[pages.long()].flatten(0, 1)[:kv_len]
-    return tokens.to(dtype) * scale.to(dtype)[None, :, None]
+    if cache.dtype.itemsize == 1:
+        # Gather the bytes: indexing kernels cover uint8 on every device, FP8 not everywhere.
+        tokens = cache.view(torch.uint8)[pages.long()].view(cache.dtype)
+    else:
+        tokens = cache[pages.long()]
+    return tokens.flatten(0, 1)[:kv_len].to(dtype) * scale.to(dtype)[None, :, None]

@@ -72,6 +72,8 @@ def write_markdown(path: Path, payload: dict) -> None:
             f"{row['tflops']:.2f} | {row['rel_err']:.2e} | {row['timing_method']} | "
             f"{speedups or '-'} |"
         )
+    lines += ["", "## Goals (reported, not asserted)", ""]
+    lines += [f"- {line}" for line in goals(payload)] or ["- nothing to report"]
     lines += ["", "## Backends", "", "| backend | status | what it is given and runs |"]
     lines.append("|---|---|---|")
     for name, info in payload["backends"].items():
@@ -88,6 +90,46 @@ def write_markdown(path: Path, payload: dict) -> None:
             lines.append(f"| {shape_label(skip)} | {skip['backend']} | {skip['reason']} |")
     lines += _accuracy_table(payload["accuracy"])
     path.write_text("\n".join(lines) + "\n")
+
+
+def goals(payload: dict) -> list[str]:
+    """The issue's goals, reported (not asserted), one line per backend of ours and goal
+    (the speed goals only where the timings mean something)."""
+    lines = []
+    timed = payload["timings_meaningful"]
+    ours = sorted({r["backend"] for r in payload["rows"] if r["speedup"]}) if timed else []
+    for backend in ours:
+        mine = [r for r in payload["rows"] if r["backend"] == backend and r["kind"] == "drafter"]
+        fracs = [r["frac_of_copy_bw"] for r in mine if r["frac_of_copy_bw"] is not None]
+        if fracs:
+            met = sum(f >= 0.9 for f in fracs)
+            lines.append(
+                f"{backend}: >= 90% of copy bandwidth on {met}/{len(fracs)} drafter rows "
+                f"(min {min(fracs):.0%}, max {max(fracs):.0%})"
+            )
+        over_vllm = [
+            r["speedup"]["vllm_triton_unified"]
+            for r in mine
+            if "vllm_triton_unified" in r["speedup"]
+        ]
+        if over_vllm:
+            met = sum(x >= 2 for x in over_vllm)
+            lines.append(
+                f"{backend}: >= 2x vllm_triton_unified on {met}/{len(over_vllm)} drafter rows "
+                f"(min {min(over_vllm):.2f}x, max {max(over_vllm):.2f}x)"
+            )
+    fp8_route = {
+        e["kv_len"]: e["rel_err"] for e in payload["accuracy"] if e["route"] == "fp8_query_emulated"
+    }
+    for entry in payload["accuracy"]:
+        if entry["route"] != "fp8_query_emulated" and entry["rel_err"] is not None:
+            ratio = entry["rel_err"] / fp8_route[entry["kv_len"]]
+            verdict = "met" if ratio <= 0.5 else "NOT met"
+            lines.append(
+                f"{entry['backend']} kv{entry['kv_len']}: error {ratio:.3f}x the FP8-query "
+                f"route's (goal <= 0.5x: {verdict})"
+            )
+    return lines
 
 
 def _accuracy_table(entries: list[dict]) -> list[str]:

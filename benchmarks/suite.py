@@ -11,6 +11,8 @@ import datetime
 import platform
 import re
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -25,6 +27,10 @@ from .timing import copy_bandwidth, rotation_count, time_calls
 
 # SPEC §7 tolerances against the float32 reference on the same cache.
 TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3}
+# Wall-clock seconds each peer may spend in a preset (FlexAttention compiles every shape anew,
+# about as long as the rest of --quick): past it the peer is skipped on the remaining shapes,
+# with that reason. Our backends are never cut.
+PEER_BUDGET_S = {"quick": 75.0}
 # torch.compile recompiles FlexAttention for every shape; past its default limit it would
 # silently fall back to the unfused eager implementation.
 RECOMPILE_LIMIT = 1024
@@ -134,9 +140,69 @@ def _print_summary(payload: dict, paths: list[Path]) -> None:
         print(
             f"accuracy kv{entry['kv_len']:<7} {entry['route']:<20} {entry['backend']:<16} {result}"
         )
+    for line in report.goals(payload):
+        print(f"goal: {line}")
     print(f"skipped (backend, shape) pairs: {len(payload['skipped'])}")
     for path in paths:
         print(f"wrote {path}")
+
+
+def _live_backends(device: torch.device, only: set[str] | None) -> tuple[dict, list[Adapter]]:
+    """({name: {"status", "note"}} for every candidate, the adapters that can run here)."""
+    backends, live = {}, []
+    for adapter in adapters(device):
+        if only is not None and adapter.name not in only:
+            continue
+        try:
+            why_not = adapter.unavailable(device)
+        except Exception as error:  # a peer's import may fail in any way
+            why_not = failure_reason(error)
+        backends[adapter.name] = {"status": why_not or "ok", "note": adapter.note}
+        if why_not is None:
+            live.append(adapter)
+        print(f"backend {adapter.name}: {why_not or 'ok'}", flush=True)
+    return backends, live
+
+
+def _sweep(
+    preset: str, device: torch.device, live: list[Adapter], copy_bw: float | None
+) -> tuple[list[dict], list[dict]]:
+    """(rows, skips) of every shape of ``preset`` through every live backend."""
+    rows, skipped = [], []
+    budget = PEER_BUDGET_S.get(preset)
+    spent: dict[str, float] = defaultdict(float)
+    for index, shape in enumerate(PRESETS[preset]()):
+        run = ShapeRun(shape, device, seed=index)
+        shape_rows = []
+        for adapter in live:
+            skip = {**shape.fields(), "backend": adapter.name}
+            if budget is not None and not adapter.ours and spent[adapter.name] > budget:
+                reason = f"--{preset} gives each peer {budget:.0f} s; spent on earlier shapes"
+                skipped.append({**skip, "reason": reason})
+                continue
+            started = time.perf_counter()
+            try:
+                row = run.measure(adapter, copy_bw)
+            except Unsupported as error:
+                skipped.append({**skip, "reason": str(error)})
+                continue
+            except Exception as error:  # one failing backend must not end the run (ours either)
+                skipped.append({**skip, "reason": failure_reason(error)})
+                continue
+            finally:
+                spent[adapter.name] += time.perf_counter() - started
+            shape_rows.append(row)
+            print(
+                f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
+                f"rel_err {row['rel_err']:.1e}",
+                flush=True,
+            )
+        _add_speedups(shape_rows, {a.name for a in live if a.ours})
+        rows += shape_rows
+        del run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, skipped
 
 
 def run_suite(
@@ -150,46 +216,9 @@ def run_suite(
 ) -> list[Path]:
     """Run ``preset`` on ``device``; write JSON, Markdown and PNGs into ``out_dir``."""
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
-    candidates = [a for a in adapters(device) if only is None or a.name in only]
-    backends, live = {}, []
-    for adapter in candidates:
-        try:
-            why_not = adapter.unavailable(device)
-        except Exception as error:  # a peer's import may fail in any way
-            why_not = failure_reason(error)
-        backends[adapter.name] = {"status": why_not or "ok", "note": adapter.note}
-        if why_not is None:
-            live.append(adapter)
-        print(f"backend {adapter.name}: {why_not or 'ok'}", flush=True)
-
+    backends, live = _live_backends(device, only)
     copy_bw = copy_bandwidth(device)
-    rows, skipped = [], []
-    for index, shape in enumerate(PRESETS[preset]()):
-        run = ShapeRun(shape, device, seed=index)
-        shape_rows = []
-        for adapter in live:
-            try:
-                row = run.measure(adapter, copy_bw)
-            except Unsupported as error:
-                skipped.append({**shape.fields(), "backend": adapter.name, "reason": str(error)})
-                continue
-            except Exception as error:  # one failing backend must not end the run (ours either)
-                skipped.append(
-                    {**shape.fields(), "backend": adapter.name, "reason": failure_reason(error)}
-                )
-                continue
-            shape_rows.append(row)
-            print(
-                f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
-                f"rel_err {row['rel_err']:.1e}",
-                flush=True,
-            )
-        _add_speedups(shape_rows, {a.name for a in live if a.ours})
-        rows += shape_rows
-        del run
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
+    rows, skipped = _sweep(preset, device, live, copy_bw)
     ours = [a for a in live if a.ours]
     study = run_accuracy(accuracy_shapes(preset), ours, device) if accuracy else []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
