@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Idempotent setup of .venv: CPU torch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA
+# build), triton, and this package in editable mode. The CUDA extension is built when nvcc is
+# found (see setup.py); FP8NCA_BUILD_CUDA=0 skips it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python_bin=$(command -v python3.11 || command -v python3)
+[ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check)
+"${pip_quiet[@]}" torch==2.13.0 -r requirements-test.txt
+"${pip_quiet[@]}" --no-build-isolation --no-deps -e .
