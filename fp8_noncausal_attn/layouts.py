@@ -36,7 +36,7 @@ def split_kv_cache(
             raise TypeError(f"cache_dtype must be one of {CACHE_DTYPES}, got {cache_dtype}")
         if kv_cache.element_size() != cache_dtype.itemsize:
             raise TypeError(
-                f"kv_cache of dtype {kv_cache.dtype} cannot be viewed as {cache_dtype}: "
+                f"cache_dtype {cache_dtype} cannot view kv_cache of dtype {kv_cache.dtype}: "
                 "element sizes differ"
             )
         kv_cache = kv_cache.view(cache_dtype)
