@@ -20,6 +20,7 @@ import torch
 
 from . import vllm_peer
 from .inputs import Case, gathered_kv
+from .shapes import Shape
 
 PEER_NAMES = ("vllm_triton_unified", "torch_sdpa", "flex_attention", "flashinfer")
 
@@ -225,17 +226,18 @@ class FlexAttention(Adapter):
         "is not timed; eager and unfused on CPU"
     )
 
-    def prepare(self, case: Case) -> Prepared:
+    def __init__(self) -> None:
+        # One block mask per shape, shared by its rotated copies (one compiled graph for all).
+        self._mask: tuple[Shape, object] | None = None
+
+    def _block_mask(self, shape: Shape, device: torch.device) -> object:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        shape = case.shape
-        device = case.query.device
-        key, value = gathered_kv(case, case.query.dtype)
-        query = _padded_query(case).contiguous()
-        offset = shape.kv_len - shape.q_len
-        block_mask = None
-        if shape.causal and shape.q_len > 1:
-            block_mask = create_block_mask(
+        if not (shape.causal and shape.q_len > 1):
+            return None
+        if self._mask is None or self._mask[0] != shape:
+            offset = shape.kv_len - shape.q_len
+            mask = create_block_mask(
                 lambda b, h, q, k: k <= q + offset,
                 None,
                 None,
@@ -243,6 +245,14 @@ class FlexAttention(Adapter):
                 shape.kv_len,
                 device=device,
             )
+            self._mask = (shape, mask)
+        return self._mask[1]
+
+    def prepare(self, case: Case) -> Prepared:
+        device = case.query.device
+        key, value = gathered_kv(case, case.query.dtype)
+        query = _padded_query(case).contiguous()
+        block_mask = self._block_mask(case.shape, device)
         flex = _flex_function(device)
         holder: list[torch.Tensor] = []
 
