@@ -3,9 +3,9 @@
 FA3 (SM90) and FA4 (SM100) run attention over an FP8 cache by quantising Q to e4m3 as well and
 feeding P to the second matrix product in e4m3. That route is emulated here on the same cache:
 Q scaled per (sequence, KV head) by its amax and rounded to e4m3 (the granularity of FA3's
-``q_descale``); scores in float32; P = exp(S - rowmax) rounded to e4m3 for the PV product, the
-row sum taken in float32 before rounding. It leaves out FP8 tensor-core accumulation (which only
-adds error), so it is a lower bound on that route's error.
+``q_descale``); scores in float32; an online softmax over 128-key tiles, P = exp(S - running
+max) rounded to e4m3 for the PV product, the row sum taken in float32 before rounding. It leaves
+out the FP8 tensor cores' reduced-precision accumulation (vllm#23813), which only adds error.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from dataclasses import replace
 import torch
 
 from .inputs import Case, make_case, sequence_kv
-from .oracle import attention_oracle, key_mask, relative_error, row_chunks
+from .oracle import attention_oracle, key_mask, relative_error
 from .peers import Adapter, failure_reason
 from .shapes import Shape, dry_run, quick
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
+# Keys per tile of the emulated kernel's online softmax (the order of FA3's FP8 key tile).
+KEY_TILE = 128
 
 ACCURACY_KV_LENS = {
     "dry-run": (40, 300),
@@ -39,37 +41,44 @@ def accuracy_shapes(preset: str) -> list[Shape]:
 
 def fp8_query_route(case: Case) -> torch.Tensor:
     """The FP8-query route emulated on the case's FP8 cache: [num_tokens, num_q_heads, head_dim]
-    float32."""
+    float32 (see the module docstring)."""
     shape = case.shape
     group = shape.num_q_heads // shape.num_kv_heads
     heads = shape.num_kv_heads
-    ones = torch.ones(heads, device=case.query.device)
-    v_scale = case.v_scale[None, :, None, None]
+    device = case.query.device
+    ones = torch.ones(heads, device=device)
     out = torch.empty(
-        (shape.num_tokens, shape.num_q_heads, shape.head_dim),
-        dtype=torch.float32,
-        device=case.query.device,
+        (shape.num_tokens, shape.num_q_heads, shape.head_dim), dtype=torch.float32, device=device
     )
+    mask = key_mask(case, 0, shape.q_len)
     for seq in range(shape.batch):
         pages = case.block_table[seq]
         key = sequence_kv(case.key_cache, ones, pages, shape.kv_len)
         value = sequence_kv(case.value_cache, ones, pages, shape.kv_len)
-        rows_of_seq = slice(seq * shape.q_len, (seq + 1) * shape.q_len)
-        q = case.query[rows_of_seq].float().view(shape.q_len, heads, group, shape.head_dim)
+        rows = slice(seq * shape.q_len, (seq + 1) * shape.q_len)
+        q = case.query[rows].float().view(shape.q_len, heads, group, shape.head_dim)
         q_scale = q.abs().amax(dim=(0, 2, 3)).clamp_min(1e-12) / E4M3_MAX
         q8 = (q / q_scale[None, :, None, None]).to(E4M3).float()
-        for start, rows in row_chunks(case, torch.float32):
-            scores = torch.einsum("qhgd,khd->hgqk", q8[start : start + rows], key)
-            scores *= (q_scale * case.k_scale)[:, None, None, None] * case.softmax_scale
-            mask = key_mask(case, start, rows)
+        score_scale = (q_scale * case.k_scale)[:, None, None, None] * case.softmax_scale
+        row_max = torch.full((heads, group, shape.q_len), float("-inf"), device=device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros((heads, group, shape.q_len, shape.head_dim), device=device)
+        for first in range(0, shape.kv_len, KEY_TILE):
+            tile = slice(first, first + KEY_TILE)
+            scores = torch.einsum("qhgd,khd->hgqk", q8, key[tile]) * score_scale
             if mask is not None:
-                scores.masked_fill_(~mask, float("-inf"))
-            probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-            row_sum = probs.sum(dim=-1)
-            chunk = torch.einsum("hgqk,khd->qhgd", probs.to(E4M3).float(), value)
-            chunk = chunk * v_scale / row_sum.permute(2, 0, 1)[..., None]
-            first = seq * shape.q_len + start
-            out[first : first + rows] = chunk.reshape(rows, shape.num_q_heads, shape.head_dim)
+                scores.masked_fill_(~mask[:, tile], float("-inf"))
+            # Online softmax as the kernel runs it: P relative to the running max, in e4m3.
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            rescale = torch.exp(row_max - new_max)
+            probs = torch.exp(scores - new_max[..., None])
+            row_sum = row_sum * rescale + probs.sum(dim=-1)
+            acc = acc * rescale[..., None] + torch.einsum(
+                "hgqk,khd->hgqd", probs.to(E4M3).float(), value[tile]
+            )
+            row_max = new_max
+        result = acc / row_sum[..., None] * case.v_scale[:, None, None, None]
+        out[rows] = result.permute(2, 0, 1, 3).reshape(shape.q_len, shape.num_q_heads, -1)
     return out
 
 

@@ -51,6 +51,8 @@ def write_markdown(path: Path, payload: dict) -> None:
     """Tables of the rows (grouped by shape), skips, backends and the accuracy study."""
     lines = [f"# Paged attention benchmark: {payload['gpu']}, {payload['date']}", ""]
     lines.append(f"Command: `{payload['command']}`. {payload['timing_note']}")
+    environment = ", ".join(f"{key} {value}" for key, value in payload["environment"].items())
+    lines.append(f"Environment: {environment}.")
     copy_bw = payload["copy_bw_gbps"]
     if copy_bw is not None:
         lines.append(

@@ -22,6 +22,10 @@ MAX_COPIES = 64
 TARGET_MS = 200.0
 MIN_REPS, MAX_REPS = 10, 200
 COPY_BYTES = 2**30
+# Seconds of back-to-back work before sampling: the clocks of an idle GPU take a while to rise
+# (an H200 idles at 345 MHz SM clock, 1980 MHz under load).
+WARMUP_S = 0.05
+COPY_WARMUP_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,13 @@ def _event_samples(step: Callable[[], None], reps: int) -> list[float]:
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+
+
+def _warm_up(step: Callable[[], None], seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        step()
+        torch.cuda.synchronize()
 
 
 def _reps_for(step: Callable[[], None]) -> int:
@@ -105,8 +116,7 @@ def time_calls(calls: Sequence[Callable[[], None]], device: torch.device) -> Tim
     except Exception:  # whatever breaks the capture, the eager calls can still be timed
         torch.cuda.synchronize()
         step, method = eager, "cuda_events_eager"
-    step()
-    torch.cuda.synchronize()
+    _warm_up(step, WARMUP_S)
     samples = _event_samples(step, _reps_for(step))
     return _summarise(samples, len(calls), method)
 
@@ -121,6 +131,6 @@ def copy_bandwidth(device: torch.device) -> float | None:
     def step() -> None:
         target.copy_(source)
 
-    step()
+    _warm_up(step, COPY_WARMUP_S)
     timing = _summarise(_event_samples(step, 30), 1, "cuda_events_eager")
     return 2 * COPY_BYTES / (timing.median_us * 1e-6) / 1e9

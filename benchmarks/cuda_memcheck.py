@@ -1,0 +1,56 @@
+"""A few CUDA-backend calls for ``compute-sanitizer --tool memcheck`` (run by gpu_check.sh).
+
+Small shapes that reach every boundary: partial last pages, rows past q_len in an M tile, keys
+past kv_len in a key tile, empty sequences, split-KV with empty splits, block size 8, the vLLM
+combined layout, head_dim 256. Exits non-zero if any result is off.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fp8_noncausal_attn as fna
+from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.validation import validate_attention
+
+CASES = [
+    dict(q_lens=[1, 8, 0], kv_lens=[37, 100, 5], causal=[True, False, True], block_size=16),
+    dict(q_lens=[16], kv_lens=[16], causal=False, block_size=8, layout="vllm"),
+    dict(q_lens=[3, 16], kv_lens=[70, 16], causal=True, head_dim=256, num_kv_heads=1),
+    dict(q_lens=[8, 5], kv_lens=[700, 61], causal=False, head_dim=128, num_splits=7),
+    dict(q_lens=[8], kv_lens=[90], causal=False, cache_dtype=torch.bfloat16, block_size=32),
+]
+
+
+def main() -> int:
+    runs, why = cuda_backend.availability()
+    if not runs:
+        print(f"cuda backend unavailable: {why}")
+        return 1
+    failures = 0
+    for i, spec in enumerate(CASES):
+        spec = dict(spec)
+        num_splits = spec.pop("num_splits", None)
+        case = make_case(
+            spec.pop("q_lens"), spec.pop("kv_lens"), num_q_heads=8,
+            num_kv_heads=spec.pop("num_kv_heads", 2), device="cuda", seed=i, **spec,
+        )  # fmt: skip
+        problem = validate_attention(
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+        )
+        out = torch.empty_like(case.query)
+        cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+        ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+        err = relative_error(out, ref)
+        ok = err <= 1e-2
+        failures += not ok
+        print(f"case {i}: rel err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    torch.cuda.synchronize()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
+# extension for sm_90a, run the GPU tests (cuda and triton), compute-sanitizer memcheck on a few
+# cuda cases, and the quick benchmark (it holds the drafter acceptance shape).
+#   benchmarks/gpu_check.sh RESULTS_DIR
+# Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
+# Each step has its own time limit so the whole run stays under 8 minutes; a failed step is
+# recorded in RESULTS_DIR/summary.txt and the next one still runs. With GPU_CHECK_TARBALL=PATH
+# the results folder is also packed into one file there (the device tool returns few files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${1:?usage: benchmarks/gpu_check.sh RESULTS_DIR}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+SUMMARY="$RESULTS/summary.txt"
+: >"$SUMMARY"
+export PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND... ; output to RESULTS/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)" | tee -a "$SUMMARY"
+  tail -n 5 "$RESULTS/$name.log"
+  return $rc
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  nvcc --version | tail -n 1
+} >"$RESULTS/environment.txt" 2>&1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/nvidia_cutlass-*.whl || { echo "no cutlass wheel" | tee -a "$SUMMARY"; exit 1; }
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+FP8NCA_BUILD_CUDA=1 FP8NCA_CUDA_ARCHS=90a FP8NCA_BUILD_JOBS=$(nproc) \
+  step build 300 python3 setup.py build_ext --inplace || exit 1
+cp build/cmake/ptxas.log "$RESULTS/ptxas.log" 2>/dev/null
+cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1
+
+step pytest_gpu 200 python3 -m pytest -m gpu tests -q -x --junitxml="$RESULTS/pytest_gpu.xml"
+step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
+  python3 -m benchmarks.cuda_memcheck
+step benchmark 200 python3 -m benchmarks.attention --quick --out "$RESULTS/benchmark"
+
+if [ -n "${GPU_CHECK_TARBALL:-}" ]; then
+  tar czf "$GPU_CHECK_TARBALL" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
+fi
+cat "$SUMMARY"
