@@ -15,6 +15,10 @@ import sys
 import warnings
 from pathlib import Path
 
+# --quick must finish inside the 200 s that benchmarks/gpu_check.sh gives it, imports and the
+# last shape (up to about 30 s with FlexAttention's compilation) included.
+QUICK_BUDGET_S = 140.0
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -32,6 +36,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "torch_sdpa, flex_attention, flashinfer",
     )
     parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy study")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds after which the remaining shapes are skipped (default: "
+        f"{QUICK_BUDGET_S:.0f} for --quick, which benchmarks/gpu_check.sh gives 200 s; none else)",
+    )
     return parser.parse_args(argv)
 
 
@@ -55,8 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     only = set(args.backends.split(",")) if args.backends else None
     command = "python -m benchmarks.attention " + " ".join(sys.argv[1:] if argv is None else argv)
+    budget = args.time_budget
+    if budget is None and args.preset == "quick":
+        budget = QUICK_BUDGET_S
     run_suite(
-        args.preset, args.out, device, only=only, accuracy=not args.no_accuracy, command=command
+        args.preset,
+        args.out,
+        device,
+        only=only,
+        accuracy=not args.no_accuracy,
+        time_budget_s=budget,
+        command=command,
     )
     return 0
 

@@ -321,8 +321,8 @@ class FlashInfer(ScalarScaled):
 
 
 def adapters(device: torch.device) -> list[Adapter]:
-    """Ours first (the compiled and Triton kernels; the reference stands in for them on CPU),
-    then the peers."""
-    ours = ("cuda", "triton") if device.type == "cuda" else ("reference", "triton")
+    """Ours first (the compiled and Triton kernels; on CPU the reference also stands in for
+    them, and the CUDA backend is listed with the reason it does not run), then the peers."""
+    ours = ("cuda", "triton") if device.type == "cuda" else ("cuda", "triton", "reference")
     peers: list[Adapter] = [VllmTritonUnified(), TorchSdpa(), FlexAttention(), FlashInfer()]
     return [Ours(name) for name in ours] + peers

@@ -51,6 +51,8 @@ def write_markdown(path: Path, payload: dict) -> None:
     """Tables of the rows (grouped by shape), skips, backends and the accuracy study."""
     lines = [f"# Paged attention benchmark: {payload['gpu']}, {payload['date']}", ""]
     lines.append(f"Command: `{payload['command']}`. {payload['timing_note']}")
+    if not payload["complete"]:
+        lines.append("**Incomplete: the run was cut off; these are the shapes it finished.**")
     environment = ", ".join(f"{key} {value}" for key, value in payload["environment"].items())
     lines.append(f"Environment: {environment}.")
     copy_bw = payload["copy_bw_gbps"]
@@ -227,14 +229,19 @@ def plot_speedup(path: Path, payload: dict) -> None:
     plt.close(fig)
 
 
-def write_all(out_dir: Path, stem: str, payload: dict) -> list[Path]:
-    """Write ``stem``.json, ``stem``.md, ``stem``-gbps.png and ``stem``-speedup.png."""
+def write_tables(out_dir: Path, stem: str, payload: dict) -> list[Path]:
+    """Write ``stem``.json and ``stem``.md (cheap: rewritten after every shape)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [
-        out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", "-gbps.png", "-speedup.png")
-    ]
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     write_json(paths[0], payload)
     write_markdown(paths[1], payload)
+    return paths
+
+
+def write_all(out_dir: Path, stem: str, payload: dict) -> list[Path]:
+    """Write ``stem``.json, ``stem``.md, ``stem``-gbps.png and ``stem``-speedup.png."""
+    paths = write_tables(out_dir, stem, payload)
+    paths += [out_dir / f"{stem}-gbps.png", out_dir / f"{stem}-speedup.png"]
     plot_bandwidth(paths[2], payload)
     plot_speedup(paths[3], payload)
     return paths

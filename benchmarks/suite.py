@@ -1,4 +1,4 @@
-"""The benchmark run: every shape of a preset through every backend, then the accuracy study.
+"""The benchmark run: the accuracy study, then every shape of a preset through every backend.
 
 A backend that is unavailable, does not support a shape or fails on it is recorded with the
 reason and the run goes on. Each measured row is checked against the float32 oracle on the
@@ -12,7 +12,6 @@ import platform
 import re
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3}
 # Wall-clock seconds each peer may spend in a preset (FlexAttention compiles every shape anew,
 # about as long as the rest of --quick): past it the peer is skipped on the remaining shapes,
 # with that reason. Our backends are never cut.
-PEER_BUDGET_S = {"quick": 75.0}
+PEER_BUDGET_S = {"quick": 40.0}
 # torch.compile recompiles FlexAttention for every shape; past its default limit it would
 # silently fall back to the unfused eager implementation.
 RECOMPILE_LIMIT = 1024
@@ -164,44 +163,36 @@ def _live_backends(device: torch.device, only: set[str] | None) -> tuple[dict, l
     return backends, live
 
 
-def _sweep(
-    preset: str, device: torch.device, live: list[Adapter], copy_bw: float | None
+def _measure_shape(
+    run: ShapeRun, live: list[Adapter], copy_bw: float | None, peer_allowance: dict[str, float]
 ) -> tuple[list[dict], list[dict]]:
-    """(rows, skips) of every shape of ``preset`` through every live backend."""
+    """(rows, skips) of one shape; ``peer_allowance`` is each peer's time left (s), if limited."""
+    shape = run.shape
     rows, skipped = [], []
-    budget = PEER_BUDGET_S.get(preset)
-    spent: dict[str, float] = defaultdict(float)
-    for index, shape in enumerate(PRESETS[preset]()):
-        run = ShapeRun(shape, device, seed=index)
-        shape_rows = []
-        for adapter in live:
-            skip = {**shape.fields(), "backend": adapter.name}
-            if budget is not None and not adapter.ours and spent[adapter.name] > budget:
-                reason = f"--{preset} gives each peer {budget:.0f} s; spent on earlier shapes"
-                skipped.append({**skip, "reason": reason})
-                continue
-            started = time.perf_counter()
-            try:
-                row = run.measure(adapter, copy_bw)
-            except Unsupported as error:
-                skipped.append({**skip, "reason": str(error)})
-                continue
-            except Exception as error:  # one failing backend must not end the run (ours either)
-                skipped.append({**skip, "reason": failure_reason(error)})
-                continue
-            finally:
-                spent[adapter.name] += time.perf_counter() - started
-            shape_rows.append(row)
-            print(
-                f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
-                f"rel_err {row['rel_err']:.1e}",
-                flush=True,
-            )
-        _add_speedups(shape_rows, {a.name for a in live if a.ours})
-        rows += shape_rows
-        del run
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    for adapter in live:
+        skip = {**shape.fields(), "backend": adapter.name}
+        if peer_allowance.get(adapter.name, 1.0) <= 0:
+            skipped.append({**skip, "reason": "this peer's time allowance in the preset is spent"})
+            continue
+        started = time.perf_counter()
+        try:
+            row = run.measure(adapter, copy_bw)
+        except Unsupported as error:
+            skipped.append({**skip, "reason": str(error)})
+            continue
+        except Exception as error:  # one failing backend must not end the run (ours either)
+            skipped.append({**skip, "reason": failure_reason(error)})
+            continue
+        finally:
+            if adapter.name in peer_allowance:
+                peer_allowance[adapter.name] -= time.perf_counter() - started
+        rows.append(row)
+        print(
+            f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
+            f"rel_err {row['rel_err']:.1e}",
+            flush=True,
+        )
+    _add_speedups(rows, {a.name for a in live if a.ours})
     return rows, skipped
 
 
@@ -212,32 +203,59 @@ def run_suite(
     *,
     only: set[str] | None = None,
     accuracy: bool = True,
+    time_budget_s: float | None = None,
     command: str = "",
 ) -> list[Path]:
-    """Run ``preset`` on ``device``; write JSON, Markdown and PNGs into ``out_dir``."""
+    """Run ``preset`` on ``device``; write JSON, Markdown and PNGs into ``out_dir``.
+
+    The accuracy study runs first (it is short), then the shapes in the preset's order (the
+    most important first). The JSON and Markdown are rewritten after every shape, so a run cut
+    off from outside still leaves its rows; past ``time_budget_s`` the remaining shapes are
+    skipped with that reason and the run ends normally.
+    """
+    started = time.perf_counter()
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     backends, live = _live_backends(device, only)
-    copy_bw = copy_bandwidth(device)
-    rows, skipped = _sweep(preset, device, live, copy_bw)
     ours = [a for a in live if a.ours]
-    study = run_accuracy(accuracy_shapes(preset), ours, device) if accuracy else []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     payload = {
         "gpu": gpu,
-        "copy_bw_gbps": copy_bw,
+        "copy_bw_gbps": copy_bandwidth(device),
         "date": date,
         "preset": preset,
         "command": command or " ".join(sys.argv),
+        "complete": False,
         "timings_meaningful": device.type == "cuda",
         "timing_note": _timing_note(device),
         "environment": _environment(device),
         "backends": backends,
-        "rows": rows,
-        "skipped": skipped,
-        "accuracy": study,
+        "rows": [],
+        "skipped": [],
+        "accuracy": [],
     }
     stem = f"{date}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
+    if accuracy:
+        payload["accuracy"] = run_accuracy(accuracy_shapes(preset), ours, device)
+    budget = PEER_BUDGET_S.get(preset)
+    peer_allowance = {a.name: budget for a in live if not a.ours and budget is not None}
+    for index, shape in enumerate(PRESETS[preset]()):
+        elapsed = time.perf_counter() - started
+        if time_budget_s is not None and elapsed > time_budget_s:
+            reason = f"the run's time budget ({time_budget_s:.0f} s) was spent"
+            payload["skipped"] += [
+                {**shape.fields(), "backend": a.name, "reason": reason} for a in live
+            ]
+            continue
+        run = ShapeRun(shape, device, seed=index)
+        rows, skipped = _measure_shape(run, live, payload["copy_bw_gbps"], peer_allowance)
+        payload["rows"] += rows
+        payload["skipped"] += skipped
+        del run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        report.write_tables(out_dir, stem, payload)
+    payload["complete"] = True
     paths = report.write_all(out_dir, stem, payload)
     _print_summary(payload, paths)
     return paths

@@ -232,3 +232,22 @@ def test_vllm_kernel_loads_without_touching_sys_modules():
     after = {name: module for name, module in sys.modules.items() if name.startswith("vllm")}
     assert before == after
     assert callable(kernel.unified_attention)
+
+
+def test_spent_time_budget_skips_shapes_and_still_writes_everything(tmp_path):
+    from benchmarks.suite import run_suite
+
+    paths = run_suite(
+        "dry-run",
+        tmp_path,
+        torch.device("cpu"),
+        only={"reference", "torch_sdpa"},
+        accuracy=False,
+        time_budget_s=0.0,
+    )
+    payload = json.loads(paths[0].read_text())
+    assert payload["complete"] is True and payload["rows"] == []
+    assert len(payload["skipped"]) == 2 * len(shapes.dry_run())
+    assert all("time budget" in skip["reason"] for skip in payload["skipped"])
+    assert "time budget" in paths[1].read_text()
+    assert all(path.stat().st_size > 0 for path in paths[2:])
