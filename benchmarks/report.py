@@ -39,7 +39,8 @@ def write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=1) + "\n")
 
 
-def _fmt(value: object, digits: int = 3) -> str:
+def fmt(value: object, digits: int = 3) -> str:
+    """A table cell: floats to ``digits`` significant digits, None as '-'."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -72,8 +73,8 @@ def write_markdown(path: Path, payload: dict) -> None:
         frac = row["frac_of_copy_bw"]
         lines.append(
             f"| {shape_label(row)} | {row['backend']} | {row['median_us']:.1f} | "
-            f"{row['gbps']:.0f} | {_fmt(None if frac is None else 100 * frac)} | "
-            f"{row['tflops']:.2f} | {row['rel_err']:.2e} | {row['timing_method']} | "
+            f"{row['gbps']:.0f} | {fmt(None if frac is None else 100 * frac)} | "
+            f"{row['tflops']:.2f} | {fmt(row['rel_err'])} | {row['timing_method']} | "
             f"{speedups or '-'} |"
         )
     lines += ["", "## Goals (reported, not asserted)", ""]
@@ -152,7 +153,7 @@ def _accuracy_table(entries: list[dict]) -> list[str]:
         "|---|" + "---|" * len(columns),
     ]
     for key, errors in by_shape.items():
-        cells = " | ".join(_fmt(errors.get(column), 3) for column in columns)
+        cells = " | ".join(fmt(errors.get(column), 3) for column in columns)
         lines.append(f"| {shape_label(dict(zip(SHAPE_KEYS, key, strict=True)))} | {cells} |")
     return lines
 

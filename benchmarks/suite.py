@@ -8,6 +8,7 @@ same inputs before it is timed (outputs start as NaN, so unwritten elements show
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 import re
 import sys
@@ -61,6 +62,7 @@ class ShapeRun:
         rel_err = relative_error(
             prepared[0].result(), self.oracle(*adapter.given_scales(self.copies[0]))
         )
+        finite = math.isfinite(rel_err)  # NaN: an element was left unwritten or overflowed
         seconds = timing.median_us * 1e-6
         gbps = shape.bytes / seconds / 1e9
         return {
@@ -71,8 +73,8 @@ class ShapeRun:
             "gbps": gbps,
             "frac_of_copy_bw": None if copy_bw is None else gbps / copy_bw,
             "tflops": shape.flops / seconds / 1e12,
-            "rel_err": rel_err,
-            "within_tolerance": rel_err <= TOLERANCE[shape.query_dtype],
+            "rel_err": rel_err if finite else None,
+            "within_tolerance": finite and rel_err <= TOLERANCE[shape.query_dtype],
             "timing_method": timing.method,
             "timing_reps": timing.reps,
             "timing_spread": timing.spread,
@@ -117,12 +119,16 @@ def _timing_note(device: torch.device) -> str:
         return "CPU dry run: timings are CPU wall-clock and NOT meaningful."
     return (
         "Times: median per call of CUDA-graph replays (CUDA events), each graph one call per "
-        "rotated input copy spanning 3x L2; bytes = KV read once + Q + out."
+        "rotated input copy spanning 3x L2 (eager calls where the timing column says so); "
+        "bytes = KV read once + Q + out."
     )
 
 
 def _print_summary(payload: dict, paths: list[Path]) -> None:
-    print(f"\n{payload['gpu']}  copy bandwidth: {payload['copy_bw_gbps'] or '-'} GB/s")
+    copy_bw = payload["copy_bw_gbps"]
+    print(
+        f"\n{payload['gpu']}  copy bandwidth: {'-' if copy_bw is None else f'{copy_bw:.0f}'} GB/s"
+    )
     print(payload["timing_note"])
     header = f"{'shape':<52} {'backend':<20} {'us':>9} {'GB/s':>7} {'%copy':>6} {'rel_err':>8}"
     print(header + "  speedups")
@@ -132,7 +138,7 @@ def _print_summary(payload: dict, paths: list[Path]) -> None:
         print(
             f"{report.shape_label(row):<52} {row['backend']:<20} {row['median_us']:>9.1f} "
             f"{row['gbps']:>7.0f} {'-' if frac is None else f'{100 * frac:.0f}':>6} "
-            f"{row['rel_err']:>8.1e}  {speedups}"
+            f"{report.fmt(row['rel_err']):>8}  {speedups}"
         )
     for entry in payload["accuracy"]:
         result = entry.get("error") or f"rel_err vs float64 {entry['rel_err']:.2e}"
@@ -189,7 +195,7 @@ def _measure_shape(
         rows.append(row)
         print(
             f"{shape.label():<52} {adapter.name:<20} {row['median_us']:9.1f} us "
-            f"rel_err {row['rel_err']:.1e}",
+            f"rel_err {report.fmt(row['rel_err'])}",
             flush=True,
         )
     _add_speedups(rows, {a.name for a in live if a.ours})
