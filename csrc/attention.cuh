@@ -53,13 +53,27 @@ struct AttnConfig {
   static constexpr int kStages = 3 * kStageBytes <= 100 * 1024 ? 3 : 2;
   static constexpr int kQBytes = kBlockM * D * 2;     // Q fragments, in fragment order
   static constexpr int kSmem = kQBytes + kStages * kStageBytes;
-  // CTAs per SM the register allocation must allow (several in flight hide HBM latency).
-  static constexpr int kMinBlocks = D == 64 ? 3 : 2;
+  // CTAs per SM the register allocation must allow (several in flight hide HBM latency):
+  // 3 where ptxas fits that in 168 registers without spilling (sm_100a's ptxas spills the
+  // d128 FP8 kernels at 168 where sm_90a's does not), else 2.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  static constexpr bool kTightD128 = false;
+#else
+  static constexpr bool kTightD128 = kFp8 && std::is_same_v<QT, __nv_bfloat16>;
+#endif
+  static constexpr int kMinBlocks = D == 64 || (D == 128 && kTightD128) ? 3 : 2;
   static_assert(D % (4 * kE) == 0, "head_dim must be a multiple of 4 units");
   static_assert(kBlockN % 16 == 0, "key tile must hold whole mma k-steps");
 
   __device__ static int swizzle(int row) { return kUnits >= 8 ? (row & 1) << 2 : 0; }
 };
+
+// Operand type of O += P V. fp16 wherever V is exact in it (FP8 and fp16 caches): P in [0, 1]
+// keeps 3 more mantissa bits than in bf16, and FP8 -> fp16 is one instruction where FP8 -> bf16
+// takes four. A bf16 cache stays bf16 under a bf16 query (no conversion at all).
+template <typename QT, int KV>
+using PVType = std::conditional_t<KV == kBF16 && std::is_same_v<QT, __nv_bfloat16>,
+                                  __nv_bfloat16, __half>;
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1, __nv_bfloat16) {
@@ -132,6 +146,7 @@ template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
   using C = AttnConfig<D, QT, KV>;
+  using VT = PVType<QT, KV>;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int m_tile = blockIdx.x;
@@ -166,18 +181,14 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
   const int t = lane & 3;
   const bool warp_active = row0 + 16 * warp < rows;
 
-  // This thread's two rows (g and g + 8 of its warp's 16): validity, token, head, key limit.
-  int row_tok[2], row_head[2], row_limit[2];
-  bool row_ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + 16 * warp + g + 8 * h;
-    row_ok[h] = r < rows;
-    const int rr = row_ok[h] ? r : rows - 1;
-    row_tok[h] = q_start + rr / group;
-    row_head[h] = kvh * group + rr % group;
-    row_limit[h] = causal ? pos0 + rr / group : kv_len - 1;
-  }
+  // This thread's two rows are g and g + 8 of its warp's 16 (rows past `rows` are clamped for
+  // addressing and never stored). Recomputed where needed rather than kept live in registers.
+  auto row_of = [&](int h) { return min(row0 + 16 * warp + g + 8 * h, rows - 1); };
+  auto row_ok = [&](int h) { return row0 + 16 * warp + g + 8 * h < rows; };
+  auto row_tok = [&](int h) { return q_start + row_of(h) / group; };
+  auto row_head = [&](int h) { return kvh * group + row_of(h) % group; };
+  const int row_limit[2] = {causal ? pos0 + row_of(0) / group : kv_len - 1,
+                            causal ? pos0 + row_of(1) / group : kv_len - 1};
 
   // Q fragments for all D / 16 k-steps, permuted as the K fragments are (see top comment).
   // They live in shared memory in fragment order (one 16-byte slot per lane and k-step, so
@@ -188,14 +199,14 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
   for (int ks = 0; ks < D / 16; ++ks) q_frag[ks * 32] = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const QT* qrow = static_cast<const QT*>(p.q) + row_tok[h] * p.q_stride_t +
-                     row_head[h] * p.q_stride_h;
+    const QT* qrow = static_cast<const QT*>(p.q) + row_tok(h) * p.q_stride_t +
+                     row_head(h) * p.q_stride_h;
 #pragma unroll
     for (int c = 0; c < C::kGroups; ++c) {
 #pragma unroll
       for (int kk = 0; kk < C::kStepsPerUnit; ++kk) {
         const int dim = c * 4 * C::kE + C::kE * t + 4 * kk;
-        const uint2 v = row_ok[h] ? *reinterpret_cast<const uint2*>(qrow + dim) : make_uint2(0, 0);
+        const uint2 v = row_ok(h) ? *reinterpret_cast<const uint2*>(qrow + dim) : make_uint2(0, 0);
         uint32_t* slot = reinterpret_cast<uint32_t*>(q_frag + (c * C::kStepsPerUnit + kk) * 32);
         slot[h] = v.x;
         slot[2 + h] = v.y;
@@ -340,10 +351,10 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     // O += P V. The S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {pack2<QT>(s[2 * kk][0], s[2 * kk][1]),
-                             pack2<QT>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<QT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<QT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {pack2<VT>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<VT>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<VT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<VT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
       const uint8_t* vrow = vs + (16 * kk + 2 * t) * C::kVRow;
 #pragma unroll
       for (int J = 0; J < D / (8 * C::kEpw); ++J) {
@@ -359,16 +370,16 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
             const uint32_t sel = i | ((4 + i) << 4) | ((i + 1) << 8) | ((5 + i) << 12);
             const uint32_t x01 = prmt(w0, w1, sel);
             const uint32_t x23 = prmt(w2, w3, sel);
-            mma16816(o[4 * J + i], a, fp8x2_to<KV, QT>(x01 & 0xffffu),
-                     fp8x2_to<KV, QT>(x23 & 0xffffu), QT());
-            mma16816(o[4 * J + i + 1], a, fp8x2_to<KV, QT>(x01 >> 16),
-                     fp8x2_to<KV, QT>(x23 >> 16), QT());
+            mma16816(o[4 * J + i], a, fp8x2_to<KV, VT>(x01 & 0xffffu),
+                     fp8x2_to<KV, VT>(x23 & 0xffffu), VT());
+            mma16816(o[4 * J + i + 1], a, fp8x2_to<KV, VT>(x01 >> 16),
+                     fp8x2_to<KV, VT>(x23 >> 16), VT());
           }
         } else {
-          mma16816(o[2 * J], a, half2_to<KV, QT>(prmt(w0, w1, 0x5410)),
-                   half2_to<KV, QT>(prmt(w2, w3, 0x5410)), QT());
-          mma16816(o[2 * J + 1], a, half2_to<KV, QT>(prmt(w0, w1, 0x7632)),
-                   half2_to<KV, QT>(prmt(w2, w3, 0x7632)), QT());
+          mma16816(o[2 * J], a, half2_to<KV, VT>(prmt(w0, w1, 0x5410)),
+                   half2_to<KV, VT>(prmt(w2, w3, 0x5410)), VT());
+          mma16816(o[2 * J + 1], a, half2_to<KV, VT>(prmt(w0, w1, 0x7632)),
+                   half2_to<KV, VT>(prmt(w2, w3, 0x7632)), VT());
         }
       }
     }
@@ -382,10 +393,10 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     float l = l_i[h];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (!row_ok[h]) continue;
+    if (!row_ok(h)) continue;
     const float inv = l > 0.f ? v_scale / l : 0.f;
     if (p.num_splits == 1) {
-      QT* orow = static_cast<QT*>(p.out) + row_tok[h] * p.o_stride_t + row_head[h] * p.o_stride_h;
+      QT* orow = static_cast<QT*>(p.out) + row_tok(h) * p.o_stride_t + row_head(h) * p.o_stride_h;
 #pragma unroll
       for (int J = 0; J < D / (8 * C::kEpw); ++J) {
         // This thread's 2 * kEpw adjacent output dims (see top comment).
@@ -407,7 +418,7 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
       }
     } else {
       const int64_t ws_row =
-          (static_cast<int64_t>(split) * p.num_tokens + row_tok[h]) * p.num_q_heads + row_head[h];
+          (static_cast<int64_t>(split) * p.num_tokens + row_tok(h)) * p.num_q_heads + row_head(h);
       float* wrow = p.ws_o + ws_row * D;
 #pragma unroll
       for (int J = 0; J < D / (8 * C::kEpw); ++J) {
