@@ -36,6 +36,12 @@ def _find_nvcc() -> str | None:
     )
 
 
+def _find_cmake() -> str:
+    """cmake on PATH, else the one pip's ``cmake`` package put beside this interpreter."""
+    beside = Path(sys.executable).parent / "cmake"
+    return shutil.which("cmake") or (str(beside) if beside.exists() else "cmake")
+
+
 def _find_cutlass_include() -> str | None:
     env = os.environ.get("FP8NCA_CUTLASS_INCLUDE")
     if env:
@@ -84,8 +90,9 @@ class CMakeBuild(build_ext):
         build_dir = ROOT / "build" / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         nvcc = _find_nvcc()
+        cmake = _find_cmake()
         args = [
-            "cmake",
+            cmake,
             "-S",
             str(ROOT),
             "-B",
@@ -106,7 +113,7 @@ class CMakeBuild(build_ext):
         log = build_dir / "ptxas.log"
         with open(log, "w") as fh:
             proc = subprocess.run(
-                ["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs],
+                [cmake, "--build", str(build_dir), "--target", "_C", "-j", jobs],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
             )

@@ -19,6 +19,7 @@
 // are free of bank conflicts.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -439,9 +440,17 @@ cudaError_t launch_attention_t(const AttnParams& p, cudaStream_t stream) {
   using C = AttnConfig<D, QT, KV>;
   auto kernel = paged_attention_kernel<D, QT, KV>;
   if (C::kSmem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    // Once per device (the first, eager call), so that graph capture sees only the launch.
+    static std::atomic<uint64_t> raised{0};
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
+    const uint64_t bit = uint64_t{1} << (device & 63);
+    if (!(raised.load(std::memory_order_acquire) & bit)) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+      if (err != cudaSuccess) return err;
+      raised.fetch_or(bit, std::memory_order_acq_rel);
+    }
   }
   const dim3 grid((p.max_seqlen_q * p.group + kBlockM - 1) / kBlockM, p.num_kv_heads,
                   p.num_seqs * p.num_splits);
