@@ -49,6 +49,7 @@ struct AttnConfig {
   static constexpr int kKRow = kRow;                  // swizzled, unpadded
   static constexpr int kVRow = kRow + 16;             // padded
   static constexpr int kNT = kBlockN / 8;             // S n-tiles
+  static constexpr int kMaxKeyGroups = kBlockN / 16 < kWarps ? kBlockN / 16 : kWarps;
   static constexpr int kOT = D / 8;                   // O n-tiles
   static constexpr int kStageBytes = kBlockN * (kKRow + kVRow);
   static constexpr int kStages = 3 * kStageBytes <= 100 * 1024 ? 3 : 2;
@@ -180,12 +181,23 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const bool warp_active = row0 + 16 * warp < rows;
+  // Warps the rows leave idle (a drafter's 8 tokens x group 4 fill two of the four) share the
+  // keys instead: the warps form n_groups key groups of m_span row warps; group ng takes
+  // n-tiles [j_lo, j_hi) of every key tile (at least 16 keys, one P V k-step) with its own
+  // softmax state, and the groups are merged through shared memory at the end.
+  const int row_warps = (min(kBlockM, rows - row0) + 15) / 16;
+  const int n_groups = row_warps == 1 ? C::kMaxKeyGroups : row_warps == 2 ? 2 : 1;
+  const int m_span = C::kWarps / n_groups;
+  const int wm = warp % m_span;
+  const int ng = warp / m_span;
+  const int j_lo = ng * (C::kNT / n_groups);
+  const int j_hi = j_lo + C::kNT / n_groups;
+  const bool warp_active = row0 + 16 * wm < rows;
 
   // This thread's two rows are g and g + 8 of its warp's 16 (rows past `rows` are clamped for
   // addressing and never stored). Recomputed where needed rather than kept live in registers.
-  auto row_of = [&](int h) { return min(row0 + 16 * warp + g + 8 * h, rows - 1); };
-  auto row_ok = [&](int h) { return row0 + 16 * warp + g + 8 * h < rows; };
+  auto row_of = [&](int h) { return min(row0 + 16 * wm + g + 8 * h, rows - 1); };
+  auto row_ok = [&](int h) { return row0 + 16 * wm + g + 8 * h < rows; };
   auto row_tok = [&](int h) { return q_start + row_of(h) / group; };
   auto row_head = [&](int h) { return kvh * group + row_of(h) % group; };
   const int row_limit[2] = {causal ? pos0 + row_of(0) / group : kv_len - 1,
@@ -290,6 +302,7 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
       }
 #pragma unroll
       for (int j = 0; j < C::kNT; ++j) {
+        if (j < j_lo || j >= j_hi) continue;
         const int r = 8 * j + g;
         const uint4 kr =
             *reinterpret_cast<const uint4*>(ks + r * C::kKRow + (((4 * c + t) ^ C::swizzle(r)) * 16));
@@ -313,6 +326,7 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     if (n0 + C::kBlockN - 1 > min_limit) {
 #pragma unroll
       for (int j = 0; j < C::kNT; ++j) {
+        if (j < j_lo || j >= j_hi) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + 8 * j + 2 * t + (e & 1);
@@ -326,7 +340,9 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < C::kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      for (int j = 0; j < C::kNT; ++j) {
+        if (j >= j_lo && j < j_hi) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_i[h], mx);
@@ -337,6 +353,7 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < C::kNT; ++j) {
+        if (j < j_lo || j >= j_hi) continue;
         s[j][2 * h] = exp2f(fmaf(s[j][2 * h], scale_log2, -m_scaled));
         s[j][2 * h + 1] = exp2f(fmaf(s[j][2 * h + 1], scale_log2, -m_scaled));
         sum += s[j][2 * h] + s[j][2 * h + 1];
@@ -352,6 +369,7 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     // O += P V. The S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+      if (2 * kk < j_lo || 2 * kk >= j_hi) continue;
       const uint32_t a[4] = {pack2<VT>(s[2 * kk][0], s[2 * kk][1]),
                              pack2<VT>(s[2 * kk][2], s[2 * kk][3]),
                              pack2<VT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
@@ -386,14 +404,78 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
     }
   }
   cute::cp_async_wait<0>();
+
+  float l_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_row[h] = l_i[h];
+    l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 1);
+    l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 2);
+  }
+  if (n_groups > 1) {
+    // Merge the key groups of each row warp into group 0, reusing the KV stages as scratch:
+    // (m, l) of every warp's rows, then the O fragments of groups 1.. rescaled to the joint max.
+    static_assert((C::kWarps - 1) * 32 * C::kOT * 4 * 4 + C::kWarps * 16 * 2 * 4 <=
+                      C::kStages * C::kStageBytes,
+                  "key-group merge must fit in the KV stages");
+    float* o_buf = reinterpret_cast<float*>(kv_smem);
+    float* ml_buf = o_buf + (C::kWarps - 1) * 32 * C::kOT * 4;
+    __syncthreads();  // every warp is done reading the KV stages
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ml_buf[(warp * 16 + g + 8 * h) * 2] = m_i[h];
+        ml_buf[(warp * 16 + g + 8 * h) * 2 + 1] = l_row[h];
+      }
+    }
+    __syncthreads();
+    float f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m_tot = -INFINITY;
+      for (int gg = 0; gg < n_groups; ++gg) {
+        m_tot = fmaxf(m_tot, ml_buf[((wm + gg * m_span) * 16 + g + 8 * h) * 2]);
+      }
+      const float m_scaled = m_tot == -INFINITY ? 0.f : m_tot * scale_log2;
+      float l_tot = 0.f;
+      for (int gg = 0; gg < n_groups; ++gg) {
+        const float* ml = ml_buf + ((wm + gg * m_span) * 16 + g + 8 * h) * 2;
+        l_tot += ml[1] * exp2f(ml[0] * scale_log2 - m_scaled);
+      }
+      f[h] = exp2f(m_i[h] * scale_log2 - m_scaled);
+      m_i[h] = m_tot;
+      l_row[h] = l_tot;
+    }
+    if (ng > 0 && warp_active) {
+      float* dst = o_buf + ((ng - 1) * m_span + wm) * 32 * C::kOT * 4 + lane;
+#pragma unroll
+      for (int n = 0; n < C::kOT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dst[(n * 4 + e) * 32] = o[n][e] * f[e >> 1];
+      }
+    }
+    __syncthreads();
+    if (ng > 0) return;
+#pragma unroll
+    for (int n = 0; n < C::kOT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= f[e >> 1];
+    }
+    for (int gg = 1; gg < n_groups; ++gg) {
+      const float* src = o_buf + ((gg - 1) * m_span + wm) * 32 * C::kOT * 4 + lane;
+#pragma unroll
+      for (int n = 0; n < C::kOT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] += src[(n * 4 + e) * 32];
+      }
+    }
+  }
   if (!warp_active) return;
 
   const float v_scale = p.v_scale[kvh];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_i[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = l_row[h];
     if (!row_ok(h)) continue;
     const float inv = l > 0.f ? v_scale / l : 0.f;
     if (p.num_splits == 1) {

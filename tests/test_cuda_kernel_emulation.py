@@ -4,7 +4,8 @@ CI has no GPU, so the kernel's index maps are replayed here in float64, one lane
 the paged cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled
 keys past the range), the Q fragments in shared memory, the permuted k-dimension of S = Q K^T,
 the byte/half permutes feeding O = P V, the output dims each lane stores, the causal masks, the
-split-KV ranges and the log-sum-exp merge. The mma.sync m16n8k16 fragment layouts are the PTX
+key groups of warps the rows leave idle and their merge, the split-KV ranges and the log-sum-exp
+merge. The mma.sync m16n8k16 fragment layouts are the PTX
 ISA's. A wrong index anywhere gives a visibly wrong answer against the reference backend.
 Keep this in step with attention.cuh and merge.cu when they change.
 """
@@ -123,12 +124,23 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     n_tiles = -(-n_keys // bn)
     per_split = -(-n_tiles // num_splits)
     t_begin, t_end = split * per_split, min(n_tiles, split * per_split + per_split)
+    # Key groups: warp -> (row warp wm, key group ng, its n-tiles).
+    row_warps = -(-min(BLOCK_M, rows - row0) // 16)
+    n_groups = {1: min(4, bn // 16), 2: 2}.get(row_warps, 1)
+    m_span = 4 // n_groups
+    wm = [warp % m_span for warp in range(4)]
+    ng = [warp // m_span for warp in range(4)]
+    n_per = bn // 8 // n_groups
+    jr = [range(ng[w] * n_per, ng[w] * n_per + n_per) for w in range(4)]
+
+    def active(warp):
+        return row0 + 16 * wm[warp] < rows
 
     def row_of(warp, g, h):
-        return min(row0 + 16 * warp + g + 8 * h, rows - 1)
+        return min(row0 + 16 * wm[warp] + g + 8 * h, rows - 1)
 
     def row_ok(warp, g, h):
-        return row0 + 16 * warp + g + 8 * h < rows
+        return row0 + 16 * wm[warp] + g + 8 * h < rows
 
     def limit(warp, g, h):
         return pos0 + row_of(warp, g, h) // group if causal else kv_len - 1
@@ -182,11 +194,11 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     for tile in range(t_begin, t_end):
         load_tile(tile)
         for warp in range(4):
-            if row0 + 16 * warp >= rows:
+            if not active(warp):
                 continue
             s = np.zeros((32, bn // 8, 4))
             for c in range(cfg.groups):
-                for j in range(bn // 8):
+                for j in jr[warp]:
                     kw = []
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
@@ -206,12 +218,12 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
                 if n0 + bn - 1 > min_limit:
-                    for j in range(bn // 8):
+                    for j in jr[warp]:
                         for e in range(4):
                             if n0 + 8 * j + 2 * t + (e & 1) > limit(warp, g, e >> 1):
                                 s[lane, j, e] = -math.inf
             for h in range(2):
-                cols = s[:, :, 2 * h : 2 * h + 2]
+                cols = s[:, jr[warp].start : jr[warp].stop, 2 * h : 2 * h + 2]
                 for quad in range(8):
                     lanes = slice(4 * quad, 4 * quad + 4)
                     m_new = max(m_i[warp, 4 * quad, h], cols[lanes].max())
@@ -221,7 +233,7 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     cols[lanes] = np.exp2(cols[lanes] * scale_log2 - m_scaled)
                     l_i[warp, lanes, h] = l_i[warp, lanes, h] * alpha + cols[lanes].sum((1, 2))
                     o[warp, lanes, :, 2 * h : 2 * h + 2] *= alpha
-            for kk in range(bn // 16):
+            for kk in range(jr[warp].start // 2, jr[warp].stop // 2):
                 a = [
                     [s[ln, 2 * kk, 0:2], s[ln, 2 * kk, 2:4], s[ln, 2 * kk + 1, 0:2],
                      s[ln, 2 * kk + 1, 2:4]]
@@ -247,13 +259,28 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                             b0 = [pair(prmt(w[0], w[1], sel), kv_dtype) for w in ws]
                             b1 = [pair(prmt(w[2], w[3], sel), kv_dtype) for w in ws]
                             mma(o[warp, :, n], a, b0, b1)
+    l_row = np.stack(
+        [l_i[:, 4 * (lane >> 2) : 4 * (lane >> 2) + 4].sum(1) for lane in range(32)], 1
+    )
+    if n_groups > 1:
+        # Merge the key groups of each row warp into group 0 at the joint max.
+        for w0 in range(m_span):
+            members = [w0 + gg * m_span for gg in range(n_groups)]
+            m_tot = m_i[members].max(0)
+            m_scaled = np.where(m_tot == -math.inf, 0.0, m_tot * scale_log2)
+            f = np.exp2(m_i[members] * scale_log2 - m_scaled)
+            o[w0] = sum(
+                o[w] * np.repeat(f[k], 2, axis=1)[:, None, :] for k, w in enumerate(members)
+            )
+            l_row[w0] = (l_row[members] * f).sum(0)
+            m_i[w0] = m_tot
     for warp in range(4):
-        if row0 + 16 * warp >= rows:
+        if not active(warp) or ng[warp] > 0:
             continue
         for lane in range(32):
             g, t = lane >> 2, lane & 3
             for h in range(2):
-                total = l_i[warp, 4 * g : 4 * g + 4, h].sum()
+                total = l_row[warp, lane, h]
                 if not row_ok(warp, g, h):
                     continue
                 tok = q_start + row_of(warp, g, h) // group
@@ -328,6 +355,11 @@ CASES = {
     "d128_e5m2_vllm_split": dict(
         q_lens=[5, 1], kv_lens=[130, 40], num_q_heads=6, num_kv_heads=1, head_dim=128,
         cache_dtype=torch.float8_e5m2, causal=[True, True], layout="vllm", splits=3,
+    ),
+    # head_dim 128, bf16 cache, 40 and 64 rows (3 and 4 row warps: no key groups), causal
+    "d128_bf16_rows": dict(
+        q_lens=[16, 10], kv_lens=[40, 75], num_q_heads=8, num_kv_heads=2, head_dim=128,
+        cache_dtype=torch.bfloat16, causal=True, block_size=32, splits=1,
     ),
     # head_dim 256, fp16 cache, page size 8, bidirectional block with q_len == kv_len, split
     "d256_fp16_split": dict(
