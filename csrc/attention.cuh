@@ -5,6 +5,8 @@
 // page is read once per KV head. Four warps each own 16 rows; the CTA streams the KV range of
 // its split through shared memory with cp.async (16-byte copies, kStages deep) and every warp
 // runs mma.sync m16n8k16 (fp32 accumulation) with an online fp32 softmax (FlashAttention-2).
+// When the rows fill only one or two warps (decode and drafter shapes), the other warps take a
+// share of every key tile instead and the shares are merged at the end.
 //
 // FP8 tiles stay FP8 in shared memory and are dequantised in registers, exactly, to the query
 // dtype. To read them with wide shared loads the kernel permutes reduction and output indices,
