@@ -8,8 +8,8 @@ Environment:
                       (``cutlass_library/source/include``) of the interpreter running the build.
   FP8NCA_BUILD_JOBS   parallel compile jobs (default: CPU count).
 
-nvidia-cutlass and pybind11 must be importable by the interpreter that runs this file: install
-them into the environment and build with ``pip install --no-build-isolation -e .``.
+nvidia-cutlass and pybind11 (build-time only) are taken from the environment pip installs into,
+also under build isolation: ``pip install nvidia-cutlass==4.2.0.0 pybind11`` first.
 """
 
 from __future__ import annotations
@@ -42,23 +42,43 @@ def _find_cmake() -> str:
     return shutil.which("cmake") or (str(beside) if beside.exists() else "cmake")
 
 
+def _package_dir(name: str) -> Path | None:
+    """Folder of package ``name`` in this interpreter, else in the environment around it.
+
+    Under pip's build isolation the environment's own site-packages are hidden from this
+    process; a child interpreter without the isolation variables still sees them.
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    hidden = ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    code = (
+        f"import importlib.util as u; s = u.find_spec({name!r}); "
+        "print(list(s.submodule_search_locations)[0] if s else '')"
+    )
+    try:
+        found = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(found) if found else None
+
+
 def _find_cutlass_include() -> str | None:
     env = os.environ.get("FP8NCA_CUTLASS_INCLUDE")
     if env:
         return env
-    spec = importlib.util.find_spec("cutlass_library")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    include = Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
-    return str(include) if (include / "cute").is_dir() else None
+    package = _package_dir("cutlass_library")
+    include = package / "source" / "include" if package else None
+    return str(include) if include and (include / "cute").is_dir() else None
 
 
 def _find_pybind11_cmake_dir() -> str | None:
-    try:
-        import pybind11
-    except ImportError:
-        return None
-    return pybind11.get_cmake_dir()
+    package = _package_dir("pybind11")
+    cmake_dir = package / "share" / "cmake" / "pybind11" if package else None
+    return str(cmake_dir) if cmake_dir and cmake_dir.is_dir() else None
 
 
 def _build_plan() -> tuple[bool, str]:
