@@ -1,0 +1,334 @@
+"""vLLM 0.33 attention backend ``FP8_NONCAUSAL`` (SPEC §8), registered by a plugin entry point.
+
+vLLM loads ``vllm.general_plugins`` entry points in every process; ours calls :func:`register`,
+which adds ``FP8_NONCAUSAL`` to ``AttentionBackendEnum``. A registered backend is never picked
+automatically: users name it (``--attention-backend FP8_NONCAUSAL`` for every layer, or
+``"attention_backend": "FP8_NONCAUSAL"`` inside ``--speculative-config`` for the drafter only).
+
+The backend runs paged attention over vLLM's per-layer cache, logical shape
+``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (K and V side by side in the last dim,
+FP8 stored as uint8), through :func:`fp8_noncausal_attn.paged_attention`: causal, bidirectional or
+mixed per request (``CommonAttentionMetadata.causal``), with the layer's ``_k_scale``/``_v_scale``
+as dequantisation multipliers, 0-d or one per KV head of this tensor-parallel rank.
+
+This module imports vLLM; ``import fp8_noncausal_attn`` never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import vllm
+from packaging.version import InvalidVersion, Version
+
+SUPPORTED_VLLM = "0.33"
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise RuntimeError unless ``version`` is a vLLM 0.33.x release (dev builds included).
+
+    The backend follows the interfaces of vLLM 0.33's ``vllm/v1/attention/backend.py``
+    (``AttentionBackend.validate_configuration``, ``AttentionImpl.do_kv_cache_update``,
+    ``CommonAttentionMetadata.causal``), which change between minor releases.
+    """
+    try:
+        release = Version(version).release[:2]
+    except InvalidVersion:
+        release = None
+    if release != tuple(int(part) for part in SUPPORTED_VLLM.split(".")):
+        raise RuntimeError(
+            f"fp8_noncausal_attn's FP8_NONCAUSAL attention backend needs vLLM {SUPPORTED_VLLM}.x, "
+            f"found vLLM {version}. Install vllm=={SUPPORTED_VLLM}.* or do not name "
+            "FP8_NONCAUSAL as an attention backend."
+        )
+
+
+check_vllm_version(vllm.__version__)
+
+# The version is checked before these imports so that an incompatible vLLM fails with the
+# message above rather than an ImportError from a moved module.
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.v1.attention.backend import (  # noqa: E402
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
+
+from . import config  # noqa: E402
+from .api import paged_attention, reshape_and_cache  # noqa: E402
+from .dispatch import BACKEND_NAMES  # noqa: E402
+from .layouts import split_kv_cache  # noqa: E402
+from .validation import SUPPORTED_HEAD_DIMS  # noqa: E402
+
+BACKEND_NAME = config.BACKEND_NAME
+CLASS_PATH = f"{__name__}.Fp8NoncausalAttentionBackend"
+KERNEL_ENV = "FP8_NONCAUSAL_ATTN_KERNEL"
+"""Environment variable pinning the kernels the impl calls: ``auto`` (default: CUDA, else
+Triton on GPUs; the reference on CPU), ``cuda``, ``triton`` or ``reference``."""
+
+_FP8_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: add ``FP8_NONCAUSAL`` to ``AttentionBackendEnum``.
+
+    vLLM may load plugins more than once per process; registering again is a no-op.
+    """
+    if BACKEND_NAME in AttentionBackendEnum.__members__:
+        return
+    register_backend(BACKEND_NAME, CLASS_PATH)
+
+
+@dataclass
+class Fp8NoncausalMetadata:
+    """Per-batch metadata, views of vLLM's persistent input buffers (never copies).
+
+    query_start_loc: [num_reqs + 1] int32; seq_lens: [num_reqs] int32 (KV length including the
+    new tokens); block_table: [num_reqs, max_blocks] int32; slot_mapping: [num_tokens] int64;
+    causal: a bool, or a [num_reqs] bool tensor (per request). max_query_len / max_seq_len are
+    host-side upper bounds, so the kernels size their grids without a device-to-host copy.
+    """
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    causal: bool | torch.Tensor
+
+
+class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]):
+    """Builds :class:`Fp8NoncausalMetadata` from ``CommonAttentionMetadata``.
+
+    CUDA graphs: UNIFORM_BATCH. The kernels size their grids from ``max_query_len`` and
+    ``max_seq_len``; vLLM captures with ``max_seq_len = max_model_len`` and replays a uniform
+    batch only with its captured query length, so both stay upper bounds at every replay. A
+    mixed prefill/decode replay could exceed the captured ``max_query_len``, hence not ALWAYS.
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    # build() only references persistent buffers, so a draft step's refresh has nothing to do.
+    supports_draft_decode_metadata_update = True
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> Fp8NoncausalMetadata:
+        m = common_attn_metadata
+        return Fp8NoncausalMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            query_start_loc=m.query_start_loc,
+            seq_lens=m.seq_lens,
+            block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+            causal=m.causal,
+        )
+
+    def update_draft_decode_metadata(self, metadata: Fp8NoncausalMetadata) -> None:
+        return None
+
+
+class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
+    """Cache write and paged attention through ``fp8_noncausal_attn``'s kernels."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+            "sinks": sinks is not None,
+        }
+        for feature, used in unsupported.items():
+            if used:
+                raise NotImplementedError(f"{BACKEND_NAME} does not support {feature}")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"{BACKEND_NAME} supports decoder attention only, got attn_type={attn_type!r}"
+            )
+        if kv_cache_dtype not in config.SUPPORTED_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"{BACKEND_NAME} supports kv_cache_dtype in {config.SUPPORTED_KV_CACHE_DTYPES}, "
+                f"got {kv_cache_dtype!r}"
+            )
+        if head_size not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(
+                f"{BACKEND_NAME} supports head sizes {SUPPORTED_HEAD_DIMS}, got {head_size}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+        # None keeps the tensor's own dtype (16-bit caches); FP8 caches arrive as uint8.
+        self._cache_view_dtype = _FP8_CACHE_DTYPES.get(kv_cache_dtype)
+        self.kernel_backend = os.environ.get(KERNEL_ENV, "auto")
+        if self.kernel_backend not in ("auto",) + BACKEND_NAMES:
+            raise ValueError(
+                f"{KERNEL_ENV} must be one of {('auto',) + BACKEND_NAMES}, "
+                f"got {self.kernel_backend!r}"
+            )
+
+    def _scales(self, layer: AttentionLayer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The layer's K/V dequantisation multipliers, checked against this rank's KV heads.
+
+        16-bit caches take no scales, as in vLLM's own backends: a per-head checkpoint served
+        with a bfloat16 cache keeps its scales on the layer, but they must not be applied.
+        """
+        if self._cache_view_dtype is None:
+            return None, None
+        scales = (layer._k_scale, layer._v_scale)
+        for name, scale in zip(("_k_scale", "_v_scale"), scales, strict=True):
+            if scale.numel() != 1 and tuple(scale.shape) != (self.num_kv_heads,):
+                raise ValueError(
+                    f"{BACKEND_NAME}: layer.{name} has shape {list(scale.shape)}, but this "
+                    f"rank's attention has {self.num_kv_heads} KV heads. Per-head scales must "
+                    "be this tensor-parallel rank's slice ([num_kv_heads // tp_size] entries), "
+                    "or one scale for all heads."
+                )
+        return scales
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write new K/V into the cache, quantised with the layer's scales.
+
+        key, value: [num_tokens, num_kv_heads, head_size] (may be padded past slot_mapping);
+        kv_cache: [num_blocks, num_kv_heads, block_size, 2 * head_size];
+        slot_mapping: [num_actual_tokens] int64, negative entries skipped.
+        """
+        key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+        k_scale, v_scale = self._scales(layer)
+        num_tokens = slot_mapping.shape[0]
+        reshape_and_cache(
+            key[:num_tokens], value[:num_tokens], key_cache, value_cache, slot_mapping,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Fp8NoncausalMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Paged attention over the cache (already updated by :meth:`do_kv_cache_update`).
+
+        query, output: [num_tokens, num_heads, head_size] (may be padded past the batch);
+        returns ``output``. No device-to-host synchronisation: every size comes from the
+        metadata's host-side upper bounds.
+        """
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(f"{BACKEND_NAME} does not fuse output quantization")
+        if attn_metadata is None:
+            # vLLM's memory-profiling run passes no metadata.
+            return output.fill_(0)
+        key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+        k_scale, v_scale = self._scales(layer)
+        num_tokens = attn_metadata.num_actual_tokens
+        paged_attention(
+            query[:num_tokens], key_cache, value_cache, attn_metadata.block_table,
+            attn_metadata.query_start_loc, attn_metadata.seq_lens,
+            causal=attn_metadata.causal, k_scale=k_scale, v_scale=v_scale,
+            softmax_scale=self.scale, max_seqlen_q=attn_metadata.max_query_len,
+            max_seqlen_k=attn_metadata.max_seq_len, out=output[:num_tokens],
+            backend=self.kernel_backend,
+        )  # fmt: skip
+        return output
+
+
+class Fp8NoncausalAttentionBackend(AttentionBackend):
+    """``FP8_NONCAUSAL``: what ``fp8_noncausal_attn``'s kernels run, declared to vLLM's selector.
+
+    Accepted (``validate_configuration`` returns no reason): decoder attention, bf16/fp16
+    activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
+    64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
+    scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere).
+    Refused with vLLM's own reasons: MLA, sparse attention, sinks, sliding window, ALiBi-sqrt,
+    multimodal prefix attention, batch invariance, DCP/PCP, other attention types.
+    """
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(config.SUPPORTED_KV_CACHE_DTYPES)
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[Fp8NoncausalAttentionImpl]:
+        return Fp8NoncausalAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[Fp8NoncausalMetadataBuilder]:
+        return Fp8NoncausalMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int]:
+        return [8, 16, 32, 64, 128, 256]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_DIMS)
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_per_head_quant_scales(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        return capability >= DeviceCapability(*config.MIN_DEVICE_CAPABILITY)
