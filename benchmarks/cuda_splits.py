@@ -27,7 +27,6 @@ SHAPES = [_drafter(), _drafter(batch=8), _drafter(batch=4, kv_len=32768), _draft
 
 def sweep(out_dir: Path) -> list[dict[str, object]]:
     device = torch.device("cuda")
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     copy_gbs = copy_bandwidth(device)
     rows = []
     for shape in SHAPES:
@@ -55,7 +54,7 @@ def sweep(out_dir: Path) -> list[dict[str, object]]:
             for c in copies
         ]
         outs = [torch.empty_like(c.query) for c in copies]
-        chosen = cuda_backend.num_splits_for(problems[0], num_sms)
+        chosen = cuda_backend.num_splits_for(problems[0], cuda_backend.resident_ctas(problems[0]))
         for splits in SPLITS:
             calls = [
                 lambda p=p, o=o, n=splits: cuda_backend.paged_attention(p, o, num_splits=n)

@@ -519,36 +519,49 @@ __global__ void __launch_bounds__(AttnConfig<D, QT, KV>::kThreads, AttnConfig<D,
   }
 }
 
+// Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
+// so that graph capture sees only launches).
 template <int D, typename QT, int KV>
-cudaError_t launch_attention_t(const AttnParams& p, cudaStream_t stream) {
+cudaError_t prepare_kernel() {
   using C = AttnConfig<D, QT, KV>;
-  auto kernel = paged_attention_kernel<D, QT, KV>;
-  if (C::kSmem > 48 * 1024) {
-    // Once per device (the first, eager call), so that graph capture sees only the launch.
-    static std::atomic<uint64_t> raised{0};
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    const uint64_t bit = uint64_t{1} << (device & 63);
-    if (!(raised.load(std::memory_order_acquire) & bit)) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-      if (err != cudaSuccess) return err;
-      raised.fetch_or(bit, std::memory_order_acq_rel);
-    }
+  if (C::kSmem <= 48 * 1024) return cudaSuccess;
+  static std::atomic<uint64_t> raised{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  err = cudaFuncSetAttribute(paged_attention_kernel<D, QT, KV>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
+// Launches the kernel, or with `ctas_per_sm` set only reports how many of its CTAs fit on one
+// SM of the current device (the host sizes split-KV with it).
+template <int D, typename QT, int KV>
+cudaError_t launch_attention_t(const AttnParams& p, cudaStream_t stream, int* ctas_per_sm) {
+  using C = AttnConfig<D, QT, KV>;
+  const cudaError_t err = prepare_kernel<D, QT, KV>();
+  if (err != cudaSuccess) return err;
+  if (ctas_per_sm != nullptr) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, paged_attention_kernel<D, QT, KV>, C::kThreads, C::kSmem);
   }
   const dim3 grid((p.max_seqlen_q * p.group + kBlockM - 1) / kBlockM, p.num_kv_heads,
                   p.num_seqs * p.num_splits);
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
+  paged_attention_kernel<D, QT, KV><<<grid, C::kThreads, C::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int D, typename QT>
-cudaError_t launch_attention_for_cache(const AttnParams& p, int kv_dtype, cudaStream_t s) {
+cudaError_t launch_attention_for_cache(const AttnParams& p, int kv_dtype, cudaStream_t s,
+                                       int* ctas_per_sm) {
   switch (kv_dtype) {
-    case kE4M3: return launch_attention_t<D, QT, kE4M3>(p, s);
-    case kE5M2: return launch_attention_t<D, QT, kE5M2>(p, s);
-    case kBF16: return launch_attention_t<D, QT, kBF16>(p, s);
-    case kFP16: return launch_attention_t<D, QT, kFP16>(p, s);
+    case kE4M3: return launch_attention_t<D, QT, kE4M3>(p, s, ctas_per_sm);
+    case kE5M2: return launch_attention_t<D, QT, kE5M2>(p, s, ctas_per_sm);
+    case kBF16: return launch_attention_t<D, QT, kBF16>(p, s, ctas_per_sm);
+    case kFP16: return launch_attention_t<D, QT, kFP16>(p, s, ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -556,9 +569,11 @@ cudaError_t launch_attention_for_cache(const AttnParams& p, int kv_dtype, cudaSt
 // Instantiates the eight (query dtype x cache dtype) kernels of one head dim.
 template <int D>
 cudaError_t launch_attention_for_dim(const AttnParams& p, int q_dtype, int kv_dtype,
-                                     cudaStream_t s) {
-  if (q_dtype == kBF16) return launch_attention_for_cache<D, __nv_bfloat16>(p, kv_dtype, s);
-  if (q_dtype == kFP16) return launch_attention_for_cache<D, __half>(p, kv_dtype, s);
+                                     cudaStream_t s, int* ctas_per_sm) {
+  if (q_dtype == kBF16) {
+    return launch_attention_for_cache<D, __nv_bfloat16>(p, kv_dtype, s, ctas_per_sm);
+  }
+  if (q_dtype == kFP16) return launch_attention_for_cache<D, __half>(p, kv_dtype, s, ctas_per_sm);
   return cudaErrorInvalidValue;
 }
 

@@ -40,10 +40,14 @@ constexpr int kBlockM = 64;
 // Keys per tile for a head dim; the host uses it to size split-KV.
 constexpr int block_n_for(int head_dim) { return head_dim == 256 ? 32 : 64; }
 
-// Launchers: return cudaSuccess or the launch error. No host synchronisation.
-cudaError_t launch_attention_d64(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s);
-cudaError_t launch_attention_d128(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s);
-cudaError_t launch_attention_d256(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s);
+// Launchers: return cudaSuccess or the launch error. No host synchronisation. With
+// ctas_per_sm set they launch nothing and report the kernel's CTAs per SM instead.
+cudaError_t launch_attention_d64(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s,
+                                 int* ctas_per_sm = nullptr);
+cudaError_t launch_attention_d128(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s,
+                                  int* ctas_per_sm = nullptr);
+cudaError_t launch_attention_d256(const AttnParams& p, int q_dtype, int kv_dtype, cudaStream_t s,
+                                  int* ctas_per_sm = nullptr);
 cudaError_t launch_merge(const AttnParams& p, int q_dtype, cudaStream_t s);
 
 }  // namespace fp8nca

@@ -26,10 +26,11 @@ DTYPE_CODES = {
 }
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 32
-# Split-KV aims at this many CTAs per SM (several resident CTAs hide HBM latency).
-TARGET_CTAS_PER_SM = 4
 # A split should stream at least this many key tiles, or the merge costs more than it saves.
 MIN_TILES_PER_SPLIT = 4
+# Split-KV takes the fewest splits whose CTAs fill the resident slots (CTAs per SM x SMs) in
+# whole waves to at least this fraction; a last wave left mostly empty idles most SMs.
+WAVE_FILL = 0.9
 MAX_GRID_Z = 65535
 
 
@@ -119,12 +120,25 @@ def _out_aligned(out: torch.Tensor, kv_dtype: torch.dtype) -> bool:
 
 
 @functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _resident_ctas(device_index: int, head_dim: int, q_dtype: int, kv_dtype: int) -> int:
+    ext, _ = _load()
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype), 1)
 
 
-def num_splits_for(problem: AttentionProblem, num_sms: int) -> int:
-    """Split-KV count: 1 unless (seqs x KV heads x M tiles) CTAs leave the GPU underused.
+def resident_ctas(problem: AttentionProblem) -> int:
+    """CTAs of this problem's kernel the whole GPU holds at once (occupancy x SMs)."""
+    return _resident_ctas(
+        problem.query.device.index,
+        problem.head_dim,
+        DTYPE_CODES[problem.query.dtype],
+        DTYPE_CODES[problem.key_cache.dtype],
+    )
+
+
+def num_splits_for(problem: AttentionProblem, resident: int) -> int:
+    """Split-KV count for ``resident`` CTA slots: 1 unless (seqs x KV heads x M tiles) CTAs
+    leave the GPU underused, else the fewest splits that fill whole waves to WAVE_FILL.
 
     Uses host-side sizes only (``max_seqlen_q/k``), so a captured graph keeps its plan; each
     CTA derives its own key range from the device-side ``seq_lens``.
@@ -132,17 +146,21 @@ def num_splits_for(problem: AttentionProblem, num_sms: int) -> int:
     ext, _ = _load()
     m_tiles = math.ceil(max(problem.max_seqlen_q, 1) * problem.group_size / ext.BLOCK_M)
     ctas = problem.num_seqs * problem.num_kv_heads * m_tiles
-    target = TARGET_CTAS_PER_SM * num_sms
-    if ctas >= target:
-        return 1
     key_tiles = math.ceil(max(problem.max_seqlen_k, 1) / ext.block_n(problem.head_dim))
-    splits = min(
-        math.ceil(target / max(ctas, 1)),
-        key_tiles // MIN_TILES_PER_SPLIT,
-        MAX_SPLITS,
-        MAX_GRID_Z // max(problem.num_seqs, 1),
+    max_splits = min(
+        key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS, MAX_GRID_Z // max(problem.num_seqs, 1)
     )
-    return max(splits, 1)
+    if ctas >= resident or max_splits <= 1:
+        return 1
+    best, best_fill = 1, 0.0
+    for splits in range(1, max_splits + 1):
+        total = ctas * splits
+        fill = total / (math.ceil(total / resident) * resident)
+        if fill >= WAVE_FILL:
+            return splits
+        if fill > best_fill:
+            best, best_fill = splits, fill
+    return best
 
 
 def paged_attention(
@@ -164,7 +182,7 @@ def paged_attention(
     if not _out_aligned(out, problem.key_cache.dtype):
         target = torch.empty_like(q)
     if num_splits is None:
-        num_splits = num_splits_for(problem, _multiprocessors(device.index))
+        num_splits = num_splits_for(problem, resident_ctas(problem))
     num_splits = max(1, min(num_splits, MAX_GRID_Z // max(problem.num_seqs, 1)))
     ws_o = ws_lse = None
     if num_splits > 1:

@@ -25,6 +25,25 @@ T* ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
+cudaError_t launch_for_dim(const fp8nca::AttnParams& p, int head_dim, int q_dtype, int kv_dtype,
+                           cudaStream_t s, int* ctas_per_sm) {
+  switch (head_dim) {
+    case 64: return fp8nca::launch_attention_d64(p, q_dtype, kv_dtype, s, ctas_per_sm);
+    case 128: return fp8nca::launch_attention_d128(p, q_dtype, kv_dtype, s, ctas_per_sm);
+    case 256: return fp8nca::launch_attention_d256(p, q_dtype, kv_dtype, s, ctas_per_sm);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// CTAs of the attention kernel for (head_dim, dtypes) that fit on one SM of `device`.
+int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  int ctas = 0;
+  check(launch_for_dim(fp8nca::AttnParams{}, head_dim, q_dtype, kv_dtype, nullptr, &ctas),
+        "occupancy query");
+  return ctas;
+}
+
 // Launches attention (and the split-KV merge when num_splits > 1) on `stream`. Asynchronous.
 void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::uintptr_t k,
                      std::uintptr_t v, std::uintptr_t out, std::uintptr_t block_table,
@@ -78,14 +97,7 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
 
   check(cudaSetDevice(device), "cudaSetDevice");
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaErrorInvalidValue;
-  switch (head_dim) {
-    case 64: err = fp8nca::launch_attention_d64(p, q_dtype, kv_dtype, s); break;
-    case 128: err = fp8nca::launch_attention_d128(p, q_dtype, kv_dtype, s); break;
-    case 256: err = fp8nca::launch_attention_d256(p, q_dtype, kv_dtype, s); break;
-    default: break;
-  }
-  check(err, "attention launch");
+  check(launch_for_dim(p, head_dim, q_dtype, kv_dtype, s, nullptr), "attention launch");
   if (num_splits > 1) check(fp8nca::launch_merge(p, q_dtype, s), "merge launch");
 }
 
@@ -102,6 +114,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_tokens"), py::arg("num_seqs"), py::arg("num_q_heads"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("block_size"),
         py::arg("max_seqlen_q"), py::arg("num_splits"), py::arg("softmax_scale"));
+  m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
+        py::arg("kv_dtype"), "CTAs of the attention kernel resident per SM (occupancy).");
   m.def("block_n", &fp8nca::block_n_for, py::arg("head_dim"),
         "Keys per tile of the kernel for this head dim (split-KV sizing).");
   m.attr("BLOCK_M") = fp8nca::kBlockM;
