@@ -124,11 +124,11 @@ def resolve_drafter_kv_cache(
     """
     if model_dtype not in MODEL_DTYPES:
         raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {model_dtype!r}")
-    for name, value in (
-        ("target_kv_cache_dtype", target_kv_cache_dtype),
-        ("drafter_kv_cache_dtype", drafter_kv_cache_dtype),
+    for name, value, optional in (
+        ("target_kv_cache_dtype", target_kv_cache_dtype, False),
+        ("drafter_kv_cache_dtype", drafter_kv_cache_dtype, True),
     ):
-        if value is not None and (not isinstance(value, str) or not value):
+        if not (isinstance(value, str) and value) and not (optional and value is None):
             raise ValueError(f"{name} must be a vLLM cache-dtype string, got {value!r}")
     if drafter_kv_cache_dtype is None:
         requested = target_kv_cache_dtype
