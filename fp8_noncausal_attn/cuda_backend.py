@@ -40,8 +40,8 @@ def _load() -> tuple[ModuleType | None, str]:
         from . import _C
     except ImportError as err:
         return None, (
-            f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it with "
-            "nvcc and nvidia-cutlass present: pip install --no-build-isolation -e ."
+            f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it where nvcc "
+            "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e ."
         )
     return _C, ""
 
@@ -51,10 +51,14 @@ def _arch_of(device: torch.device) -> str:
     return f"{major}{minor}a"
 
 
+def _built_archs() -> list[str]:
+    ext, _ = _load()
+    return [arch.removesuffix("-real") for arch in ext.CUDA_ARCHS.split(",")]
+
+
 def _arch_supported(device: torch.device) -> str | None:
     """None when ``_C`` holds machine code for ``device``, else why not."""
-    ext, _ = _load()
-    built = [arch.removesuffix("-real") for arch in ext.CUDA_ARCHS.split(",")]
+    built = _built_archs()
     arch = _arch_of(device)
     if arch not in built:
         return (
@@ -74,7 +78,8 @@ def availability() -> tuple[bool, str]:
     why_not = _arch_supported(torch.device("cuda", torch.cuda.current_device()))
     if why_not is not None:
         return False, why_not
-    return True, f"compiled CUDA kernels (mma.sync) for sm_{ext.CUDA_ARCHS}"
+    archs = ", ".join(f"sm_{arch}" for arch in _built_archs())
+    return True, f"compiled CUDA kernels (mma.sync, cp.async) for {archs}"
 
 
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
