@@ -1,4 +1,4 @@
-"""A few CUDA-backend calls for ``compute-sanitizer --tool memcheck`` (run by gpu_check.sh).
+"""A few CUDA-backend calls for compute-sanitizer memcheck and racecheck (run by gpu_check.sh).
 
 Small shapes that reach every boundary: partial last pages, rows past q_len in an M tile, keys
 past kv_len in a key tile, empty sequences, split-KV with empty splits, block size 8, the vLLM

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
-# extension for sm_90a, run the GPU tests (cuda and triton), compute-sanitizer memcheck on a few
-# cuda cases, and the quick benchmark (it holds the drafter acceptance shape).
+# extension for sm_90a, run the GPU tests (cuda and triton), the quick benchmark (it holds the
+# drafter acceptance shape), and compute-sanitizer memcheck and racecheck on a few cuda cases.
 #   benchmarks/gpu_check.sh RESULTS_DIR
 # Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
 # Each step has its own time limit, cut to what is left of an 8-minute budget; a failed step is
@@ -64,6 +64,9 @@ step pytest_gpu 180 python3 -m pytest -m gpu tests -q --junitxml="$RESULTS/pytes
 step benchmark 180 python3 -m benchmarks.attention --quick --out "$RESULTS/benchmark"
 step cuda_splits 90 python3 -m benchmarks.cuda_splits "$RESULTS"
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
+  python3 -m benchmarks.cuda_memcheck
+# Shared-memory hazards: the cp.async stage ring and the key-group merge.
+step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 3 \
   python3 -m benchmarks.cuda_memcheck
 pack
 cat "$SUMMARY"
