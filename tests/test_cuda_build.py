@@ -3,7 +3,8 @@
 Checks with cuobjdump (pip ``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm``) that ``_C`` holds
 machine code for every arch it was built for (sm_90a and sm_100a by default), that the attention
 kernels run on tensor cores (HMMA, from mma.sync) and that no hot kernel touches local memory
-(register spills or stack arrays), which would cost far more than their arithmetic.
+(register spills or stack arrays), which would cost far more than their arithmetic. Also the
+host-side split-KV plan, which needs the extension's tile sizes but no GPU.
 """
 
 import functools
@@ -113,3 +114,32 @@ def test_hot_kernels_do_not_spill(arch):
     for name in hot:
         assert usage[name]["STACK"] == 0 and usage[name]["LOCAL"] == 0, (name, usage[name])
         assert not re.search(r"\b(LDL|STL)\b", functions[name]), f"{name} uses local memory"
+
+
+@pytest.mark.parametrize(
+    "batch,kv_len,resident,expected",
+    [
+        (32, 8192, 396, 3),
+        (8, 8192, 396, 6),
+        (32, 8192, 200, 1),
+        (32, 300, 396, 1),
+        (1, 8192, 396, 32),
+    ],
+)
+def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
+    """The split count for drafter shapes (batch x 8 tokens x 32/8 heads, d128)."""
+    _extension_path()
+    from fp8_noncausal_attn import cuda_backend
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    case = make_case([8] * batch, [16] * batch, num_q_heads=32, num_kv_heads=8, head_dim=128)
+    kwargs = case.kwargs() | {"max_seqlen_k": kv_len}
+    problem = validate_attention(
+        *case.args(), **kwargs, softmax_scale=None, out=None, validate=False
+    )
+    splits = cuda_backend.num_splits_for(problem, resident)
+    assert splits == expected
+    ctas = batch * 8 * splits
+    if 1 < splits < cuda_backend.MAX_SPLITS:
+        assert ctas / (-(-ctas // resident) * resident) >= cuda_backend.WAVE_FILL
