@@ -6,7 +6,9 @@ cache write + forward for a mixed causal/bidirectional batch with per-head scale
 against a float64 computation and against ``fp8_noncausal_attn.reference``.
 """
 
+import dataclasses
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ pytest.importorskip(
     "vllm", reason="vLLM 0.33 is not installed (pip install -r requirements-vllm.txt)"
 )
 
-from vllm.config import AttentionConfig, DeviceConfig, VllmConfig  # noqa: E402
+from vllm.config import AttentionConfig, CacheConfig, DeviceConfig, VllmConfig  # noqa: E402
 from vllm.config.speculative import SpeculativeConfig  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
@@ -165,6 +167,66 @@ def test_stock_backends_refuse_the_drafter_config_that_ours_accepts(capability):
     flex = FlexAttentionBackend.validate_configuration(**selector)
     assert "kv_cache_dtype not supported" in flex
     assert "per-head quant scales not supported" in flex
+
+
+@dataclasses.dataclass
+class _DraftOverrideTarget:
+    """The two sub-configs of a VllmConfig that apply_draft_overrides touches here."""
+
+    cache_config: CacheConfig
+    attention_config: AttentionConfig
+
+
+@pytest.mark.parametrize("target", ["fp8", "fp8_e5m2", "auto", "bfloat16"])
+@pytest.mark.parametrize("drafter", [None, "auto", "bfloat16", "fp8", "fp8_e4m3"])
+def test_dtype_split_matches_vllms_own_draft_override(target, drafter):
+    vllm_backend.register()
+    speculative = SimpleNamespace(moe_backend=None, attention_backend=None, kv_cache_dtype=drafter)
+    configs = _DraftOverrideTarget(CacheConfig(cache_dtype=target), AttentionConfig())
+    drafted = SpeculativeConfig.apply_draft_overrides(speculative, configs)
+    plan = config.resolve_drafter_kv_cache(
+        target, drafter, drafter_non_causal=True, device_capability=(9, 0)
+    )
+    assert plan.kv_cache_dtype == drafted.cache_config.cache_dtype
+    speculative.attention_backend = AttentionConfig(backend=plan.backend).backend
+    drafted = SpeculativeConfig.apply_draft_overrides(speculative, configs)
+    assert drafted.attention_config.backend.get_class() is Fp8NoncausalAttentionBackend
+
+
+CLI_CASES = [
+    ["--kv-cache-dtype", "fp8", "--speculative-config.kv-cache-dtype", "bfloat16"],
+    ["--kv_cache_dtype", "fp8", "--speculative_config", '{"kv-cache-dtype": "auto"}'],
+    ["--kv-cache-dtype", "fp8_e5m2", "--speculative-config.method", "dflash"],
+]
+
+
+def test_cli_normalisation_matches_vllms_argument_parser():
+    # vLLM's parser builds its default configs, which needs a platform: CPU, in a subprocess
+    # so that this process keeps the one it resolved.
+    code = (
+        "import json, sys\n"
+        "from vllm.engine.arg_utils import EngineArgs\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "parser = EngineArgs.add_cli_args(FlexibleArgumentParser())\n"
+        "out = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    ns = parser.parse_args(argv)\n"
+        # EngineArgs.create_speculative_config normalises the keys exactly so.
+        "    spec = {k.replace('-', '_'): v for k, v in (ns.speculative_config or {}).items()}\n"
+        "    out.append([ns.kv_cache_dtype, spec.get('kv_cache_dtype')])\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, json.dumps(CLI_CASES)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed_by_vllm = json.loads(result.stdout.strip().splitlines()[-1])
+    for argv, (target, drafter) in zip(CLI_CASES, parsed_by_vllm, strict=True):
+        flat = config.normalize_cli_options(dict(zip(argv[::2], argv[1::2], strict=True)))
+        assert flat["kv_cache_dtype"] == target
+        assert flat.get("speculative_config.kv_cache_dtype") == drafter
 
 
 def test_builder_references_the_common_metadata_and_declares_uniform_batch_graphs(vllm_config):
