@@ -1,10 +1,9 @@
 """The compiled CUDA backend against the reference (GPU only; skipped without one)."""
 
-import random
-
 import pytest
 import torch
 from conftest import TOLERANCE
+from matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import cuda_backend
@@ -13,28 +12,8 @@ from fp8_noncausal_attn.validation import validate_attention
 
 pytestmark = pytest.mark.gpu
 
-CACHE_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]
-QUERY_DTYPES = [torch.bfloat16, torch.float16]
-
-AXES = {
-    "causal": [False, True, "mixed"],
-    # MHA, GQA 4, GQA 6, MQA
-    "heads": [(4, 4), (8, 2), (12, 2), (8, 1)],
-    "head_dim": [64, 128, 256],
-    "block_size": [16, 32, 64],
-    "cache_dtype": CACHE_DTYPES,
-    "query_dtype": QUERY_DTYPES,
-    "scales": ["per_head", "scalar"],
-    "layout": [None, "vllm", "kv_first", "block_first"],
-    # (q_lens, kv_lens): empty sequences, decode, drafter blocks of 8 and 16, q_len == kv_len.
-    "lengths": [
-        ([1, 8, 0], [37, 100, 5]),
-        ([16], [16]),
-        ([8, 8], [8, 150]),
-        ([3, 16], [70, 16]),
-        ([8, 16, 1], [300, 1000, 65]),
-    ],
-}
+# The shared matrix plus a longer-context row, which the compiled kernels run quickly.
+GPU_AXES = AXES | {"lengths": AXES["lengths"] + [([8, 16, 1], [300, 1000, 65])]}
 NUM_CASES = 60
 
 
@@ -43,31 +22,6 @@ def _require_cuda_backend():
     runs, why = cuda_backend.availability()
     if not runs:
         pytest.skip(why)
-
-
-def sampled_matrix():
-    """NUM_CASES cases in which every value of every axis appears, paired at random."""
-    rng = random.Random(3)
-    columns = {}
-    for name, values in AXES.items():
-        column = [values[i % len(values)] for i in range(NUM_CASES)]
-        rng.shuffle(column)
-        columns[name] = column
-    return [{name: columns[name][i] for name in AXES} for i in range(NUM_CASES)]
-
-
-def build(params, seed):
-    q_lens, kv_lens = params["lengths"]
-    causal = params["causal"]
-    if causal == "mixed":
-        causal = [i % 2 == 0 for i in range(len(q_lens))]
-    num_q_heads, num_kv_heads = params["heads"]
-    return make_case(
-        q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=params["head_dim"], block_size=params["block_size"],
-        cache_dtype=params["cache_dtype"], query_dtype=params["query_dtype"], causal=causal,
-        scales=params["scales"], layout=params["layout"], device="cuda", seed=seed,
-    )  # fmt: skip
 
 
 def run(case, backend="cuda", **overrides):
@@ -85,8 +39,8 @@ def check(case, query_dtype, **overrides):
 
 @pytest.mark.parametrize("index", range(NUM_CASES))
 def test_cuda_matches_reference(index):
-    params = sampled_matrix()[index]
-    case = build(params, seed=index)
+    params = sampled_matrix(NUM_CASES, seed=3, axes=GPU_AXES)[index]
+    case = build_case(params, seed=index, device="cuda")
     out = run(case)
     ref = run(case, backend="reference")
     assert torch.isfinite(out.float()).all()

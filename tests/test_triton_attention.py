@@ -1,60 +1,16 @@
 """Triton kernels against the reference (CPU interpreter here, compiled on a GPU)."""
 
-import random
-
 import pytest
 import torch
 from conftest import DEVICE, TOLERANCE
+from matrix import build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import triton_attention
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
-AXES = {
-    "causal": [False, True, "mixed"],
-    "heads": [(4, 4), (8, 2), (12, 2), (8, 1)],
-    "head_dim": [64, 128, 256],
-    "block_size": [16, 32, 64],
-    "cache_dtype": [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16],
-    "query_dtype": [torch.bfloat16, torch.float16],
-    "scales": ["per_head", "scalar"],
-    "layout": [None, "vllm", "kv_first", "block_first"],
-    # (q_lens, kv_lens): empty sequences, single-token decode, drafter blocks of 8 and 16,
-    # and q_len == kv_len (a whole bidirectional block with no context).
-    "lengths": [
-        ([1, 8, 0], [37, 100, 5]),
-        ([16], [16]),
-        ([8, 8], [8, 150]),
-        ([3, 16], [70, 16]),
-    ],
-}
 NUM_CASES = 24
-
-
-def sampled_matrix():
-    """NUM_CASES cases in which every value of every axis appears, paired at random."""
-    rng = random.Random(2026)
-    columns = {}
-    for name, values in AXES.items():
-        column = [values[i % len(values)] for i in range(NUM_CASES)]
-        rng.shuffle(column)
-        columns[name] = column
-    return [{name: columns[name][i] for name in AXES} for i in range(NUM_CASES)]
-
-
-def build(params, seed):
-    q_lens, kv_lens = params["lengths"]
-    causal = params["causal"]
-    if causal == "mixed":
-        causal = [i % 2 == 0 for i in range(len(q_lens))]
-    num_q_heads, num_kv_heads = params["heads"]
-    return make_case(
-        q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=params["head_dim"], block_size=params["block_size"],
-        cache_dtype=params["cache_dtype"], query_dtype=params["query_dtype"], causal=causal,
-        scales=params["scales"], layout=params["layout"], device=DEVICE, seed=seed,
-    )  # fmt: skip
 
 
 def reference(case, **overrides):
@@ -64,8 +20,8 @@ def reference(case, **overrides):
 
 @pytest.mark.parametrize("index", range(NUM_CASES))
 def test_triton_matches_reference(index):
-    params = sampled_matrix()[index]
-    case = build(params, seed=index)
+    params = sampled_matrix(NUM_CASES, seed=2026)[index]
+    case = build_case(params, seed=index, device=DEVICE)
     out = fna.paged_attention(*case.args(), **case.kwargs(), backend="triton")
     ref = reference(case)
     assert torch.isfinite(out.float()).all()
