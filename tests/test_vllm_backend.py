@@ -278,6 +278,12 @@ def make_batch_metadata(gen, num_blocks, max_seq_len=None):
     return common, slots
 
 
+def drafter_rows(gen, n):
+    """[n, NUM_KV_HEADS, HEAD_SIZE] bf16 K or V rows, HEAD_MAGNITUDE apart per KV head."""
+    noise = torch.randn(n, NUM_KV_HEADS, HEAD_SIZE, generator=gen) + 0.1
+    return (noise * HEAD_MAGNITUDE[None, :, None]).to(torch.bfloat16)
+
+
 def dequantized(rows, scale, cache_view_dtype):
     """What the cache holds, as float64: rows / scale rounded to the cache format, times scale."""
     if cache_view_dtype is None:
@@ -334,11 +340,8 @@ def test_impl_writes_the_cache_and_attends_like_the_reference(
     builder = Fp8NoncausalMetadataBuilder(spec, ["drafter.layers.0.attn"], vllm_config, "cpu")
     meta = builder.build(0, common)
 
-    def rows(n):
-        noise = torch.randn(n, NUM_KV_HEADS, HEAD_SIZE, generator=gen) + 0.1
-        return (noise * HEAD_MAGNITUDE[None, :, None]).to(torch.bfloat16)
-
-    keys, values = [rows(kv) for kv in KV_LENS], [rows(kv) for kv in KV_LENS]
+    keys = [drafter_rows(gen, kv) for kv in KV_LENS]
+    values = [drafter_rows(gen, kv) for kv in KV_LENS]
     k_scale, v_scale = fna.compute_kv_scales(
         torch.cat(keys), torch.cat(values), fp8_dtype=view_dtype or torch.float8_e4m3fn
     )
@@ -356,7 +359,7 @@ def test_impl_writes_the_cache_and_attends_like_the_reference(
                             torch.cat([c[2] for c in context]))  # fmt: skip
     new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
     new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
-    pad = rows(3)
+    pad = drafter_rows(gen, 3)
     slot_mapping = torch.cat([common.slot_mapping, torch.full((2,), -1)])
     impl.do_kv_cache_update(layer, torch.cat([new_k, pad]), torch.cat([new_v, pad]), kv_cache,
                             slot_mapping)  # fmt: skip
@@ -391,6 +394,54 @@ def test_impl_writes_the_cache_and_attends_like_the_reference(
         assert torch.equal(output[:num_tokens], oracle)
     else:
         assert relative_error(output[:num_tokens], oracle) <= TOLERANCE[torch.bfloat16]
+
+
+def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
+    """vLLM's own Attention layer builds the impl (its positional call), and its forward runs
+    unified_kv_cache_update + unified_attention_with_output into our impl, with per-head scale
+    buffers as vLLM's compressed-tensors loader registers them."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    vllm_backend.register()
+    gen = torch.Generator().manual_seed(11)
+    name = "drafter.layers.0.self_attn.attn"
+    with set_current_vllm_config(vllm_config):
+        layer = Attention(
+            NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=NUM_KV_HEADS,
+            cache_config=CacheConfig(cache_dtype="fp8"), prefix=name,
+            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(),
+        )  # fmt: skip
+    assert isinstance(layer.impl, Fp8NoncausalAttentionImpl)
+    assert layer.get_kv_cache_spec(vllm_config).dtype == torch.uint8
+    keys = [drafter_rows(gen, kv) for kv in KV_LENS]
+    values = [drafter_rows(gen, kv) for kv in KV_LENS]
+    k_scale, v_scale = fna.compute_kv_scales(torch.cat(keys), torch.cat(values))
+    layer.register_buffer("_k_scale", k_scale)
+    layer.register_buffer("_v_scale", v_scale)
+    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+    common, slots = make_batch_metadata(gen, 24)
+    context = [
+        (k[: kv - q], v[: kv - q], slot[: kv - q])
+        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
+    ]
+    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
+    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
+    spec = layer.get_kv_cache_spec(vllm_config)
+    meta = Fp8NoncausalMetadataBuilder(spec, [name], vllm_config, "cpu").build(0, common)
+    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
+    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
+    num_tokens = sum(Q_LENS)
+    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
+    with set_forward_context({name: meta}, vllm_config, slot_mapping={name: common.slot_mapping}):
+        output = layer(query, new_k.flatten(1), new_v.flatten(1))
+    assert output.shape == (num_tokens, NUM_HEADS * HEAD_SIZE)
+    real_k = [dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys]
+    real_v = [dequantized(v, v_scale, torch.float8_e4m3fn) for v in values]
+    expected = float64_attention(query.view(num_tokens, NUM_HEADS, HEAD_SIZE), real_k, real_v,
+                                 HEAD_SIZE**-0.5)  # fmt: skip
+    assert relative_error(output.view_as(expected), expected) <= TOLERANCE[torch.bfloat16]
 
 
 def test_per_head_scales_of_the_wrong_length_fail_clearly():
