@@ -124,6 +124,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
     # build() only references persistent buffers, so a draft step's refresh has nothing to do.
     supports_draft_decode_metadata_update = True
 
+    # AttentionMetadataBuilder declares __init__ abstract; the base one stores everything needed.
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
@@ -293,8 +294,9 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
     64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
     scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere).
-    Refused with vLLM's own reasons: MLA, sparse attention, sinks, sliding window, ALiBi-sqrt,
-    multimodal prefix attention, batch invariance, DCP/PCP, other attention types.
+    Refused with vLLM's own reasons: MLA, sparse attention, sinks, sliding window, multimodal
+    prefix attention, batch invariance, DCP/PCP, other attention types; vLLM's Attention layer
+    refuses ALiBi-sqrt for it, and the impl refuses ALiBi and logit soft-capping.
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
