@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
-# extension for sm_90a, run the GPU tests (cuda and triton), the quick benchmark (it holds the
-# drafter acceptance shape), and compute-sanitizer memcheck and racecheck on a few cuda cases.
+# extension for sm_90a, run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
+# holds the drafter acceptance shape), and compute-sanitizer memcheck and racecheck on a few cuda cases.
 #   benchmarks/gpu_check.sh RESULTS_DIR
 # Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
 # Each step has its own time limit, cut to what is left of an 8-minute budget; a failed step is
@@ -60,7 +60,10 @@ cp build/cmake/ptxas.log "$RESULTS/ptxas.log" 2>/dev/null
 cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1
 
 # Most important first: a step cut by the budget loses the least.
-step pytest_gpu 180 python3 -m pytest -m gpu tests -q --junitxml="$RESULTS/pytest_gpu.xml"
+# The GPU-only tests plus the Triton and API tests, which run compiled here (interpreted on CPU).
+step pytest_gpu 180 python3 -m pytest -q tests/test_cuda_gpu.py tests/test_triton_attention.py \
+  tests/test_triton_cache.py tests/test_api.py --junitxml="$RESULTS/pytest_gpu.xml"
+step demo 60 python3 -m fp8_noncausal_attn
 step benchmark 180 python3 -m benchmarks.attention --quick --out "$RESULTS/benchmark"
 step cuda_splits 90 python3 -m benchmarks.cuda_splits "$RESULTS"
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
