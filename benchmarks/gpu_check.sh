@@ -61,7 +61,7 @@ cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1
 
 # Most important first: a step cut by the budget loses the least.
 # The GPU-only tests plus the Triton and API tests, which run compiled here (interpreted on CPU).
-step pytest_gpu 180 python3 -m pytest -q tests/test_cuda_gpu.py tests/test_triton_attention.py \
+step pytest_gpu 240 python3 -m pytest -q tests/test_cuda_gpu.py tests/test_triton_attention.py \
   tests/test_triton_cache.py tests/test_api.py --junitxml="$RESULTS/pytest_gpu.xml"
 step demo 60 python3 -m fp8_noncausal_attn
 step benchmark 180 python3 -m benchmarks.attention --quick --out "$RESULTS/benchmark"
