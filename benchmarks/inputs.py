@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fp8_noncausal_attn.scales import finite_max
+
 from .shapes import Shape
 
 # Stored FP8 values are N(0, STORED_STD) clamped to the e4m3 finite max: most of the format's
 # range is used, as with amax-calibrated scales.
 STORED_STD = 100.0
-FP8_MAX = 448.0
 # Real K/V standard deviations across KV heads (scale = std / STORED_STD): a factor of 8.
 HEAD_STD_RANGE = (0.25, 2.0)
 # Elements generated per step, so a multi-GiB cache never needs a float32 copy of itself.
@@ -70,7 +71,7 @@ def _fill_random(cache: torch.Tensor, head_std: torch.Tensor, generator: torch.G
         values = torch.randn(part.shape, generator=generator, device=cache.device)
         values *= head_std[None, :, None]
         if cache.dtype.itemsize == 1:
-            values.clamp_(-FP8_MAX, FP8_MAX)
+            values.clamp_(-finite_max(cache.dtype), finite_max(cache.dtype))
         part.copy_(values)
 
 

@@ -1,8 +1,9 @@
 """The attention oracle behind every ``rel_err``: dequantise, gather, attend in float32/float64.
 
-Independent of the library's own reference backend, so a bug shared by the library's backends
-cannot hide. Sequences are processed one at a time and queries in chunks, so a 16k x 16k prefill
-or a 128k context never materialises more than about 256 MiB of scores.
+Independent of the library's own reference backend (only the mask rule, ``masking.visible_keys``,
+is shared), so a bug shared by the library's backends cannot hide. Sequences are processed one at
+a time and queries in chunks, so a 16k x 16k prefill or a 128k context never materialises more
+than about 256 MiB of scores.
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ from collections.abc import Iterator
 
 import torch
 
+from fp8_noncausal_attn.masking import visible_keys
+
 from .inputs import Case, sequence_kv
 
 _SCORE_BYTES = 1 << 28
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN)."""
-    diff = out.to(torch.float64) - ref.to(torch.float64)
-    return float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref.to(torch.float64)))
 
 
 def row_chunks(case: Case, dtype: torch.dtype) -> Iterator[tuple[int, int]]:
@@ -37,8 +34,9 @@ def key_mask(case: Case, start: int, rows: int) -> torch.Tensor | None:
     if not shape.causal:
         return None
     device = case.query.device
-    positions = shape.kv_len - shape.q_len + start + torch.arange(rows, device=device)
-    return torch.arange(shape.kv_len, device=device)[None, :] <= positions[:, None]
+    tokens = start + torch.arange(rows, device=device)
+    limit = visible_keys(tokens, shape.q_len, shape.kv_len, causal=True)
+    return torch.arange(shape.kv_len, device=device)[None, :] < limit[:, None]
 
 
 def attention_oracle(

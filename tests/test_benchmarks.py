@@ -16,7 +16,8 @@ import torch
 from benchmarks import accuracy, shapes, vllm_peer
 from benchmarks.accuracy import fp8_query_route
 from benchmarks.inputs import gathered_kv, make_case
-from benchmarks.oracle import attention_oracle, relative_error
+from benchmarks.oracle import attention_oracle
+from fp8_noncausal_attn.synthetic import relative_error
 
 REPO = Path(__file__).resolve().parent.parent
 ROW_FIELDS = {
