@@ -8,8 +8,9 @@ softmax scale and v_scale[kv_head] into the output, never multiplied per element
 programs exist to fill the GPU, the keys are split (flash decoding) and a second kernel merges the
 partial results by their log-sum-exp.
 
-Under ``TRITON_INTERPRET=1`` the dots run on fp32 operands, because the interpreter's ``tl.dot``
-on 16-bit operands multiplies raw bit patterns.
+The dots run on fp32 operands (IEEE, not TF32) in two cases: under ``TRITON_INTERPRET=1``, whose
+``tl.dot`` on 16-bit operands multiplies raw bit patterns, and when a 16-bit cache's dtype differs
+from the query's (bf16 K beyond fp16's range would overflow if converted to an fp16 query's dtype).
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ if triton is not None:
                 + kv_head * stride_kh + dims[:, None],
                 mask=key_valid[None, :], other=0.0,
             ).to(dot_dtype)  # fmt: skip
-            scores = tl.dot(q, k) * qk_scale
+            if DOT_FP32:
+                scores = tl.dot(q, k, input_precision="ieee") * qk_scale
+            else:
+                scores = tl.dot(q, k) * qk_scale
             visible = key_valid[None, :] & (keys[None, :] < row_limit[:, None])
             scores = tl.where(visible, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -148,7 +152,11 @@ if triton is not None:
                 + kv_head * stride_vh + dims[None, :],
                 mask=key_valid[:, None], other=0.0,
             ).to(dot_dtype)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v)
+            if DOT_FP32:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(dot_dtype), v)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
 
         v_scale = tl.load(v_scale_ptr + kv_head)
@@ -204,6 +212,12 @@ if triton is not None:
 @functools.cache
 def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def needs_fp32_dots(problem: AttentionProblem) -> bool:
+    """A 16-bit cache of the other 16-bit dtype than the query's cannot be converted exactly."""
+    cache_dtype = problem.key_cache.dtype
+    return cache_dtype.itemsize == 2 and cache_dtype != problem.query.dtype
 
 
 def launch_plan(problem: AttentionProblem, num_splits: int | None = None) -> dict[str, int]:
@@ -275,7 +289,7 @@ def paged_attention(
         BLOCK_N=plan["block_n"],
         MASK_MODE=mask_mode,
         SPLIT=split,
-        DOT_FP32=interpreting(),
+        DOT_FP32=interpreting() or needs_fp32_dots(problem),
         num_warps=plan["num_warps"],
         num_stages=plan["num_stages"],
     )  # fmt: skip

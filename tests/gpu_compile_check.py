@@ -89,7 +89,7 @@ def compile_attention(cc):
         constexprs = {
             "GROUP": problem.group_size, "HEAD_DIM": head_dim, "BLOCK_SIZE": problem.block_size,
             "BLOCK_M": plan["block_m"], "BLOCK_N": plan["block_n"], "MASK_MODE": mask_mode,
-            "SPLIT": split, "DOT_FP32": False,
+            "SPLIT": split, "DOT_FP32": triton_attention.needs_fp32_dots(problem),
         }  # fmt: skip
         compile_variant(
             triton_attention._paged_attention_kernel, pointers, constexprs, cc,

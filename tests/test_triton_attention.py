@@ -118,3 +118,19 @@ def test_cuda_graph_replay_with_new_lengths():
     graph.replay()
     eager = fna.paged_attention(*case.args(), **kwargs, backend="triton")
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize(
+    "cache_dtype,query_dtype", [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)]
+)
+def test_16bit_cache_of_the_other_dtype_keeps_its_range(cache_dtype, query_dtype):
+    """bf16 keys beyond fp16's range (65504) must not overflow when the query is fp16."""
+    case = make_case(
+        [8], [90], cache_dtype=cache_dtype, query_dtype=query_dtype, scales="none",
+        device=DEVICE, seed=12,
+    )  # fmt: skip
+    if cache_dtype == torch.bfloat16:
+        case.key_cache.mul_(1e4)
+    out = fna.paged_attention(*case.args(), **case.kwargs(), backend="triton")
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, reference(case)) <= TOLERANCE[query_dtype]
