@@ -554,19 +554,21 @@ cudaError_t launch_attention_t(const AttnParams& p, cudaStream_t stream, int* ct
   return cudaGetLastError();
 }
 
+// A 16-bit cache runs only under a query of its own dtype: converting bf16 keys to fp16 could
+// overflow, so cuda_backend sends the mixed 16-bit pairs to Triton (fp32 dots) instead.
 template <int D, typename QT>
 cudaError_t launch_attention_for_cache(const AttnParams& p, int kv_dtype, cudaStream_t s,
                                        int* ctas_per_sm) {
+  constexpr int kOwnDtype = std::is_same_v<QT, __half> ? kFP16 : kBF16;
   switch (kv_dtype) {
     case kE4M3: return launch_attention_t<D, QT, kE4M3>(p, s, ctas_per_sm);
     case kE5M2: return launch_attention_t<D, QT, kE5M2>(p, s, ctas_per_sm);
-    case kBF16: return launch_attention_t<D, QT, kBF16>(p, s, ctas_per_sm);
-    case kFP16: return launch_attention_t<D, QT, kFP16>(p, s, ctas_per_sm);
+    case kOwnDtype: return launch_attention_t<D, QT, kOwnDtype>(p, s, ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
 
-// Instantiates the eight (query dtype x cache dtype) kernels of one head dim.
+// Instantiates the six (query dtype x cache dtype) kernels of one head dim.
 template <int D>
 cudaError_t launch_attention_for_dim(const AttnParams& p, int q_dtype, int kv_dtype,
                                      cudaStream_t s, int* ctas_per_sm) {

@@ -104,6 +104,11 @@ def unsupported_reason(problem: AttentionProblem) -> str | None:
         return f"query dtype {q.dtype} is not bf16/fp16"
     if k.dtype not in DTYPE_CODES:
         return f"cache dtype {k.dtype} is not supported"
+    if k.dtype.itemsize == 2 and k.dtype != q.dtype:
+        return (
+            f"a {k.dtype} cache under a {q.dtype} query runs on Triton (fp32 dots): converting "
+            "bf16 keys to fp16 could overflow"
+        )
     # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
     for name, cache in (("key_cache", k), ("value_cache", v)):
         if not _aligned(cache, cache.stride()[:3], 16):
