@@ -24,7 +24,6 @@ DTYPE_CODES = {
     torch.float8_e4m3fn: 2,
     torch.float8_e5m2: 3,
 }
-HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 32
 # A split should stream at least this many key tiles, or the merge costs more than it saves.
 MIN_TILES_PER_SPLIT = 4
@@ -98,12 +97,7 @@ def unsupported_reason(problem: AttentionProblem) -> str | None:
     why_not = _arch_supported(q.device)
     if why_not is not None:
         return why_not
-    if problem.head_dim not in HEAD_DIMS:
-        return f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}"
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"query dtype {q.dtype} is not bf16/fp16"
-    if k.dtype not in DTYPE_CODES:
-        return f"cache dtype {k.dtype} is not supported"
+    # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
     if k.dtype.itemsize == 2 and k.dtype != q.dtype:
         return (
             f"a {k.dtype} cache under a {q.dtype} query runs on Triton (fp32 dots): converting "
@@ -200,8 +194,6 @@ def paged_attention(
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
     causal_per_seq = problem.causal_per_seq
-    if causal_per_seq is not None and causal_per_seq.dtype != torch.bool:
-        causal_per_seq = causal_per_seq.to(torch.bool)
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         ext.paged_attention(

@@ -35,19 +35,22 @@ def _auto_skips(name: str, device: torch.device) -> str | None:
     return None
 
 
-def auto_choice(device: torch.device) -> tuple[str, str]:
-    """The backend ``"auto"`` takes for tensors on ``device``, with the reason."""
+def auto_choice(device: torch.device, problem: AttentionProblem | None = None) -> tuple[str, str]:
+    """The backend ``"auto"`` takes for tensors on ``device`` (and for ``problem``, when given,
+    only a backend that supports it), with the reason."""
     passed_over = []
-    for name in BACKEND_NAMES:
-        runs, why = backend_module(name).availability()
+    for name, module in BACKENDS.items():
+        runs, why = module.availability()
         skip = why if not runs else _auto_skips(name, device)
+        if skip is None and problem is not None:
+            skip = module.unsupported_reason(problem)
         if skip is None:
             chosen_because = f"fastest available for {device.type} tensors"
             if passed_over:
                 chosen_because += " (" + "; ".join(passed_over) + ")"
             return name, chosen_because
         passed_over.append(f"{name}: {skip}")
-    raise AssertionError("the reference backend is always available")
+    raise AssertionError("the reference backend runs every valid call")
 
 
 def available_backends() -> dict[str, dict[str, object]]:
@@ -74,14 +77,7 @@ def resolve_backend(backend: str, problem: AttentionProblem) -> str:
     backend cannot run here or does not support this call.
     """
     if backend == "auto":
-        device = problem.query.device
-        for name in BACKEND_NAMES:
-            module = backend_module(name)
-            runs, _ = module.availability()
-            if runs and _auto_skips(name, device) is None:
-                if module.unsupported_reason(problem) is None:
-                    return name
-        raise AssertionError("the reference backend supports every valid call")
+        return auto_choice(problem.query.device, problem)[0]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {BACKEND_NAMES}, got {backend!r}")
     module = backend_module(backend)

@@ -66,7 +66,7 @@ from . import config  # noqa: E402
 from .api import paged_attention, reshape_and_cache  # noqa: E402
 from .dispatch import BACKEND_NAMES  # noqa: E402
 from .layouts import split_kv_cache  # noqa: E402
-from .validation import SUPPORTED_HEAD_DIMS  # noqa: E402
+from .validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_HEAD_DIMS  # noqa: E402
 
 BACKEND_NAME = config.BACKEND_NAME
 CLASS_PATH = f"{__name__}.Fp8NoncausalAttentionBackend"
@@ -317,7 +317,11 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int]:
-        return [8, 16, 32, 64, 128, 256]
+        return [
+            size
+            for size in (1 << shift for shift in range(MAX_BLOCK_SIZE.bit_length()))
+            if size >= MIN_BLOCK_SIZE
+        ]
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
