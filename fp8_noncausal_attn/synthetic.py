@@ -113,9 +113,10 @@ def make_case(
     )
     # Garbage in unused slots: a kernel reading past kv_len sees large values and fails.
     for cache in (key_cache, value_cache):
-        cache.view(torch.uint8 if cache.element_size() == 1 else torch.int16).copy_(
-            torch.full(cache.shape, 0x5A if cache.element_size() == 1 else 0x5A5A)
-        )
+        if cache.element_size() == 1:
+            cache.view(torch.uint8).fill_(0x5A)
+        else:
+            cache.view(torch.int16).fill_(0x5A5A)
     page_ids = torch.randperm(num_blocks, generator=gen).tolist()
     width = max(pages_per_seq, default=0) + 1
     block_table = torch.zeros(len(kv_lens), width, dtype=torch.int32)
