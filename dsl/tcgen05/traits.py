@@ -1,0 +1,113 @@
+"""Compile-time configuration of the tcgen05 family: variants, warp roles, TMEM and smem budgets.
+
+Plain Python (no DSL import), so the budgets are host-testable and the build script can list
+variants without the DSL installed. The kernel (dsl/tcgen05/kernel.py) reads every size from here.
+"""
+
+from dataclasses import dataclass
+
+from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
+
+TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
+SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
+ARCHS = ("sm_100a", "sm_103a")
+Q_DTYPES = ("bfloat16", "float16")
+KV_DTYPES = ("float8_e4m3fn",)
+
+# Warp roles (384 threads, three warpgroups). TMEM lane access is by warp % 4, so the two
+# 128-thread roles that touch all 128 lanes (softmax: S and O; converter: K and V) each take a
+# whole warpgroup.
+SOFTMAX_WARPGROUP = 0  # warps 0-3: S -> P, running max / sum, O rescale, epilogue
+CONVERT_WARPGROUP = 1  # warps 4-7: Q prologue, cp.async K/V pages, FP8 -> fp16 into TMEM
+MMA_KQ_WARP = 8  # issues S^T = K Q^T (tcgen05.mma, A = K from TMEM, B = Q from smem)
+MMA_VP_WARP = 9  # issues O^T += V^T P (A = V^T from TMEM, B = P from smem)
+THREADS = 384
+# setmaxnreg budgets (sum x 128 threads <= 64K registers).
+REGS_SOFTMAX, REGS_CONVERT, REGS_MMA = 256, 152, 96
+
+LOAD_STAGES = 4  # FP8 items in flight in shared memory (cp.async ring)
+MAX_CONVERT_STAGES = 4  # fp16 items in TMEM between the converter and the MMA warps
+MBARRIER_BYTES = 1024  # reserved for mbarriers, the TMEM pointer and row vectors
+# TMEM columns of one converted fp16 item (128 lanes x 128 fp16 = 64 columns of 32 bits).
+CONVERT_STAGE_COLUMNS = ITEM_BYTES * 16 // 32
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 8..256, multiple of 8."""
+
+    head_dim: int
+    rows: int
+    page_size: int
+    q_dtype: str
+    kv_dtype: str = "float8_e4m3fn"
+
+    @property
+    def name(self) -> str:
+        q = {"bfloat16": "bf16", "float16": "f16"}[self.q_dtype]
+        kv = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[self.kv_dtype]
+        return f"tcgen05_d{self.head_dim}_n{self.rows}_p{self.page_size}_{q}_{kv}"
+
+    @property
+    def d_tiles(self) -> int:
+        """128-wide slices of head_dim: K items per tile (BMM1 k-blocks) and O^T M tiles."""
+        return self.head_dim // ITEM_BYTES
+
+    @property
+    def o_columns(self) -> int:
+        """TMEM columns of O^T (head_dim lanes in 128-lane slices x rows, fp32)."""
+        return self.d_tiles * self.rows
+
+    @property
+    def s_stages(self) -> int:
+        """S/P double buffering (BMM1 of tile s+1 runs under the softmax of tile s) where TMEM
+        leaves room for it and one converted item; else one stage (head_dim 256 x 256 rows)."""
+        return 2 if 2 * self.rows + self.o_columns + CONVERT_STAGE_COLUMNS <= TMEM_COLUMNS else 1
+
+    @property
+    def convert_stages(self) -> int:
+        """Converted fp16 K/V items in TMEM between the converter and the MMA warps."""
+        free = TMEM_COLUMNS - self.s_stages * self.rows - self.o_columns
+        return min(MAX_CONVERT_STAGES, free // CONVERT_STAGE_COLUMNS)
+
+    @property
+    def tmem_columns(self) -> int:
+        """Columns used: S stages + O + converted K/V stages."""
+        return (
+            self.s_stages * self.rows + self.o_columns + self.convert_stages * CONVERT_STAGE_COLUMNS
+        )
+
+    @property
+    def tmem_alloc_columns(self) -> int:
+        """tcgen05.alloc takes a power of two >= 32."""
+        cols = 32
+        while cols < self.tmem_columns:
+            cols *= 2
+        return cols
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory: FP8 ring + Q (fp16, N x head_dim) + P stages (fp16, 128 x N) + row
+        vectors (max double buffer, per-warp sums, row scales) + mbarriers."""
+        ring = LOAD_STAGES * KEY_TILE * ITEM_BYTES
+        q = self.rows * self.head_dim * 2
+        p = self.s_stages * KEY_TILE * self.rows * 2
+        vectors = (2 + 4 + 1) * self.rows * 4
+        return ring + q + p + vectors + MBARRIER_BYTES
+
+    def check(self) -> None:
+        """Raise ValueError when the variant cannot be built."""
+        if self.head_dim not in (128, 256):
+            raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds 128 and 256")
+        if self.rows % 8 or not 8 <= self.rows <= 256:
+            raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
+        if self.page_size & (self.page_size - 1) or not 16 <= self.page_size <= 256:
+            raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
+        if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"dtypes {self.q_dtype}/{self.kv_dtype} not built")
+        if self.convert_stages < 1:
+            raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
+        if self.tmem_columns > TMEM_COLUMNS:
+            raise ValueError(f"{self.name}: {self.tmem_columns} TMEM columns > 512")
+        if self.smem_bytes > SMEM_BYTES:
+            raise ValueError(f"{self.name}: {self.smem_bytes} B of shared memory > {SMEM_BYTES}")
