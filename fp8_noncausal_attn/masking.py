@@ -9,29 +9,37 @@ from __future__ import annotations
 
 import torch
 
+# Per-sequence flags: bool, or int32 (nonzero = causal) as in vLLM 0.33 CommonAttentionMetadata.
+CAUSAL_DTYPES = (torch.bool, torch.int32)
+
 
 def normalize_causal(
     causal: bool | torch.Tensor, num_seqs: int, device: torch.device
 ) -> tuple[bool, torch.Tensor | None]:
-    """Split ``causal`` into (launch-wide flag, per-sequence bool tensor or None).
+    """Split ``causal`` into (launch-wide flag, per-sequence tensor or None).
 
-    A per-sequence tensor must be bool ``[num_seqs]`` on ``device``; the flag is then unused.
+    A per-sequence tensor must be bool or int32 (nonzero = causal) ``[num_seqs]`` on ``device``,
+    any stride. It is returned as is, never converted or copied: vLLM 0.33 passes an int32 slice
+    of a persistent buffer that it updates in place between CUDA-graph replays, so every backend
+    reads the flags where they lie. The launch-wide flag is then unused.
     """
     if isinstance(causal, bool):
         return causal, None
     if not isinstance(causal, torch.Tensor):
         raise TypeError(
-            f"causal must be a bool or a bool tensor [num_seqs], got {type(causal).__name__}"
+            f"causal must be a bool or a bool/int32 tensor [num_seqs], got {type(causal).__name__}"
         )
-    if causal.dtype != torch.bool:
-        raise TypeError(f"causal tensor must have dtype torch.bool, got {causal.dtype}")
+    if causal.dtype not in CAUSAL_DTYPES:
+        raise TypeError(
+            f"causal tensor must have dtype in {list(CAUSAL_DTYPES)}, got {causal.dtype}"
+        )
     if causal.shape != (num_seqs,):
         raise ValueError(
             f"causal tensor must have shape [num_seqs] = [{num_seqs}], got {list(causal.shape)}"
         )
     if causal.device != device:
         raise ValueError(f"causal tensor must be on {device} like query, got {causal.device}")
-    return True, causal.contiguous()
+    return True, causal
 
 
 def visible_keys(
@@ -41,9 +49,10 @@ def visible_keys(
 
     Args:
         token_index: ``[n]`` int64, 0-based index of the query token inside its sequence.
-        causal: a bool, or a 0-d bool tensor for this sequence.
+        causal: a bool, or a 0-d bool/int32 tensor for this sequence (nonzero = causal).
     Returns:
         ``[n]`` int64: ``p + 1`` for causal (``p = kv_len - q_len + i``), ``kv_len`` otherwise.
     """
     causal_limit = kv_len - q_len + token_index + 1
-    return torch.where(torch.as_tensor(causal), causal_limit, torch.full_like(token_index, kv_len))
+    is_causal = torch.as_tensor(causal, device=token_index.device) != 0
+    return torch.where(is_causal, causal_limit, torch.full_like(token_index, kv_len))

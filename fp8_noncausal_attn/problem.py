@@ -22,12 +22,16 @@ class AttentionProblem:
                     any strides with stride(-1) == 1 (a vLLM combined cache arrives as a view).
       value_cache:  same shape and dtype as key_cache, strides may differ.
       block_table:  [num_seqs, max_blocks_per_seq] int32.
-      cu_seqlens_q: [num_seqs + 1] int32, non-decreasing, cu_seqlens_q[-1] == num_tokens.
+      cu_seqlens_q: [num_seqs + 1] int32, non-decreasing, cu_seqlens_q[-1] <= num_tokens; rows
+                    past it are padding (vLLM under CUDA graphs), written as zeros.
       seq_lens:     [num_seqs] int32, KV length of each sequence including its new tokens.
+                    The index tensors (block_table, cu_seqlens_q, seq_lens, causal_per_seq) are
+                    the user's own, any strides: backends read them in place with their strides.
       k_scale, v_scale: [num_kv_heads] float32, contiguous; dequantisation multipliers
                     (real K = stored K * k_scale[kv_head]); all ones when the user gave none.
-      causal_per_seq: [num_seqs] bool when the user passed a per-sequence tensor, else None
-                    and ``causal`` holds the one mask for the whole launch.
+      causal_per_seq: [num_seqs] bool or int32 (nonzero = causal), the user's tensor itself
+                    (never a copy: vLLM updates it in place between graph replays), or None and
+                    ``causal`` holds the one mask for the whole launch.
     Scalars:
       softmax_scale:  multiplier of q.k before the softmax (default head_dim ** -0.5).
       max_seqlen_q/k: host-side upper bounds of q_len / kv_len, used to size grids without a

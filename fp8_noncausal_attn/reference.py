@@ -36,10 +36,15 @@ def gather_sequence_kv(
 
 
 def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
-    """Write ``softmax(q K^T * softmax_scale) V`` for every query token into ``out``."""
+    """Write ``softmax(q K^T * softmax_scale) V`` for every query token into ``out``.
+
+    Rows past ``cu_seqlens_q[-1]`` (padding) are written as zeros. The index tensors are read
+    as given (any strides; per-sequence causal flags bool or int32, nonzero = causal).
+    """
     cu = problem.cu_seqlens_q.tolist()
     kv_lens = problem.seq_lens.tolist()
     group = problem.group_size
+    out[cu[-1] :].zero_()
     for seq, kv_len in enumerate(kv_lens):
         q_start, q_end = cu[seq], cu[seq + 1]
         q_len = q_end - q_start
@@ -78,3 +83,13 @@ def reshape_and_cache(
         # index_put_ is not implemented for FP8 dtypes: write the same bytes through a uint8 view.
         as_bytes = torch.uint8 if cache.element_size() == 1 else torch.int16
         cache.view(as_bytes)[blocks, offsets] = stored.view(as_bytes)
+
+
+def plan(problem: AttentionProblem, workspace: object = None) -> None:
+    """Backend contract (``dispatch.Backend``): nothing to plan, no workspace used."""
+    return None
+
+
+def run(problem: AttentionProblem, plan: None, out: torch.Tensor) -> None:
+    """Backend contract: the one-shot computation (it reads the lengths on the host)."""
+    paged_attention(problem, out)

@@ -18,6 +18,12 @@ CACHE_DTYPES = FP8_DTYPES + SIXTEEN_BIT_DTYPES
 
 ScaleArg = float | torch.Tensor | None
 
+# Scales reach the kernels as float32; scores are scaled by softmax_scale * k_scale * log2(e)
+# (exp2-based softmax), also a float32.
+LOG2E = math.log2(math.e)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)  # smallest normal
+
 
 def finite_max(dtype: torch.dtype) -> float:
     """Largest finite value of a cache dtype (448 for e4m3fn, 57344 for e5m2)."""
@@ -40,9 +46,7 @@ def normalize_scale(
             f"{name} must be None, a float or a float32 tensor, got {type(scale).__name__}"
         )
     if not isinstance(scale, torch.Tensor):
-        value = float(scale)
-        if not math.isfinite(value) or value <= 0.0:
-            raise ValueError(f"{name} must be finite and > 0, got {value}")
+        value = check_host_float(scale, name)
         return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
     if scale.dtype != torch.float32:
         raise TypeError(f"{name} must have dtype torch.float32, got {scale.dtype}")
@@ -66,6 +70,57 @@ def normalize_scale(
     return per_head.contiguous()
 
 
+def check_host_float(value: float, name: str) -> float:
+    """A host scalar the kernels take as float32: finite, > 0, a normal float32 (ValueError)."""
+    value = float(value)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+        raise ValueError(
+            f"{name} must be representable in float32, in [{FLOAT32_TINY:.4g}, "
+            f"{FLOAT32_MAX:.4g}], got {value:.4g}"
+        )
+    return value
+
+
+def check_score_scale(
+    softmax_scale: float,
+    k_scale: ScaleArg,
+    k_scale_t: torch.Tensor,
+    cache_dtype: torch.dtype,
+    check_values: bool,
+) -> None:
+    """Refuse, by name, a score scale whose float32 products overflow or underflow.
+
+    The kernels fold k_scale into the softmax scale, ``softmax_scale * k_scale[h] * log2(e)``,
+    in float32, and multiply it by ``q . k_stored``. Refused: that product outside float32's
+    normal range (an underflow to 0 gives a uniform softmax), or its product with the largest key
+    the cache format can hold (a unit query against that key) overflowing float32, which would
+    give inf scores and NaN. A tensor ``k_scale`` is read only when ``check_values`` (its values
+    are on the host, or the caller asked for the sync).
+    """
+    if isinstance(k_scale, torch.Tensor):
+        if not check_values:
+            return
+        per_head = k_scale_t.double().cpu()
+        low, high = float(per_head.min()), float(per_head.max())
+    else:
+        low = high = 1.0 if k_scale is None else float(k_scale)
+    fmax = finite_max(cache_dtype)
+    what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
+    if softmax_scale * high * LOG2E * fmax > FLOAT32_MAX:
+        raise ValueError(
+            f"softmax_scale * k_scale * log2(e) * {fmax:.6g} (the largest {cache_dtype} key) "
+            f"must fit in float32 (<= {FLOAT32_MAX:.4g}): {what}{high:.4g} gives "
+            f"{softmax_scale * high * LOG2E * fmax:.4g}"
+        )
+    if softmax_scale * low * LOG2E < FLOAT32_TINY:
+        raise ValueError(
+            f"softmax_scale * k_scale * log2(e) must be >= {FLOAT32_TINY:.4g} (float32's "
+            f"smallest normal): {what}{low:.4g} gives {softmax_scale * low * LOG2E:.4g}"
+        )
+
+
 def compute_kv_scales(
     key: torch.Tensor, value: torch.Tensor, *, fp8_dtype: torch.dtype = torch.float8_e4m3fn
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +132,9 @@ def compute_kv_scales(
     Returns:
         ``(k_scale, v_scale)``, float32 ``[num_kv_heads]``; a head that is all zeros gets 1.0,
         so a scale is never zero.
+    Raises:
+        ValueError naming ``key`` or ``value`` when it holds NaN or inf (a scale made from them
+        would be meaningless). This reads the per-head maxima on the host (a sync).
     """
     from .validation import check_kv_tokens
 
@@ -85,15 +143,23 @@ def compute_kv_scales(
         raise TypeError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
     fmax = finite_max(fp8_dtype)
 
-    def per_head(x: torch.Tensor) -> torch.Tensor:
+    def per_head(x: torch.Tensor, name: str) -> torch.Tensor:
         amax = x.float().abs().amax(dim=(0, 2))
+        # NaN propagates through amax, so one host check covers NaN and inf.
+        bad = ~torch.isfinite(amax)
+        if bool(bad.any()):
+            heads = bad.nonzero().flatten().tolist()
+            raise ValueError(
+                f"{name} must be finite to compute scales, got NaN or inf in KV heads {heads}"
+            )
         return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
 
-    return per_head(key), per_head(value)
+    return per_head(key, "key"), per_head(value, "value")
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
-    """Store-side conversion: ``x / scale[head]``, saturated to the format's finite max, RNE.
+    """Store-side conversion: ``x / scale[head]``, saturated to the format's finite max, RNE
+    (16-bit formats too).
 
     Args:
         x: ``[num_tokens, num_kv_heads, head_dim]`` floating.
@@ -102,10 +168,9 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> 
         ``x`` converted to ``cache_dtype``; NaN stays NaN.
     """
     scaled = x.float() / scale[None, :, None]
-    if cache_dtype in FP8_DTYPES:
-        fmax = finite_max(cache_dtype)
-        scaled = scaled.clamp(-fmax, fmax)
-    return scaled.to(cache_dtype)
+    # Every format saturates, 16-bit ones too: a finite input never becomes inf (clamp keeps NaN).
+    fmax = finite_max(cache_dtype)
+    return scaled.clamp(-fmax, fmax).to(cache_dtype)
 
 
 def dequantize(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

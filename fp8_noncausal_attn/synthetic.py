@@ -90,8 +90,11 @@ def make_case(
     cache_dtype: torch.dtype = torch.float8_e4m3fn,
     query_dtype: torch.dtype = torch.bfloat16,
     causal: bool | list[bool] = False,
+    causal_dtype: torch.dtype = torch.bool,
     scales: str = "per_head",
     layout: CacheLayout | None = None,
+    index_step: int = 1,
+    padded_rows: int = 0,
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> PagedCase:
@@ -99,7 +102,11 @@ def make_case(
 
     ``scales``: ``"per_head"`` (float32 ``[num_kv_heads]`` from :func:`compute_kv_scales` for FP8
     caches, distinct random values for 16-bit ones), ``"scalar"`` (one Python float) or
-    ``"none"``. ``causal`` as a list gives a per-sequence bool tensor.
+    ``"none"``. ``causal`` as a list gives a per-sequence tensor of ``causal_dtype`` (bool, or
+    int32 as vLLM 0.33 passes it). ``index_step > 1`` makes every index tensor (``block_table``
+    along its columns, ``cu_seqlens_q``, ``seq_lens``, a per-sequence ``causal``) a strided view
+    (:func:`strided_view`); ``padded_rows`` appends that many random query rows past the last
+    sequence, as vLLM pads a batch under CUDA graphs.
     """
     from .api import reshape_and_cache
     from .scales import compute_kv_scales
@@ -151,25 +158,50 @@ def make_case(
         k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
-    num_tokens = sum(q_lens)
+    num_tokens = sum(q_lens) + padded_rows
     query = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(query_dtype)
     cu = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32)
     causal_arg: bool | torch.Tensor = causal
     if isinstance(causal, list):
-        causal_arg = torch.tensor(causal, dtype=torch.bool, device=device)
+        causal_arg = torch.tensor(causal, dtype=causal_dtype, device=device)
+    block_table = block_table.to(device)
+    cu_seqlens_q = cu.to(device)
+    seq_lens = torch.tensor(kv_lens, dtype=torch.int32, device=device)
+    if index_step > 1:
+        block_table = strided_view(block_table, dim=1, step=index_step)
+        cu_seqlens_q = strided_view(cu_seqlens_q, step=index_step)
+        seq_lens = strided_view(seq_lens, step=index_step)
+        if isinstance(causal_arg, torch.Tensor):
+            causal_arg = strided_view(causal_arg, step=index_step)
     return PagedCase(
         query=query.to(device),
         key_cache=key_cache,
         value_cache=value_cache,
-        block_table=block_table.to(device),
-        cu_seqlens_q=cu.to(device),
-        seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device),
+        block_table=block_table,
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens=seq_lens,
         causal=causal_arg,
         k_scale=k_scale,
         v_scale=v_scale,
         q_lens=list(q_lens),
         kv_lens=list(kv_lens),
     )
+
+
+def strided_view(x: torch.Tensor, dim: int = -1, step: int = 2) -> torch.Tensor:
+    """``x``'s values in a view whose ``dim`` has ``step`` times its contiguous stride.
+
+    The gaps hold zeros: a kernel that ignores the stride reads wrong page ids, lengths or flags
+    (and so a wrong answer) that still stay in bounds. vLLM's index tensors arrive as such slices
+    of persistent buffers.
+    """
+    shape = list(x.shape)
+    shape[dim] *= step
+    index = [slice(None)] * x.dim()
+    index[dim] = slice(None, None, step)
+    view = torch.zeros(shape, dtype=x.dtype, device=x.device)[tuple(index)]
+    view.copy_(x)
+    return view
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

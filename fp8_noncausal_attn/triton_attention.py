@@ -8,6 +8,12 @@ softmax scale and v_scale[kv_head] into the output, never multiplied per element
 programs exist to fill the GPU, the keys are split (flash decoding) and a second kernel merges the
 partial results by their log-sum-exp.
 
+Plan once, launch per layer: :func:`launch_plan` decides tiles, grid and split count on the host
+from shapes and ``max_seqlen_q/k`` only; :func:`launch` runs it, optionally on a caller-owned
+workspace. Lengths, page ids and per-sequence causal flags are read on the device, in place and
+with their strides, so a launch captured in a CUDA graph follows the buffers vLLM updates between
+replays.
+
 The dots run on fp32 operands (IEEE, not TF32) in two cases: under ``TRITON_INTERPRET=1``, whose
 ``tl.dot`` on 16-bit operands multiplies raw bit patterns, and when a 16-bit cache's dtype differs
 from the query's (bf16 K beyond fp16's range would overflow if converted to an fp16 query's dtype).
@@ -17,10 +23,12 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
 from .problem import AttentionProblem
+from .scales import LOG2E
 
 try:
     import triton
@@ -28,7 +36,6 @@ try:
 except ImportError:  # triton is an optional dependency
     triton = None
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
 
 
@@ -67,8 +74,10 @@ if triton is not None:
         stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
-        stride_bt,
-        num_tokens, num_q_heads, num_q_tiles, split_keys,
+        stride_bt, stride_bt_col, stride_cu, stride_sl, stride_causal,
+        stride_pos, stride_pot, stride_poh,
+        stride_pls, stride_plt, stride_plh,
+        num_seqs, num_tokens, num_q_tiles, num_splits,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
@@ -78,14 +87,30 @@ if triton is not None:
         SPLIT: tl.constexpr,
         DOT_FP32: tl.constexpr,
     ):  # fmt: skip
-        seq = tl.program_id(0) // num_q_tiles
-        q_tile = tl.program_id(0) % num_q_tiles
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        dims = tl.arange(0, HEAD_DIM)
+        tile = tl.program_id(0)
+        if tile >= num_seqs * num_q_tiles:
+            # Padding tiles (unsplit launch only; the merge zeroes them when split): the rows past
+            # cu_seqlens_q[-1], which vLLM pads under CUDA graphs, are written as zeros.
+            rows = (tile - num_seqs * num_q_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+            token = rows // GROUP
+            q_head = kv_head * GROUP + rows % GROUP
+            pad = (token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu)) & (token < num_tokens)
+            tl.store(
+                out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
+                tl.zeros([BLOCK_M, HEAD_DIM], out_ptr.dtype.element_ty), mask=pad[:, None],
+            )  # fmt: skip
+            return
+        seq = tile // num_q_tiles
+        q_tile = tile % num_q_tiles
 
-        q_start = tl.load(cu_seqlens_q_ptr + seq)
-        q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-        kv_len = tl.load(seq_lens_ptr + seq)
+        # Index tensors are read where they lie, with their strides (vLLM passes slices of
+        # persistent buffers and updates them in place between CUDA-graph replays).
+        q_start = tl.load(cu_seqlens_q_ptr + seq * stride_cu)
+        q_len = tl.load(cu_seqlens_q_ptr + (seq + 1) * stride_cu) - q_start
+        kv_len = tl.load(seq_lens_ptr + seq * stride_sl)
         first_row = q_tile * BLOCK_M
         if first_row >= q_len * GROUP:
             return
@@ -94,11 +119,10 @@ if triton is not None:
         token = rows // GROUP
         q_head = kv_head * GROUP + rows % GROUP
         row_valid = token < q_len
-        dims = tl.arange(0, HEAD_DIM)
 
         # The mask (masking.visible_keys): causal rows see keys j <= kv_len - q_len + token.
         if MASK_MODE == 2:
-            is_causal = tl.load(causal_ptr + seq).to(tl.int1)
+            is_causal = tl.load(causal_ptr + seq * stride_causal) != 0  # bool or int32 flags
         else:
             is_causal = MASK_MODE == 1
         last_token = tl.minimum(q_len - 1, (first_row + BLOCK_M - 1) // GROUP)
@@ -107,8 +131,12 @@ if triton is not None:
             tile_kv_end = kv_len - q_len + last_token + 1
         row_limit = tl.where(is_causal, kv_len - q_len + token + 1, kv_len)
 
-        kv_start = split * split_keys
-        kv_end = tl.minimum(kv_start + split_keys, tile_kv_end)
+        # The split count is the grid, fixed on the host from max_seqlen_k; each split's key range
+        # comes from the real length, so a CUDA graph captured at max_model_len still spreads short
+        # sequences over every split. Splits past the keys run no iteration and report lse = -inf.
+        tiles_per_split = tl.cdiv(tl.cdiv(tile_kv_end, BLOCK_N), num_splits)
+        kv_start = split * tiles_per_split * BLOCK_N
+        kv_end = tl.minimum(kv_start + tiles_per_split * BLOCK_N, tile_kv_end)
 
         q = tl.load(
             q_ptr + (q_start + token)[:, None] * stride_qt + q_head[:, None] * stride_qh
@@ -127,8 +155,9 @@ if triton is not None:
             keys = tile_start + tl.arange(0, BLOCK_N)
             key_valid = keys < kv_end
             page = tl.load(
-                block_table_ptr + seq * stride_bt + keys // BLOCK_SIZE, mask=key_valid, other=0
-            ).to(tl.int64)
+                block_table_ptr + seq * stride_bt + (keys // BLOCK_SIZE) * stride_bt_col,
+                mask=key_valid, other=0,
+            ).to(tl.int64)  # fmt: skip
             slot = keys % BLOCK_SIZE
             k = tl.load(
                 k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks
@@ -163,15 +192,22 @@ if triton is not None:
         has_keys = l_i > 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
-            # Partial results: fp32 [splits, num_tokens, num_q_heads, HEAD_DIM] and the row's
-            # log2-sum-exp [splits, num_tokens, num_q_heads]; -inf marks a split with no keys.
-            part_row = (split * num_tokens + q_start + token) * num_q_heads + q_head
+            # Partial results: fp32 part_out [splits, tokens, q_heads, HEAD_DIM] and the row's
+            # log2-sum-exp part_lse [splits, tokens, q_heads]; -inf marks a split with no keys.
+            # int64 offsets: a max-batch workspace can exceed 2^31 elements.
+            part_token = (q_start + token).to(tl.int64)
             lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-            tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
             tl.store(
-                part_out_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], result,
-                mask=row_valid[:, None],
+                part_lse_ptr + split.to(tl.int64) * stride_pls + part_token * stride_plt
+                + q_head * stride_plh,
+                lse, mask=row_valid,
             )  # fmt: skip
+            part_row = (
+                split.to(tl.int64) * stride_pos + part_token * stride_pot + q_head * stride_poh
+            )
+            tl.store(
+                part_out_ptr + part_row[:, None] + dims[None, :], result, mask=row_valid[:, None]
+            )
         else:
             tl.store(
                 out_ptr + (q_start + token)[:, None] * stride_ot + q_head[:, None] * stride_oh
@@ -181,32 +217,42 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr,
+        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr,
         stride_ot, stride_oh,
-        num_tokens, num_q_heads, num_splits,
+        stride_pos, stride_pot, stride_poh,
+        stride_pls, stride_plt, stride_plh,
+        stride_cu,
+        num_seqs, num_splits,
         HEAD_DIM: tl.constexpr,
         SPLITS_POW2: tl.constexpr,
     ):  # fmt: skip
         token = tl.program_id(0)
         head = tl.program_id(1)
-        splits = tl.arange(0, SPLITS_POW2)
+        dims = tl.arange(0, HEAD_DIM)
+        out_row = out_ptr + token * stride_ot + head * stride_oh + dims
+        if token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu):
+            # Padding row (past the last sequence): zeros; its partials were never written.
+            tl.store(out_row, tl.zeros([HEAD_DIM], out_ptr.dtype.element_ty))
+            return
+        splits = tl.arange(0, SPLITS_POW2).to(tl.int64)
         split_valid = splits < num_splits
-        part_row = (splits * num_tokens + token) * num_q_heads + head
-        lse = tl.load(part_lse_ptr + part_row, mask=split_valid, other=float("-inf"))
+        lse = tl.load(
+            part_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
+            mask=split_valid, other=float("-inf"),
+        )  # fmt: skip
+        # A split with no keys (lse = -inf) has weight 0; its partial is not read at all.
+        has_keys = lse > float("-inf")
         lse_max = tl.max(lse, 0)
         lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-        weight = tl.exp2(lse - lse_max)
-        dims = tl.arange(0, HEAD_DIM)
+        weight = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
         parts = tl.load(
-            part_out_ptr + part_row[:, None] * HEAD_DIM + dims[None, :],
-            mask=split_valid[:, None], other=0.0,
+            part_out_ptr + (splits * stride_pos + token * stride_pot + head * stride_poh)[:, None]
+            + dims[None, :],
+            mask=has_keys[:, None], other=0.0,
         )  # fmt: skip
         total = tl.sum(weight, 0)
         merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-        tl.store(
-            out_ptr + token * stride_ot + head * stride_oh + dims,
-            merged.to(out_ptr.dtype.element_ty),
-        )
+        tl.store(out_row, merged.to(out_ptr.dtype.element_ty))
 
 
 @functools.cache
@@ -220,11 +266,42 @@ def needs_fp32_dots(problem: AttentionProblem) -> bool:
     return cache_dtype.itemsize == 2 and cache_dtype != problem.query.dtype
 
 
-def launch_plan(problem: AttentionProblem, num_splits: int | None = None) -> dict[str, int]:
-    """Tile sizes and grid for a call; host arithmetic only (no device sync).
+@dataclass(frozen=True)
+class TritonLaunchPlan:
+    """Everything the host decides for one batch; built by :func:`launch_plan`, no device values.
+
+    ``grid`` is ``(num_seqs * num_q_tiles + padding_tiles, num_kv_heads, num_splits)``; the
+    padding tiles (unsplit launch only) zero the rows past ``cu_seqlens_q[-1]``.
+    """
+
+    block_m: int
+    block_n: int
+    num_q_tiles: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    mask_mode: int  # 0 bidirectional, 1 causal, 2 per-sequence tensor (bool or int32)
+    dot_fp32: bool
+    grid: tuple[int, int, int]
+
+
+def workspace_shapes(
+    num_splits: int, num_tokens: int, num_q_heads: int, head_dim: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the split-KV partials: float32 ``part_out [splits, tokens, q_heads, head_dim]``
+    and ``part_lse [splits, tokens, q_heads]`` (a buffer at least this large in each dim works)."""
+    return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
+
+
+def launch_plan(
+    problem: AttentionProblem, num_splits: int | None = None, *, max_splits: int = MAX_SPLITS
+) -> TritonLaunchPlan:
+    """Tile sizes, grid and split count for a call; host arithmetic only (no device sync).
 
     Splits keys when (sequences x KV heads x query tiles) would leave the GPU's multiprocessors
-    idle; ``num_splits`` forces a count (tests use it to cover the merge on the CPU).
+    idle (at most ``max_splits``, e.g. what a preallocated workspace holds); ``num_splits``
+    forces a count (tests use it to cover the merge on the CPU). The count is capped by the key
+    tiles of ``max_seqlen_k``; each program derives its own key range from the real ``seq_lens``.
     """
     rows = max(problem.max_seqlen_q * problem.group_size, 1)
     block_m = max(16, min(128, triton.next_power_of_2(rows)))
@@ -238,66 +315,149 @@ def launch_plan(problem: AttentionProblem, num_splits: int | None = None) -> dic
         num_splits = 1
         if problem.query.is_cuda:
             target = 2 * _multiprocessor_count(problem.query.device.index or 0)
-            num_splits = min(max(target // max(programs, 1), 1), MAX_SPLITS)
+            num_splits = min(max(target // max(programs, 1), 1), max_splits)
     num_splits = max(1, min(num_splits, key_tiles))
-    split_keys = triton.cdiv(key_tiles, num_splits) * block_n
-    num_splits = triton.cdiv(max(problem.max_seqlen_k, 1), split_keys)
-    return {
-        "block_m": block_m,
-        "block_n": block_n,
-        "num_q_tiles": num_q_tiles,
-        "num_splits": num_splits,
-        "split_keys": split_keys,
-        "num_warps": 4 if problem.head_dim <= 128 else 8,
-        "num_stages": 2,
-    }
-
-
-def paged_attention(
-    problem: AttentionProblem, out: torch.Tensor, num_splits: int | None = None
-) -> None:
-    """Run the Triton kernels; writes ``out`` [num_tokens, num_q_heads, head_dim]."""
-    plan = launch_plan(problem, num_splits)
-    split = plan["num_splits"] > 1
+    padding_tiles = (
+        0 if num_splits > 1 else triton.cdiv(problem.num_tokens * problem.group_size, block_m)
+    )
     if problem.causal_per_seq is not None:
-        mask_mode, causal_flags = 2, problem.causal_per_seq
+        mask_mode = 2
     else:
-        mask_mode, causal_flags = int(problem.causal), problem.seq_lens
+        mask_mode = int(problem.causal)
+    return TritonLaunchPlan(
+        block_m=block_m,
+        block_n=block_n,
+        num_q_tiles=num_q_tiles,
+        num_splits=num_splits,
+        num_warps=4 if problem.head_dim <= 128 else 8,
+        num_stages=2,
+        mask_mode=mask_mode,
+        dot_fp32=interpreting() or needs_fp32_dots(problem),
+        grid=(problem.num_seqs * num_q_tiles + padding_tiles, problem.num_kv_heads, num_splits),
+    )
+
+
+def _check_workspace(
+    part: torch.Tensor, name: str, shape: tuple[int, ...], out: torch.Tensor
+) -> None:
+    if part.dtype != torch.float32 or part.device != out.device:
+        raise ValueError(
+            f"{name} must be float32 on {out.device}, got {part.dtype} on {part.device}"
+        )
+    if (
+        part.dim() != len(shape)
+        or part.shape[0] < shape[0]
+        or part.shape[1] < shape[1]
+        or tuple(part.shape[2:]) != shape[2:]
+        or part.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"{name} must have shape >= {list(shape[:2])} in its first two dims and "
+            f"{list(shape[2:])} in the rest, last dim contiguous; got shape {list(part.shape)} "
+            f"strides {part.stride()}"
+        )
+
+
+def launch(
+    problem: AttentionProblem,
+    plan: TritonLaunchPlan,
+    out: torch.Tensor,
+    part_out: torch.Tensor | None = None,
+    part_lse: torch.Tensor | None = None,
+) -> None:
+    """Run a planned launch; writes ``out`` [num_tokens, num_q_heads, head_dim] in place.
+
+    Rows past ``cu_seqlens_q[-1]`` are written as zeros. ``part_out`` / ``part_lse`` are the
+    split-KV workspace (see :func:`workspace_shapes`; larger buffers and their slices work): used
+    only when ``plan.num_splits > 1``, and allocated here when not given.
+    """
+    split = plan.num_splits > 1
     if split:
-        shape = (plan["num_splits"], problem.num_tokens, problem.num_q_heads)
-        part_lse = torch.empty(shape, dtype=torch.float32, device=out.device)
-        part_out = torch.empty(shape + (problem.head_dim,), dtype=torch.float32, device=out.device)
+        out_shape, lse_shape = workspace_shapes(
+            plan.num_splits, problem.num_tokens, problem.num_q_heads, problem.head_dim
+        )
+        if part_out is None:
+            part_out = torch.empty(out_shape, dtype=torch.float32, device=out.device)
+        if part_lse is None:
+            part_lse = torch.empty(lse_shape, dtype=torch.float32, device=out.device)
+        _check_workspace(part_out, "part_out", out_shape, out)
+        _check_workspace(part_lse, "part_lse", lse_shape, out)
+        part_out_strides = part_out.stride()[:3]
+        part_lse_strides = part_lse.stride()
     else:
-        part_lse = part_out = out
-    kc, vc = problem.key_cache, problem.value_cache
-    grid = (problem.num_seqs * plan["num_q_tiles"], problem.num_kv_heads, plan["num_splits"])
-    _paged_attention_kernel[grid](
+        part_out = part_lse = out  # unused by the unsplit kernel
+        part_out_strides = part_lse_strides = (0, 0, 0)
+    # Without a per-sequence tensor the flag pointer is unused: any int32 tensor will do.
+    causal_flags = problem.causal_per_seq if plan.mask_mode == 2 else problem.seq_lens
+    kc, vc, bt = problem.key_cache, problem.value_cache, problem.block_table
+    _paged_attention_kernel[plan.grid](
         out, part_out, part_lse,
-        problem.query, kc, vc, problem.block_table, problem.cu_seqlens_q, problem.seq_lens,
+        problem.query, kc, vc, bt, problem.cu_seqlens_q, problem.seq_lens,
         problem.k_scale, problem.v_scale, causal_flags,
         problem.softmax_scale * LOG2E,
         problem.query.stride(0), problem.query.stride(1),
         out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
-        problem.block_table.stride(0),
-        problem.num_tokens, problem.num_q_heads, plan["num_q_tiles"], plan["split_keys"],
+        bt.stride(0), bt.stride(1), problem.cu_seqlens_q.stride(0), problem.seq_lens.stride(0),
+        causal_flags.stride(0),
+        *part_out_strides, *part_lse_strides,
+        problem.num_seqs, problem.num_tokens, plan.num_q_tiles, plan.num_splits,
         GROUP=problem.group_size,
         HEAD_DIM=problem.head_dim,
         BLOCK_SIZE=problem.block_size,
-        BLOCK_M=plan["block_m"],
-        BLOCK_N=plan["block_n"],
-        MASK_MODE=mask_mode,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        MASK_MODE=plan.mask_mode,
         SPLIT=split,
-        DOT_FP32=interpreting() or needs_fp32_dots(problem),
-        num_warps=plan["num_warps"],
-        num_stages=plan["num_stages"],
+        DOT_FP32=plan.dot_fp32,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(problem.num_tokens, problem.num_q_heads)](
-            out, part_out, part_lse,
+            out, part_out, part_lse, problem.cu_seqlens_q,
             out.stride(0), out.stride(1),
-            problem.num_tokens, problem.num_q_heads, plan["num_splits"],
+            *part_out_strides, *part_lse_strides,
+            problem.cu_seqlens_q.stride(0),
+            problem.num_seqs, plan.num_splits,
             HEAD_DIM=problem.head_dim,
-            SPLITS_POW2=triton.next_power_of_2(plan["num_splits"]),
+            SPLITS_POW2=triton.next_power_of_2(plan.num_splits),
         )  # fmt: skip
+
+
+def paged_attention(
+    problem: AttentionProblem, out: torch.Tensor, num_splits: int | None = None
+) -> None:
+    """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim]."""
+    launch(problem, launch_plan(problem, num_splits), out)
+
+
+# Backend contract (dispatch.Backend): plan once per batch, run per layer.
+
+
+@dataclass(frozen=True)
+class TritonPlan:
+    """A batch's launch plan and, when it splits keys, its views of the kept workspace."""
+
+    launch: TritonLaunchPlan
+    part_out: torch.Tensor | None
+    part_lse: torch.Tensor | None
+
+
+def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> TritonPlan:
+    """Host-only plan; with a workspace (``fp8_noncausal_attn.plan.Workspace``) the split count
+    is capped by what it holds and the partials are its views. ``num_splits`` forces a count."""
+    if workspace is None:
+        return TritonPlan(launch_plan(problem, num_splits), None, None)
+    max_splits = min(MAX_SPLITS, workspace.max_splits(problem.num_tokens))
+    decided = launch_plan(problem, num_splits, max_splits=max_splits)
+    if decided.num_splits == 1:
+        return TritonPlan(decided, None, None)
+    part_out, part_lse = workspace.partials(decided.num_splits, problem.num_tokens)
+    return TritonPlan(decided, part_out, part_lse)
+
+
+def run(problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor) -> None:
+    """Launch a planned batch for one layer."""
+    launch(problem, plan.launch, out, plan.part_out, plan.part_lse)

@@ -54,10 +54,14 @@ def _encode(x, FORMAT: tl.constexpr, FMAX: tl.constexpr):
         return _encode_fp8(x, 3, 7, FMAX)
     elif FORMAT == 1:
         return _encode_fp8(x, 2, 15, FMAX)
-    elif FORMAT == 2:
-        return _encode_bf16(x)
+    # 16-bit formats saturate too (SPEC §4: never inf from a finite input). Clamping before the
+    # rounding gives what rounding would for every value below the overflow threshold; NaN is
+    # kept apart because min/max would turn it into FMAX on a GPU.
+    saturated = tl.where(x != x, x, tl.minimum(tl.maximum(x, -FMAX), FMAX))
+    if FORMAT == 2:
+        return _encode_bf16(saturated)
     else:
-        return x.to(tl.float16)
+        return saturated.to(tl.float16)
 
 
 @triton.jit

@@ -8,13 +8,18 @@ needs them on the host anyway (``max_seqlen_q/k`` not given), or when ``validate
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .masking import normalize_causal
 from .problem import AttentionProblem
-from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, normalize_scale
+from .scales import (
+    CACHE_DTYPES,
+    SIXTEEN_BIT_DTYPES,
+    ScaleArg,
+    check_host_float,
+    check_score_scale,
+    normalize_scale,
+)
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MIN_BLOCK_SIZE = 8
@@ -127,9 +132,11 @@ def _check_lengths_on_host(
     q_lens = cu[1:] - cu[:-1]
     if bool((q_lens < 0).any()):
         raise ValueError(f"cu_seqlens_q must be non-decreasing, got {cu.tolist()}")
-    if int(cu[-1]) != num_tokens:
+    if int(cu[-1]) > num_tokens:
+        # Fewer is fine: vLLM pads the batch under CUDA graphs; rows past it are written as zeros.
         raise ValueError(
-            f"cu_seqlens_q[-1] must equal num_tokens = {num_tokens}, got {int(cu[-1])}"
+            f"cu_seqlens_q[-1] must be <= num_tokens (query.shape[0]) = {num_tokens}, "
+            f"got {int(cu[-1])}"
         )
     if bool((kv < 0).any()):
         raise ValueError(f"seq_lens must be >= 0, got {kv.tolist()}")
@@ -233,8 +240,8 @@ def validate_attention(
         raise TypeError(
             f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
         )
-    elif not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    else:
+        check_host_float(softmax_scale, "softmax_scale")
     max_seqlen_q = _optional_host_int(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _optional_host_int(max_seqlen_k, "max_seqlen_k")
 
@@ -245,6 +252,7 @@ def validate_attention(
     check_values = (validate or device.type == "cpu") and not compiling
     k_scale_t = normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values)
     v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
+    check_score_scale(float(softmax_scale), k_scale, k_scale_t, key_cache.dtype, check_values)
     causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
 
     if check_values or max_seqlen_q is None or max_seqlen_k is None:
@@ -285,8 +293,9 @@ def validate_cache_write(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Check a ``reshape_and_cache`` call; return the normalised ``(k_scale, v_scale)``."""
     check_kv_tokens(key, value)
-    if key.dtype == torch.float32:
-        raise TypeError("key must have dtype bfloat16 or float16, got torch.float32")
+    for name, x in (("key", key), ("value", value)):
+        if x.dtype == torch.float32:
+            raise TypeError(f"{name} must have dtype bfloat16 or float16, got torch.float32")
     device = key.device
     _check_caches(key_cache, value_cache, device)
     num_tokens, num_kv_heads, head_dim = key.shape

@@ -1,13 +1,16 @@
 """Triton kernels against the reference (CPU interpreter here, compiled on a GPU)."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DEVICE, TOLERANCE
 from matrix import build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
+from fp8_noncausal_attn import reference as reference_backend
 from fp8_noncausal_attn import triton_attention
-from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.synthetic import make_case, relative_error, strided_view
 from fp8_noncausal_attn.validation import validate_attention
 
 NUM_CASES = 24
@@ -18,6 +21,24 @@ def reference(case, **overrides):
     return fna.paged_attention(*case.args(), **kwargs, backend="reference")
 
 
+def problem_of(case, **overrides):
+    """The normalised problem of ``case`` (what a plan holds), with no value sync."""
+    kwargs = case.kwargs() | overrides
+    return validate_attention(*case.args(), **kwargs, softmax_scale=None, out=None, validate=False)
+
+
+def run_backend(backend, problem, out, num_splits=None):
+    """One backend on an already validated problem (as a planned run does)."""
+    if backend == "triton":
+        triton_attention.paged_attention(problem, out, num_splits=num_splits)
+    else:
+        reference_backend.paged_attention(problem, out)
+
+
+# (backend, forced Triton split count): the unsplit kernel, the split kernel + merge, the oracle.
+BACKEND_RUNS = [("triton", 1), ("triton", 3), ("reference", None)]
+
+
 @pytest.mark.parametrize("index", range(NUM_CASES))
 def test_triton_matches_reference(index):
     params = sampled_matrix(NUM_CASES, seed=2026)[index]
@@ -26,6 +47,7 @@ def test_triton_matches_reference(index):
     ref = reference(case)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[params["query_dtype"]], params
+    assert (out[sum(case.q_lens) :] == 0).all()
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
@@ -38,7 +60,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    assert triton_attention.launch_plan(problem, num_splits)["num_splits"] > 1
+    assert triton_attention.launch_plan(problem, num_splits).num_splits > 1
     out = torch.empty_like(case.query)
     triton_attention.paged_attention(problem, out, num_splits=num_splits)
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
@@ -134,3 +156,147 @@ def test_16bit_cache_of_the_other_dtype_keeps_its_range(cache_dtype, query_dtype
     out = fna.paged_attention(*case.args(), **case.kwargs(), backend="triton")
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, reference(case)) <= TOLERANCE[query_dtype]
+
+
+@pytest.mark.parametrize("backend,num_splits", BACKEND_RUNS)
+def test_int32_causal_is_read_in_place(backend, num_splits):
+    """vLLM 0.33 passes int32 flags from a buffer it updates in place between graph replays."""
+    case = make_case(
+        [8, 5, 3], [40, 61, 3], causal=[True, False, True], causal_dtype=torch.int32,
+        device=DEVICE, seed=13,
+    )  # fmt: skip
+    problem = problem_of(case)
+    assert problem.causal_per_seq is case.causal  # the user's tensor, not a converted copy
+    # Updated after planning; any nonzero value means causal.
+    case.causal.copy_(torch.tensor([0, 7, 0], dtype=torch.int32))
+    out = torch.empty_like(case.query)
+    run_backend(backend, problem, out, num_splits)
+    updated = reference(case, causal=torch.tensor([False, True, False], device=DEVICE))
+    planned = reference(case, causal=torch.tensor([True, False, True], device=DEVICE))
+    assert relative_error(out, updated) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(out, planned) > 0.1
+
+
+@pytest.mark.parametrize("backend,num_splits", BACKEND_RUNS)
+def test_padded_rows_are_written_as_zeros(backend, num_splits):
+    """Rows past cu_seqlens_q[-1] (vLLM pads under CUDA graphs) come back as exact zeros."""
+    case = make_case([8, 5], [40, 61], causal=[False, True], padded_rows=6, device=DEVICE, seed=14)
+    unpadded = make_case([8, 5], [40, 61], causal=[False, True], device=DEVICE, seed=14)
+    unpadded.query = case.query[:13]
+    out = torch.full_like(case.query, float("nan"))
+    run_backend(backend, problem_of(case), out, num_splits)
+    assert (out[13:] == 0).all()
+    assert relative_error(out[:13], reference(unpadded)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_merge_reads_no_unwritten_partials():
+    """NaN-filled workspace: padding rows and splits with no keys must not reach the output."""
+    case = make_case([8, 1], [300, 20], padded_rows=5, device=DEVICE, seed=17)
+    problem = problem_of(case)
+    plan = triton_attention.launch_plan(problem, num_splits=3)
+    out_shape, lse_shape = triton_attention.workspace_shapes(3, 14, 8, 64)
+    part_out = torch.full(out_shape, float("nan"), device=DEVICE)
+    part_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
+    out = torch.empty_like(case.query)
+    triton_attention.launch(problem, plan, out, part_out, part_lse)
+    assert torch.isfinite(out.float()).all() and (out[9:] == 0).all()
+    # Sequence 1 (20 keys) has work in split 0 only: its other splits report lse = -inf.
+    assert plan.num_splits == 3 and (part_lse[1:, 8] == float("-inf")).all()
+    assert torch.isnan(part_lse[:, 9:]).all()  # padding rows: never written, never read
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+
+
+INDEX_TENSORS = ["block_table", "cu_seqlens_q", "seq_lens", "causal"]
+
+
+@pytest.mark.parametrize("backend,num_splits", [("triton", 1), ("reference", None)])
+@pytest.mark.parametrize("name", INDEX_TENSORS)
+def test_strided_index_tensor(name, backend, num_splits):
+    """Each index tensor as a strided view (zeros in the gaps) against contiguous copies."""
+    case = make_case(
+        [8, 5, 1], [40, 61, 17], causal=[True, False, True], causal_dtype=torch.int32,
+        device=DEVICE, seed=15,
+    )  # fmt: skip
+    expected = reference(case)
+    setattr(case, name, strided_view(getattr(case, name), dim=-1, step=3))
+    assert not getattr(case, name).is_contiguous()
+    out = torch.empty_like(case.query)
+    run_backend(backend, problem_of(case), out, num_splits)
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_all_index_tensors_strided_with_padding(num_splits):
+    case = make_case(
+        [8, 5, 1], [40, 61, 17], causal=[False, True, True], causal_dtype=torch.int32,
+        index_step=2, padded_rows=4, device=DEVICE, seed=18,
+    )  # fmt: skip
+    contiguous = make_case(
+        [8, 5, 1], [40, 61, 17], causal=[False, True, True], padded_rows=4, device=DEVICE,
+        seed=18,
+    )  # fmt: skip
+    out = torch.empty_like(case.query)
+    triton_attention.paged_attention(problem_of(case), out, num_splits=num_splits)
+    assert (out[14:] == 0).all()
+    assert relative_error(out, reference(contiguous)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_graph_replay_split_rule_spreads_real_lengths():
+    """A plan made for max_seqlen_k = 32768 (vLLM captures graphs at max_model_len) still splits
+    the real, short lengths: count the (split, sequence) programs that saw keys."""
+    kv_lens = [512, 300]
+    case = make_case([4, 4], kv_lens, num_q_heads=4, num_kv_heads=1, device=DEVICE, seed=16)
+    problem = problem_of(case, max_seqlen_k=32768)
+    plan = triton_attention.launch_plan(problem, num_splits=4)
+    assert plan.num_splits == 4
+    out_shape, lse_shape = triton_attention.workspace_shapes(4, 8, 4, 64)
+    part_out = torch.full(out_shape, float("nan"), device=DEVICE)
+    part_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
+    out = torch.empty_like(case.query)
+    triton_attention.launch(problem, plan, out, part_out, part_lse)
+    worked = torch.isfinite(part_lse).flatten(1)
+    seq0_splits = int(worked[:, :16].all(1).sum())
+    seq1_splits = int(worked[:, 16:].all(1).sum())
+    # 512 keys fill every split; 300 keys are 3 tiles of 128 keys (the interpreter's BLOCK_N), so
+    # the last split has none. The host-only rule (split length from max_seqlen_k) gave 1 and 1.
+    assert plan.block_n == 128 and (seq0_splits, seq1_splits) == (4, 3)
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_preallocated_workspace_slices_are_used_through_strides():
+    case = make_case([8, 3], [300, 90], causal=True, device=DEVICE, seed=19)
+    problem = problem_of(case)
+    plan = triton_attention.launch_plan(problem, num_splits=3)
+    assert plan.num_splits == 3
+    # A max-batch buffer (more splits and tokens than this batch), every other split.
+    part_out = torch.full((6, 20, 8, 64), float("nan"), device=DEVICE)[::2]
+    part_lse = torch.full((6, 20, 8), float("nan"), device=DEVICE)[::2]
+    out = torch.empty_like(case.query)
+    triton_attention.launch(problem, plan, out, part_out, part_lse)
+    # Written (finite, or -inf for a split with no keys) for this batch's rows only.
+    assert not torch.isnan(part_lse[:, :11]).any() and torch.isnan(part_lse[:, 11:]).all()
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+    with pytest.raises(ValueError, match="part_out"):
+        triton_attention.launch(problem, plan, out, part_out.half(), part_lse)
+    with pytest.raises(ValueError, match="part_lse"):
+        triton_attention.launch(problem, plan, out, part_out, part_lse[:2])
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_production_tile_configuration(head_dim, num_splits, monkeypatch):
+    """The tiles a GPU gets (the interpreter plans BLOCK_N = 128 to run faster), fp32 dots."""
+    case = make_case(
+        [8, 3], [150, 70], num_q_heads=8, num_kv_heads=2, head_dim=head_dim,
+        causal=[True, False], causal_dtype=torch.int32, padded_rows=2, device=DEVICE, seed=20,
+    )  # fmt: skip
+    problem = problem_of(case)
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_attention, "interpreting", lambda: False)
+        plan = triton_attention.launch_plan(problem, num_splits=num_splits)
+    assert plan.block_n == (64 if head_dim == 128 else 32)
+    plan = dataclasses.replace(plan, dot_fp32=True)  # the interpreter's 16-bit dots are wrong
+    out = torch.empty_like(case.query)
+    triton_attention.launch(problem, plan, out)
+    assert (out[11:] == 0).all()
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]

@@ -94,7 +94,12 @@ BAD_CASES = {
         ValueError,
         "cu_seqlens_q",
     ),
-    "cu_seqlens_total": (lambda kw: {"cu_seqlens_q": i32([0, 2, 4])}, ValueError, "cu_seqlens_q"),
+    # Fewer than num_tokens (padding rows) is valid; more is not.
+    "cu_seqlens_past_num_tokens": (
+        lambda kw: {"cu_seqlens_q": i32([0, 2, 6])},
+        ValueError,
+        r"cu_seqlens_q\[-1\] must be <= num_tokens .* = 5, got 6",
+    ),
     "seq_lens_rank": (lambda kw: {"seq_lens": kw["seq_lens"][None]}, ValueError, "seq_lens"),
     "q_len_exceeds_kv_len": (lambda kw: {"seq_lens": i32([1, 20])}, ValueError, "q_len"),
     "k_scale_wrong_length": (
@@ -120,7 +125,40 @@ BAD_CASES = {
         ValueError,
         "causal",
     ),
-    "causal_int_tensor": (lambda kw: {"causal": torch.tensor([1, 0])}, TypeError, "causal"),
+    "causal_int64_tensor": (lambda kw: {"causal": torch.tensor([1, 0])}, TypeError, "causal"),
+    "causal_float_tensor": (lambda kw: {"causal": torch.tensor([1.0, 0.0])}, TypeError, "causal"),
+    "causal_int32_wrong_length": (
+        lambda kw: {"causal": i32([1, 0, 1])},
+        ValueError,
+        "causal",
+    ),
+    "k_scale_not_float32_representable": (lambda kw: {"k_scale": 1e39}, ValueError, "k_scale"),
+    "v_scale_rounds_to_zero_in_float32": (lambda kw: {"v_scale": 1e-46}, ValueError, "v_scale"),
+    "softmax_scale_not_float32_representable": (
+        lambda kw: {"softmax_scale": 1e39},
+        ValueError,
+        "softmax_scale",
+    ),
+    "softmax_scale_1e38_overflows_with_k_scale": (
+        lambda kw: {"softmax_scale": 1e38},
+        ValueError,
+        "softmax_scale \\* k_scale",
+    ),
+    "score_scale_product_overflow": (
+        lambda kw: {"softmax_scale": 1e30, "k_scale": 1e10},
+        ValueError,
+        "softmax_scale \\* k_scale",
+    ),
+    "score_scale_product_overflow_per_head_tensor": (
+        lambda kw: {"k_scale": torch.tensor([1.0, 1e37])},
+        ValueError,
+        "k_scale = 1e\\+37",
+    ),
+    "score_scale_product_underflow": (
+        lambda kw: {"softmax_scale": 1e-30, "k_scale": 1e-20},
+        ValueError,
+        "softmax_scale \\* k_scale",
+    ),
     "softmax_scale_negative": (lambda kw: {"softmax_scale": -0.1}, ValueError, "softmax_scale"),
     "max_seqlen_k_too_small": (lambda kw: {"max_seqlen_k": 5}, ValueError, "max_seqlen_k"),
     "max_seqlen_q_float": (lambda kw: {"max_seqlen_q": 3.0}, TypeError, "max_seqlen_q"),
@@ -188,6 +226,9 @@ WRITE_CASES = {
         "slot_mapping",
     ),
     "key_fp8": (lambda kw: {"key": kw["key"].to(torch.float8_e4m3fn)}, TypeError, "key"),
+    "key_fp32": (lambda kw: {"key": kw["key"].float()}, TypeError, "key must"),
+    "value_fp32": (lambda kw: {"value": kw["value"].float()}, TypeError, "value must"),
+    "k_scale_not_float32_representable": (lambda kw: {"k_scale": 1e39}, ValueError, "k_scale"),
     "value_shape": (lambda kw: {"value": kw["value"][:, :1]}, ValueError, "value"),
     "key_heads_vs_cache": (
         lambda kw: {"key": kw["key"][:, :1], "value": kw["value"][:, :1]},
@@ -211,3 +252,20 @@ def test_bad_cache_write_is_rejected(name):
     kwargs.update(mutate(kwargs))
     with pytest.raises(error, match=argument):
         fna.reshape_and_cache(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["key", "value"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_compute_kv_scales_refuses_non_finite_input(name, bad):
+    tensors = {n: torch.randn(6, 3, 64, dtype=torch.bfloat16) for n in ("key", "value")}
+    tensors[name][2, 1, 5] = bad
+    with pytest.raises(ValueError, match=rf"{name} must be finite.*KV heads \[1\]"):
+        fna.compute_kv_scales(tensors["key"], tensors["value"])
+
+
+def test_int32_causal_and_padded_rows_are_valid():
+    _, kwargs = base()
+    kwargs["causal"] = i32([1, 0])
+    kwargs["query"] = torch.cat([kwargs["query"], kwargs["query"][:2]])
+    out = call(**kwargs, validate=True)
+    assert torch.isfinite(out.float()).all() and (out[5:] == 0).all()
