@@ -351,7 +351,6 @@ class Tcgen05PagedAttention:
             pass
         # ================================================================ converter warpgroup
         elif warpgroup == T.CONVERT_WARPGROUP:
-            cute.arch.setmaxregister_decrease(T.REGS_CONVERT)
             self.convert_role(
                 tiled_mma_kq,
                 tiled_mma_vp,
@@ -393,7 +392,6 @@ class Tcgen05PagedAttention:
             )
         # ================================================================ MMA warps
         elif warp_idx == T.MMA_KQ_WARP:
-            cute.arch.setmaxregister_decrease(T.REGS_MMA)
             tBsQ_desc = thr_mma_kq.make_fragment_B(tBsQ)
             q_consumer.wait_and_advance()
             s_token = True
@@ -424,7 +422,6 @@ class Tcgen05PagedAttention:
                     mma_vp_bar.arrive_and_wait()
                     s_token = s_producer.try_acquire()
         elif warp_idx == T.MMA_VP_WARP:
-            cute.arch.setmaxregister_decrease(T.REGS_MMA)
             tiled_mma_vp.set(tcgen05.Field.ACCUMULATE, True)
             tBsP_nk = cute.local_tile(
                 tBsP, thr_mma_vp.partition_shape_B((tile_n, tile_k)), (0, 0, None, None)
@@ -468,7 +465,6 @@ class Tcgen05PagedAttention:
             cute.arch.dealloc_tmem(tmem_ptr, v.tmem_alloc_columns)
         # ================================================================ softmax warpgroup
         elif warpgroup == T.SOFTMAX_WARPGROUP:
-            cute.arch.setmaxregister_increase(T.REGS_SOFTMAX)
             self.softmax_role(
                 tCtS,
                 tCtO,
