@@ -67,6 +67,20 @@ def test_reference_matches_float64(cache_dtype, query_dtype, causal, scales):
     assert relative_error(out, exact) < 2 ** -(8 if query_dtype == torch.bfloat16 else 10)
 
 
+def test_reference_with_vllm_shaped_indices_matches_float64():
+    """int32 per-sequence causal, every index tensor a strided view, padded query rows."""
+    case = make_case(
+        [3, 4, 2], [9, 21, 2], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=8,
+        causal=[1, 0, 1], causal_dtype=torch.int32, index_step=3, padded_rows=3, seed=4,
+    )  # fmt: skip
+    assert case.causal.dtype == torch.int32 and case.causal.stride(0) == 3
+    out = torch.full_like(case.query, float("nan"))
+    fna.paged_attention(*case.args(), **case.kwargs(), out=out, backend="reference")
+    exact = float64_attention(case)
+    assert (out[9:] == 0).all() and (exact[9:] == 0).all()
+    assert relative_error(out, exact) < 2**-8
+
+
 def test_softmax_scale_is_applied():
     case = make_case([2], [12], num_q_heads=2, num_kv_heads=1, seed=5)
     out = fna.paged_attention(*case.args(), **case.kwargs(), softmax_scale=0.3, backend="reference")

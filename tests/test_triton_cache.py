@@ -42,3 +42,44 @@ def test_triton_cache_write_is_bit_exact(cache_dtype, query_dtype):
         written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
     assert torch.equal(written[0][0], written[1][0])
     assert torch.equal(written[0][1], written[1][1])
+
+
+@pytest.mark.parametrize(
+    "cache_dtype,query_dtype,big",
+    [
+        (torch.float16, torch.float16, 6.5e4),  # fp16 in, beyond 65504 once divided by a scale
+        (torch.float16, torch.bfloat16, 1e6),
+        (torch.bfloat16, torch.bfloat16, 3e38),  # x / scale overflows float32 itself
+        (torch.float8_e4m3fn, torch.bfloat16, 1e6),
+    ],
+)
+def test_cache_write_saturates_and_never_stores_inf(cache_dtype, query_dtype, big):
+    """SPEC §4: every format, 16-bit ones too, saturates a finite input to its finite max."""
+    gen = torch.Generator().manual_seed(1)
+    num_tokens, heads, dim, blocks, block_size = 6, 2, 64, 2, 8
+    key = torch.randn(num_tokens, heads, dim, generator=gen)
+    key[:, :, :8] = big * torch.tensor([1.0, -1.0]).repeat(4)  # out of range, both signs
+    key = key.to(query_dtype)
+    value = (-key).clone()
+    scale = torch.tensor([0.25, 0.5])
+    slots = torch.randperm(blocks * block_size, generator=gen)[:num_tokens]
+    fmax = torch.finfo(cache_dtype).max
+    written = []
+    for module in (triton_cache, reference):
+        key_cache, value_cache = allocate_cache(
+            blocks, block_size, heads, dim, cache_dtype, None, DEVICE
+        )
+        for cache in (key_cache, value_cache):
+            cache.view(torch.uint8).fill_(0)
+        module.reshape_and_cache(
+            key.to(DEVICE), value.to(DEVICE), key_cache, value_cache, slots.to(DEVICE),
+            scale.to(DEVICE), scale.to(DEVICE),
+        )  # fmt: skip
+        for cache, sign in ((key_cache, 1.0), (value_cache, -1.0)):
+            rows = cache.view(-1, heads, dim)[slots.to(DEVICE)].float()
+            assert torch.isfinite(rows).all(), module.__name__
+            expected = sign * fmax * torch.tensor([1.0, -1.0]).repeat(4)
+            assert torch.equal(rows[:, :, :8].cpu(), expected.expand(num_tokens, heads, 8))
+        written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
+    assert torch.equal(written[0][0], written[1][0])
+    assert torch.equal(written[0][1], written[1][1])
