@@ -1,14 +1,17 @@
 """Paged attention over an FP8 KV cache with per-KV-head scales, causal and bidirectional.
 
 Public API (SPEC §4): :func:`paged_attention`, :func:`reshape_and_cache`,
-:func:`compute_kv_scales`, :func:`available_backends`. The vLLM backend lives in
+:func:`compute_kv_scales`, :func:`available_backends`, and :class:`PagedAttention` (plan once
+per batch, run per layer). The vLLM backend lives in
 ``fp8_noncausal_attn.vllm_backend`` and is imported only by vLLM's plugin loader.
 """
 
 from .api import available_backends, compute_kv_scales, paged_attention, reshape_and_cache
 from .layouts import split_kv_cache
+from .plan import PagedAttention
 
 __all__ = [
+    "PagedAttention",
     "available_backends",
     "compute_kv_scales",
     "paged_attention",

@@ -1,14 +1,19 @@
-"""The public API (SPEC §4): validate, pick a backend, run it through a ``torch.library`` op.
+"""The public one-shot API (SPEC §4): validate, pick a backend, plan and launch.
 
-The ops are opaque to ``torch.compile`` and CUDA graphs; passing ``max_seqlen_q/k`` keeps a call
-free of device-to-host synchronisation, so it can be captured in a graph.
+Eagerly, a call goes straight to the backend (no ``torch.library`` dispatcher on the host path).
+Under ``torch.compile`` tracing it becomes one of the opaque ops registered here
+(``fp8_noncausal_attn::paged_attention``, ``::reshape_and_cache``), whose bodies choose the
+backend when the graph runs: no extension loading, pointer or exception handling is traced.
+Passing ``max_seqlen_q/k`` keeps a call free of device-to-host synchronisation, so it can be
+captured in a CUDA graph. For many layers over one batch, :class:`fp8_noncausal_attn.PagedAttention`
+plans once and runs per layer.
 """
 
 from typing import Optional
 
 import torch
 
-from . import dispatch
+from . import cuda_backend, dispatch, reference
 from .problem import AttentionProblem
 from .scales import ScaleArg, compute_kv_scales
 from .validation import validate_attention, validate_cache_write
@@ -16,6 +21,25 @@ from .validation import validate_attention, validate_cache_write
 __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "available_backends"]
 
 available_backends = dispatch.available_backends
+
+
+def run_one_shot(problem: AttentionProblem, out: torch.Tensor, backend: str) -> None:
+    """Resolve ``backend`` for ``problem`` (its real tensors), plan without a kept workspace and
+    launch. Outside tracing only (it may load the extension and read pointers)."""
+    module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
+    module.run(problem, module.plan(problem, None), out)
+
+
+def cache_writer(device: torch.device):
+    """The cache-write kernel for ``device``: the CUDA extension's when it is built and runs here,
+    else Triton's (imported only then: Triton is an optional dependency); PyTorch on the CPU."""
+    if device.type != "cuda":
+        return reference.reshape_and_cache
+    if cuda_backend.availability()[0] and hasattr(cuda_backend, "reshape_and_cache"):
+        return cuda_backend.reshape_and_cache
+    from .triton_cache import reshape_and_cache
+
+    return reshape_and_cache
 
 
 @torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out",))
@@ -51,7 +75,7 @@ def _paged_attention_op(
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
     )
-    dispatch.backend_module(backend).paged_attention(problem, out)
+    run_one_shot(problem, out, backend)
 
 
 @_paged_attention_op.register_fake
@@ -71,11 +95,7 @@ def _reshape_and_cache_op(
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
 ) -> None:
-    if key.is_cuda:
-        from .triton_cache import reshape_and_cache as write
-    else:
-        from .reference import reshape_and_cache as write
-    write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+    cache_writer(key.device)(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
 @_reshape_and_cache_op.register_fake
@@ -109,9 +129,12 @@ def paged_attention(
             float8_e4m3fn / float8_e5m2 / bf16 / fp16, any strides with a contiguous last dim
             (see :func:`fp8_noncausal_attn.layouts.split_kv_cache` for combined layouts).
         block_table: ``[num_seqs, max_blocks_per_seq]`` int32 page ids.
-        cu_seqlens_q: ``[num_seqs + 1]`` int32 query offsets (vLLM's ``query_start_loc``).
+        cu_seqlens_q: ``[num_seqs + 1]`` int32 query offsets (vLLM's ``query_start_loc``);
+            ``cu_seqlens_q[-1] <= num_tokens``, rows past it (padding) are written as zeros.
+            The index tensors may have any strides.
         seq_lens: ``[num_seqs]`` int32 KV lengths, including each sequence's new tokens.
-        causal: a bool for the whole call, or a ``[num_seqs]`` bool tensor per sequence.
+        causal: a bool for the whole call, or a ``[num_seqs]`` bool or int32 tensor per sequence
+            (nonzero = causal; read in place, any stride).
         k_scale, v_scale: dequantisation multipliers (real K = stored K * k_scale[kv_head]):
             None, a float, a 0-d/1-element float32 tensor or a ``[num_kv_heads]`` float32 tensor.
         softmax_scale: defaults to ``head_dim ** -0.5``.
@@ -128,17 +151,27 @@ def paged_attention(
         causal=causal, k_scale=k_scale, v_scale=v_scale, softmax_scale=softmax_scale,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, out=out, validate=validate,
     )  # fmt: skip
-    chosen = dispatch.resolve_backend(backend, problem)
     if out is None:
         out = torch.empty_like(query)
-    if problem.num_tokens == 0:
+    if torch.compiler.is_compiling():
+        # The op's body resolves the backend when the graph runs.
+        if backend != "auto" and backend not in dispatch.BACKENDS:
+            raise ValueError(
+                f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
+            )
+        if problem.num_tokens:
+            _paged_attention_op(
+                out, problem.query, problem.key_cache, problem.value_cache, problem.block_table,
+                problem.cu_seqlens_q, problem.seq_lens, problem.k_scale, problem.v_scale,
+                problem.causal_per_seq, problem.causal, problem.softmax_scale,
+                problem.max_seqlen_q, problem.max_seqlen_k, backend,
+            )  # fmt: skip
         return out
-    _paged_attention_op(
-        out, problem.query, problem.key_cache, problem.value_cache, problem.block_table,
-        problem.cu_seqlens_q, problem.seq_lens, problem.k_scale, problem.v_scale,
-        problem.causal_per_seq, problem.causal, problem.softmax_scale,
-        problem.max_seqlen_q, problem.max_seqlen_k, chosen,
-    )  # fmt: skip
+    if query.device.type == "meta":  # shapes only: checked above, nothing to launch
+        return out
+    module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
+    if problem.num_tokens:
+        module.run(problem, module.plan(problem, None), out)
     return out
 
 
@@ -167,7 +200,12 @@ def reshape_and_cache(
         key, value, key_cache, value_cache, slot_mapping,
         k_scale=k_scale, v_scale=v_scale, validate=validate,
     )  # fmt: skip
-    if key.shape[0]:
+    if not key.shape[0]:
+        return
+    if torch.compiler.is_compiling():
         _reshape_and_cache_op(
             key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t
         )
+    else:
+        writer = cache_writer(key.device)
+        writer(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)

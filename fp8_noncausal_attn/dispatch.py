@@ -1,13 +1,17 @@
-"""Which backend runs a call, and why the others do not (SPEC §4).
+"""The backends, what each must provide, which one runs a call and why not the others (SPEC §4).
 
 Preference order is speed: the compiled CUDA kernels, then Triton, then the PyTorch reference.
 ``"auto"`` takes the first that runs here and supports the call; it never picks Triton's CPU
 interpreter, which exists for testing, so on a CPU it picks the reference.
+
+Nothing here is called under ``torch.compile`` tracing: the API passes the backend name into its
+opaque op, which resolves it when the graph runs.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any, Protocol
 
 import torch
 
@@ -22,6 +26,46 @@ BACKENDS: dict[str, ModuleType] = {
     "reference": reference,
 }
 BACKEND_NAMES = tuple(BACKENDS)
+
+
+class Backend(Protocol):
+    """The contract every backend module (``reference``, ``triton_attention``, ``cuda_backend``)
+    implements. The plan is the seam: everything host-side is decided once per batch in
+    :meth:`plan`; :meth:`run` only launches.
+
+    Plan time (once per batch, host only, never a device value, never under tracing): the
+    ``problem`` has the real index tensors (any strides, never copied), sizes, causal flags,
+    softmax scale and ``max_seqlen_q/k``; its query, caches and scales may be stand-ins that carry
+    only shape, dtype and device (``query.shape[0]`` is then the plan's bound on query rows).
+    """
+
+    def availability(self) -> tuple[bool, str]:
+        """Whether the backend runs on this machine, and why (not)."""
+
+    def unsupported_reason(self, problem: AttentionProblem) -> str | None:
+        """Plan time: None when the backend supports ``problem``'s sizes, dtypes and device."""
+
+    def plan(self, problem: AttentionProblem, workspace: Any) -> Any:
+        """Plan time: what the launch needs (tiles, grid, splits, workspace views).
+
+        ``workspace`` is a :class:`fp8_noncausal_attn.plan.Workspace` (take at most
+        ``workspace.max_splits(problem.num_tokens)`` splits and the buffers from
+        ``workspace.partials(num_splits, problem.num_tokens)``), or None on the one-shot path,
+        where the launch allocates what it needs.
+        """
+
+    def run(self, problem: AttentionProblem, plan: Any, out: torch.Tensor) -> None:
+        """Run time, per layer: launch on the real tensors; ``out`` [num_tokens, num_q_heads,
+        head_dim] is written in place, rows past ``cu_seqlens_q[-1]`` as zeros. ``problem``'s
+        scales are float32 ``[num_kv_heads]`` and its ``num_tokens`` at most the plan's."""
+
+    # Optional: ``run_unsupported_reason(problem, out) -> str | None``, run-time needs of the
+    # layer's own tensors (e.g. pointer alignment), checked before every run.
+
+
+def max_splits() -> int:
+    """The largest split-KV count any backend plans (sizes the default workspace)."""
+    return max(getattr(module, "MAX_SPLITS", 1) for module in BACKENDS.values())
 
 
 def backend_module(name: str) -> ModuleType:

@@ -55,7 +55,7 @@ def _require_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must have a contiguous last dim (stride 1), got {x.stride(-1)}")
 
 
-def _optional_host_int(value: int | None, name: str) -> int | None:
+def optional_host_int(value: int | None, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -80,7 +80,7 @@ def check_kv_tokens(key: torch.Tensor, value: torch.Tensor) -> None:
         raise ValueError(f"value must be on {key.device} like key, got {value.device}")
 
 
-def _check_caches(key_cache: object, value_cache: object, device: torch.device) -> None:
+def check_caches(key_cache: object, value_cache: object, device: torch.device) -> None:
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         _require_tensor(cache, name)
         _require_dtype(cache, name, CACHE_DTYPES)
@@ -114,17 +114,19 @@ def _check_index_tensor(x: object, name: str, rank: int, layout: str, device: to
     _require_device(x, name, device)
 
 
-def _check_lengths_on_host(
+def check_batch_lengths(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     num_tokens: int,
-    num_blocks: int,
+    num_blocks: int | None,
     block_size: int,
     max_seqlen_q: int | None,
     max_seqlen_k: int | None,
-) -> tuple[int, int]:
-    """Value checks on lengths and page ids; returns the true (max_q_len, max_kv_len)."""
+) -> tuple[int, int, int]:
+    """Value checks on lengths and page ids (read on the host); returns the true
+    (max_q_len, max_kv_len) and the largest used page id (-1 if none). ``num_blocks=None``
+    (a plan, before any cache is seen) leaves the upper page bound to the caller."""
     cu = cu_seqlens_q.cpu().long()
     kv = seq_lens.cpu().long()
     if int(cu[0]) != 0:
@@ -154,15 +156,20 @@ def _check_lengths_on_host(
             f"block_table is too short: sequence {s} has seq_lens {int(kv[s])}, needing "
             f"{int(pages_needed[s])} pages, but block_table has {block_table.shape[1]} columns"
         )
+    max_page = -1
     if kv.numel():
         table = block_table.cpu().long()
         used = torch.arange(table.shape[1])[None, :] < pages_needed[:, None]
         pages = table[used]
-        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_blocks):
-            raise ValueError(
-                f"block_table entries for used pages must be in [0, {num_blocks}), got range "
-                f"[{int(pages.min())}, {int(pages.max())}]"
-            )
+        if pages.numel():
+            max_page = int(pages.max())
+            bound = num_blocks if num_blocks is not None else max_page + 1
+            if int(pages.min()) < 0 or max_page >= bound:
+                raise ValueError(
+                    f"block_table entries for used pages must be in "
+                    f"[0, {'num_blocks' if num_blocks is None else num_blocks}), got range "
+                    f"[{int(pages.min())}, {max_page}]"
+                )
     true_max_q = int(q_lens.max()) if q_lens.numel() else 0
     true_max_k = int(kv.max()) if kv.numel() else 0
     for name, given, true in (
@@ -171,7 +178,61 @@ def _check_lengths_on_host(
     ):
         if given is not None and given < true:
             raise ValueError(f"{name} must be >= the longest sequence {true}, got {given}")
-    return true_max_q, true_max_k
+    return true_max_q, true_max_k, max_page
+
+
+def check_query(query: object) -> torch.Tensor:
+    """``query``: bf16/fp16 ``[num_tokens, num_q_heads, head_dim]``, last dim contiguous."""
+    query = _require_tensor(query, "query")
+    _require_dtype(query, "query", SIXTEEN_BIT_DTYPES)
+    _require_rank(query, "query", 3, "[num_tokens, num_q_heads, head_dim]")
+    _require_last_dim_contiguous(query, "query")
+    return query
+
+
+def check_index_tensors(
+    block_table: object, cu_seqlens_q: object, seq_lens: object, device: torch.device
+) -> int:
+    """Types, dtypes, ranks, devices and matching sizes of the index tensors; returns num_seqs."""
+    _check_index_tensor(block_table, "block_table", 2, "[num_seqs, max_blocks_per_seq]", device)
+    _check_index_tensor(seq_lens, "seq_lens", 1, "[num_seqs]", device)
+    _check_index_tensor(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]", device)
+    num_seqs = seq_lens.shape[0]
+    if cu_seqlens_q.shape[0] != num_seqs + 1:
+        raise ValueError(
+            f"cu_seqlens_q must have shape [num_seqs + 1] = [{num_seqs + 1}], "
+            f"got {list(cu_seqlens_q.shape)}"
+        )
+    if block_table.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_table must have num_seqs = {num_seqs} rows (from seq_lens), "
+            f"got {block_table.shape[0]}"
+        )
+    return num_seqs
+
+
+def check_out(out: object, query: torch.Tensor) -> None:
+    """``out``: a tensor of ``query``'s dtype, shape and device, last dim contiguous."""
+    _require_tensor(out, "out")
+    if out.dtype != query.dtype:
+        raise TypeError(f"out must have the dtype of query {query.dtype}, got {out.dtype}")
+    if out.shape != query.shape:
+        raise ValueError(
+            f"out must have the shape of query {list(query.shape)}, got {list(out.shape)}"
+        )
+    _require_device(out, "out", query.device)
+    _require_last_dim_contiguous(out, "out")
+
+
+def check_softmax_scale(softmax_scale: object, head_dim: int) -> float:
+    """The softmax scale as a float: ``head_dim ** -0.5`` for None, else checked."""
+    if softmax_scale is None:
+        return head_dim**-0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (float, int)):
+        raise TypeError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
+        )
+    return check_host_float(softmax_scale, "softmax_scale")
 
 
 def validate_attention(
@@ -192,12 +253,9 @@ def validate_attention(
     validate: bool,
 ) -> AttentionProblem:
     """Check a ``paged_attention`` call and return its normalised :class:`AttentionProblem`."""
-    query = _require_tensor(query, "query")
-    _require_dtype(query, "query", SIXTEEN_BIT_DTYPES)
-    _require_rank(query, "query", 3, "[num_tokens, num_q_heads, head_dim]")
-    _require_last_dim_contiguous(query, "query")
+    query = check_query(query)
     device = query.device
-    _check_caches(key_cache, value_cache, device)
+    check_caches(key_cache, value_cache, device)
     num_tokens, num_q_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     if cache_head_dim != head_dim:
@@ -210,40 +268,12 @@ def validate_attention(
             f"num_q_heads (query.shape[1] = {num_q_heads}) must be a multiple of num_kv_heads "
             f"(key_cache.shape[2] = {num_kv_heads})"
         )
-    _check_index_tensor(block_table, "block_table", 2, "[num_seqs, max_blocks_per_seq]", device)
-    _check_index_tensor(seq_lens, "seq_lens", 1, "[num_seqs]", device)
-    _check_index_tensor(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]", device)
-    num_seqs = seq_lens.shape[0]
-    if cu_seqlens_q.shape[0] != num_seqs + 1:
-        raise ValueError(
-            f"cu_seqlens_q must have shape [num_seqs + 1] = [{num_seqs + 1}], "
-            f"got {list(cu_seqlens_q.shape)}"
-        )
-    if block_table.shape[0] != num_seqs:
-        raise ValueError(
-            f"block_table must have num_seqs = {num_seqs} rows (from seq_lens), "
-            f"got {block_table.shape[0]}"
-        )
+    num_seqs = check_index_tensors(block_table, cu_seqlens_q, seq_lens, device)
     if out is not None:
-        _require_tensor(out, "out")
-        if out.dtype != query.dtype:
-            raise TypeError(f"out must have the dtype of query {query.dtype}, got {out.dtype}")
-        if out.shape != query.shape:
-            raise ValueError(
-                f"out must have the shape of query {list(query.shape)}, got {list(out.shape)}"
-            )
-        _require_device(out, "out", device)
-        _require_last_dim_contiguous(out, "out")
-    if softmax_scale is None:
-        softmax_scale = head_dim**-0.5
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (float, int)):
-        raise TypeError(
-            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
-        )
-    else:
-        check_host_float(softmax_scale, "softmax_scale")
-    max_seqlen_q = _optional_host_int(max_seqlen_q, "max_seqlen_q")
-    max_seqlen_k = _optional_host_int(max_seqlen_k, "max_seqlen_k")
+        check_out(out, query)
+    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
+    max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
 
     # Under torch.compile, values are symbolic: reading them would break the graph.
     compiling = torch.compiler.is_compiling()
@@ -256,7 +286,7 @@ def validate_attention(
     causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
 
     if check_values or max_seqlen_q is None or max_seqlen_k is None:
-        true_max_q, true_max_k = _check_lengths_on_host(
+        true_max_q, true_max_k, _ = check_batch_lengths(
             cu_seqlens_q, seq_lens, block_table, num_tokens, num_blocks, block_size,
             max_seqlen_q, max_seqlen_k,
         )  # fmt: skip
@@ -297,7 +327,7 @@ def validate_cache_write(
         if x.dtype == torch.float32:
             raise TypeError(f"{name} must have dtype bfloat16 or float16, got torch.float32")
     device = key.device
-    _check_caches(key_cache, value_cache, device)
+    check_caches(key_cache, value_cache, device)
     num_tokens, num_kv_heads, head_dim = key.shape
     if key_cache.shape[2:] != (num_kv_heads, head_dim):
         raise ValueError(

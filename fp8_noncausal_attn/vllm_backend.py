@@ -7,9 +7,14 @@ automatically: users name it (``--attention-backend FP8_NONCAUSAL`` for every la
 
 The backend runs paged attention over vLLM's per-layer cache, logical shape
 ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (K and V side by side in the last dim,
-FP8 stored as uint8), through :func:`fp8_noncausal_attn.paged_attention`: causal, bidirectional or
-mixed per request (``CommonAttentionMetadata.causal``), with the layer's ``_k_scale``/``_v_scale``
-as dequantisation multipliers, 0-d or one per KV head of this tensor-parallel rank.
+FP8 stored as uint8), through :class:`fp8_noncausal_attn.PagedAttention`: the metadata builder
+owns one (its split-KV workspace is allocated with the builder, which vLLM also builds inside its
+CUDA-graph memory profiling) and plans each batch once in ``build()``; each layer's ``forward``
+only runs the plan. Causal, bidirectional or mixed per request (``CommonAttentionMetadata.causal``,
+a bool or vLLM's int32 per-request buffer, read in place), with the layer's
+``_k_scale``/``_v_scale`` as dequantisation multipliers, 0-d or one per KV head of this
+tensor-parallel rank. Rows past the last request (vLLM pads ``num_actual_tokens`` under CUDA
+graphs) are written as zeros.
 
 This module imports vLLM; ``import fp8_noncausal_attn`` never imports it.
 """
@@ -50,6 +55,8 @@ check_vllm_version(vllm.__version__)
 
 # The version is checked before these imports so that an incompatible vLLM fails with the
 # message above rather than an ImportError from a moved module.
+from vllm.config import get_layers_from_vllm_config  # noqa: E402
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import (  # noqa: E402
     AttentionBackend,
@@ -63,9 +70,11 @@ from vllm.v1.attention.backend import (  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
 
 from . import config  # noqa: E402
-from .api import paged_attention, reshape_and_cache  # noqa: E402
+from .api import reshape_and_cache  # noqa: E402
 from .dispatch import BACKEND_NAMES  # noqa: E402
 from .layouts import split_kv_cache  # noqa: E402
+from .plan import PagedAttention  # noqa: E402
+from .scales import SIXTEEN_BIT_DTYPES  # noqa: E402
 from .validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_HEAD_DIMS  # noqa: E402
 
 BACKEND_NAME = config.BACKEND_NAME
@@ -81,6 +90,16 @@ _FP8_CACHE_DTYPES = {
 }
 
 
+def kernel_backend_from_env() -> str:
+    """The kernels :data:`KERNEL_ENV` pins (default ``auto``); ValueError for an unknown name."""
+    backend = os.environ.get(KERNEL_ENV, "auto")
+    if backend not in ("auto",) + BACKEND_NAMES:
+        raise ValueError(
+            f"{KERNEL_ENV} must be one of {('auto',) + BACKEND_NAMES}, got {backend!r}"
+        )
+    return backend
+
+
 def register() -> None:
     """``vllm.general_plugins`` entry point: add ``FP8_NONCAUSAL`` to ``AttentionBackendEnum``.
 
@@ -93,12 +112,15 @@ def register() -> None:
 
 @dataclass
 class Fp8NoncausalMetadata:
-    """Per-batch metadata, views of vLLM's persistent input buffers (never copies).
+    """Per-batch metadata: views of vLLM's persistent input buffers (never copies) and the
+    batch's plan.
 
     query_start_loc: [num_reqs + 1] int32; seq_lens: [num_reqs] int32 (KV length including the
     new tokens); block_table: [num_reqs, max_blocks] int32; slot_mapping: [num_tokens] int64;
-    causal: a bool, or a [num_reqs] bool tensor (per request). max_query_len / max_seq_len are
-    host-side upper bounds, so the kernels size their grids without a device-to-host copy.
+    causal: a bool, or a [num_reqs] int32/bool tensor (per request, nonzero = causal).
+    max_query_len / max_seq_len are host-side upper bounds, so planning reads no device value.
+    num_actual_tokens may exceed query_start_loc[-1] (CUDA-graph padding): those rows get zeros.
+    attention / plan: the builder's :class:`PagedAttention` and this batch's plan of it.
     """
 
     num_actual_tokens: int
@@ -109,24 +131,75 @@ class Fp8NoncausalMetadata:
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
     causal: bool | torch.Tensor
+    attention: PagedAttention
+    plan: object
 
 
 class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]):
-    """Builds :class:`Fp8NoncausalMetadata` from ``CommonAttentionMetadata``.
+    """Owns the :class:`PagedAttention` (and its workspace) of its layers; plans every batch.
 
-    CUDA graphs: UNIFORM_BATCH. The kernels size their grids from ``max_query_len`` and
-    ``max_seq_len``; vLLM captures with ``max_seq_len = max_model_len`` and replays a uniform
-    batch only with its captured query length, so both stay upper bounds at every replay. A
-    mixed prefill/decode replay could exceed the captured ``max_query_len``, hence not ALWAYS.
+    Sizes come from the KV-cache spec (KV heads, head size, block size), the layers' impls
+    (query heads of this rank, softmax scale, cache dtype: all layers of the group must agree),
+    the model dtype, and the scheduler's largest batch. vLLM constructs builders in
+    ``initialize_attn_backend``, also during its CUDA-graph memory profiling
+    (``_init_minimal_kv_cache_for_profiling``), so the workspace is part of what it measures.
+
+    CUDA graphs: UNIFORM_BATCH. The plan sizes grids from ``max_query_len`` and ``max_seq_len``;
+    vLLM captures with ``max_seq_len = max_model_len`` and replays a uniform batch only with its
+    captured query length, so both stay upper bounds at every replay, and the kernels derive
+    each program's key range from the real ``seq_lens`` on the device. A mixed prefill/decode
+    replay could exceed the captured ``max_query_len``, hence not ALWAYS.
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
-    # build() only references persistent buffers, so a draft step's refresh has nothing to do.
+    # The plan references vLLM's persistent buffers and derives key ranges on the device, so a
+    # draft step's in-place refresh of those buffers needs nothing from us.
     supports_draft_decode_metadata_update = True
 
-    # AttentionMetadataBuilder declares __init__ abstract; the base one stores everything needed.
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+        impls = [
+            layer.impl
+            for layer in layers.values()
+            if isinstance(getattr(layer, "impl", None), Fp8NoncausalAttentionImpl)
+        ]
+        if not impls:
+            raise ValueError(
+                f"{BACKEND_NAME}: none of the layers {layer_names} is an attention layer of this "
+                "backend in vLLM's static forward context"
+            )
+        shared = {(impl.num_heads, impl.scale, impl.cache_dtype(kv_cache_spec)) for impl in impls}
+        if len(shared) != 1:
+            raise ValueError(
+                f"{BACKEND_NAME}: the layers {layer_names} share one plan, so they must agree on "
+                f"(num_heads, softmax scale, cache dtype); got {sorted(shared, key=str)}"
+            )
+        num_heads, self.softmax_scale, cache_dtype = shared.pop()
+        # vLLM builds the model with the activation dtype as torch's default dtype.
+        model = vllm_config.model_config
+        query_dtype = model.dtype if model is not None else torch.get_default_dtype()
+        if query_dtype not in SIXTEEN_BIT_DTYPES:
+            raise ValueError(
+                f"{BACKEND_NAME} runs bfloat16/float16 activations, got model dtype {query_dtype}"
+            )
+        scheduler = vllm_config.scheduler_config
+        max_tokens = max(
+            scheduler.max_num_batched_tokens,
+            vllm_config.compilation_config.max_cudagraph_capture_size or 0,
+        )
+        self.kernel_backend = kernel_backend_from_env()
+        self.attention = PagedAttention(
+            num_q_heads=num_heads,
+            num_kv_heads=kv_cache_spec.num_kv_heads,
+            head_dim=kv_cache_spec.head_size,
+            block_size=kv_cache_spec.block_size,
+            query_dtype=query_dtype,
+            cache_dtype=cache_dtype,
+            device=device,
+            max_num_seqs=max(scheduler.max_num_seqs, 1),
+            max_num_tokens=max_tokens,
+        )
 
     def build(
         self,
@@ -135,6 +208,12 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
         fast_build: bool = False,
     ) -> Fp8NoncausalMetadata:
         m = common_attn_metadata
+        plan = self.attention.plan(
+            m.query_start_loc, m.seq_lens, m.block_table_tensor, causal=m.causal,
+            max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len,
+            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
+            backend=self.kernel_backend,
+        )  # fmt: skip
         return Fp8NoncausalMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -144,6 +223,8 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             block_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping,
             causal=m.causal,
+            attention=self.attention,
+            plan=plan,
         )
 
     def update_draft_decode_metadata(self, metadata: Fp8NoncausalMetadata) -> None:
@@ -202,12 +283,20 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         self.attn_type = attn_type
         # None keeps the tensor's own dtype (16-bit caches); FP8 caches arrive as uint8.
         self._cache_view_dtype = _FP8_CACHE_DTYPES.get(kv_cache_dtype)
-        self.kernel_backend = os.environ.get(KERNEL_ENV, "auto")
-        if self.kernel_backend not in ("auto",) + BACKEND_NAMES:
-            raise ValueError(
-                f"{KERNEL_ENV} must be one of {('auto',) + BACKEND_NAMES}, "
-                f"got {self.kernel_backend!r}"
-            )
+        self.kernel_backend = kernel_backend_from_env()
+        # The layer's cache as (tensor, key view, value view): views are made once per tensor.
+        self._cache_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def cache_dtype(self, kv_cache_spec) -> torch.dtype:
+        """The dtype the kernels read: the FP8 format for FP8 caches, else the spec's dtype."""
+        return self._cache_view_dtype or kv_cache_spec.dtype
+
+    def _split_cache(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        views = self._cache_views
+        if views is None or views[0] is not kv_cache:
+            key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+            views = self._cache_views = (kv_cache, key_cache, value_cache)
+        return views[1], views[2]
 
     def _scales(self, layer: AttentionLayer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The layer's K/V dequantisation multipliers, checked against this rank's KV heads.
@@ -242,7 +331,7 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         kv_cache: [num_blocks, num_kv_heads, block_size, 2 * head_size];
         slot_mapping: [num_actual_tokens] int64, negative entries skipped.
         """
-        key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+        key_cache, value_cache = self._split_cache(kv_cache)
         k_scale, v_scale = self._scales(layer)
         num_tokens = slot_mapping.shape[0]
         reshape_and_cache(
@@ -262,27 +351,23 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Paged attention over the cache (already updated by :meth:`do_kv_cache_update`).
+        """Paged attention over the cache (already updated by :meth:`do_kv_cache_update`): runs
+        the batch's plan, made once by the builder.
 
-        query, output: [num_tokens, num_heads, head_size] (may be padded past the batch);
-        returns ``output``. No device-to-host synchronisation: every size comes from the
-        metadata's host-side upper bounds.
+        query, output: [num_tokens, num_heads, head_size]; the first ``num_actual_tokens`` rows
+        are written, those past the last request as zeros. No device-to-host synchronisation.
         """
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError(f"{BACKEND_NAME} does not fuse output quantization")
         if attn_metadata is None:
             # vLLM's memory-profiling run passes no metadata.
             return output.fill_(0)
-        key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+        key_cache, value_cache = self._split_cache(kv_cache)
         k_scale, v_scale = self._scales(layer)
         num_tokens = attn_metadata.num_actual_tokens
-        paged_attention(
-            query[:num_tokens], key_cache, value_cache, attn_metadata.block_table,
-            attn_metadata.query_start_loc, attn_metadata.seq_lens,
-            causal=attn_metadata.causal, k_scale=k_scale, v_scale=v_scale,
-            softmax_scale=self.scale, max_seqlen_q=attn_metadata.max_query_len,
-            max_seqlen_k=attn_metadata.max_seq_len, out=output[:num_tokens],
-            backend=self.kernel_backend,
+        attn_metadata.attention.run(
+            query[:num_tokens], key_cache, value_cache, k_scale, v_scale,
+            out=output[:num_tokens], plan=attn_metadata.plan,
         )  # fmt: skip
         return output
 

@@ -22,9 +22,17 @@ pytest.importorskip(
     "vllm", reason="vLLM 0.33 is not installed (pip install -r requirements-vllm.txt)"
 )
 
-from vllm.config import AttentionConfig, CacheConfig, DeviceConfig, VllmConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    AttentionConfig,
+    CacheConfig,
+    DeviceConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
 from vllm.config.speculative import SpeculativeConfig  # noqa: E402
+from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
@@ -47,6 +55,9 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 2, 64, 16
 # Mixed batch: two bidirectional draft blocks, one causal decode, one causal chunk.
 Q_LENS, KV_LENS = [8, 1, 8, 5], [40, 17, 8, 70]
 CAUSAL = [False, True, False, True]
+# Sizes of the persistent input buffers the batch's index tensors are views of.
+MAX_REQS, MAX_BLOCKS = 8, 12
+LAYER_NAME = "drafter.layers.0.self_attn.attn"
 # K/V magnitudes differ 20x between the two KV heads: a dropped or broadcast scale saturates
 # or loses one head entirely.
 HEAD_MAGNITUDE = torch.tensor([3.0, 60.0])
@@ -62,8 +73,9 @@ def drafter_config(**overrides):
     return selector | overrides
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def vllm_config():
+    # One per test: vLLM's Attention layers register their names in it.
     return VllmConfig(device_config=DeviceConfig(device="cpu"))
 
 
@@ -229,11 +241,42 @@ def test_cli_normalisation_matches_vllms_argument_parser():
         assert flat.get("speculative_config.kv_cache_dtype") == drafter
 
 
-def test_builder_references_the_common_metadata_and_declares_uniform_batch_graphs(vllm_config):
-    spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-                             dtype=torch.uint8)  # fmt: skip
-    builder = Fp8NoncausalMetadataBuilder(spec, ["drafter.layers.0.attn"], vllm_config, "cpu")
+def make_layer(vllm_config, kv_cache_dtype="fp8", name=LAYER_NAME):
+    """vLLM's own Attention layer on this backend, built the way vLLM's model loader builds it
+    (the config current, the activation dtype as torch's default dtype); it registers ``name``
+    in the config's static forward context, where the metadata builder finds its impl."""
+    vllm_backend.register()
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
+        return Attention(
+            NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=NUM_KV_HEADS,
+            cache_config=CacheConfig(cache_dtype=kv_cache_dtype), prefix=name,
+            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(),
+        )  # fmt: skip
+
+
+def make_builder(vllm_config, layer, device="cpu", name=LAYER_NAME):
+    # The test configs have no model config: the model dtype is the default dtype, as vLLM's
+    # runner sets it while it builds the model.
+    with set_default_torch_dtype(torch.bfloat16):
+        spec = layer.get_kv_cache_spec(vllm_config)
+        return Fp8NoncausalMetadataBuilder(spec, [name], vllm_config, device)
+
+
+def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_graphs(
+    vllm_config,
+):
+    layer = make_layer(vllm_config)
+    builder = make_builder(vllm_config, layer)
+    spec = layer.get_kv_cache_spec(vllm_config)
     assert builder.get_cudagraph_support(vllm_config, spec) == AttentionCGSupport.UNIFORM_BATCH
+    attention = builder.attention
+    sizes = (attention.num_q_heads, attention.num_kv_heads, attention.head_dim,
+             attention.block_size, attention.query_dtype, attention.cache_dtype)  # fmt: skip
+    assert sizes == (NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.bfloat16,
+                     torch.float8_e4m3fn)  # fmt: skip
+    # The split-KV workspace exists from construction on (vLLM measures it while profiling).
+    workspace = attention.workspace.part_out
+    assert workspace.dtype == torch.float32 and workspace.numel() > 0
     common, _ = make_batch_metadata(torch.Generator().manual_seed(0), num_blocks=32)
     meta = builder.build(0, common)
     assert meta.query_start_loc is common.query_start_loc
@@ -243,37 +286,83 @@ def test_builder_references_the_common_metadata_and_declares_uniform_batch_graph
     assert meta.causal is common.causal
     assert (meta.max_query_len, meta.max_seq_len) == (common.max_query_len, common.max_seq_len)
     assert meta.num_actual_tokens == sum(Q_LENS)
-    assert builder.build(0, common.replace(causal=False)).causal is False
+    # The plan keeps vLLM's int32 per-request buffer itself (updated in place between replays).
+    assert meta.attention is attention
+    assert meta.plan.causal_per_seq is common.causal
+    assert meta.plan.backend == "reference" and attention.workspace.part_out is workspace
+    uniform = builder.build(0, common.replace(causal=False))
+    assert uniform.causal is False and uniform.plan.causal_per_seq is None
+    assert uniform.plan is not meta.plan
 
 
-def make_batch_metadata(gen, num_blocks, max_seq_len=None):
-    """vLLM's CommonAttentionMetadata for the mixed batch, pages shuffled; and the
-    per-sequence slot of every context position."""
-    q_lens, kv_lens = torch.tensor(Q_LENS), torch.tensor(KV_LENS)
-    pages = [(kv + BLOCK_SIZE - 1) // BLOCK_SIZE for kv in KV_LENS]
-    width = max(pages) + 2
+def test_builder_needs_its_layers_and_one_plan_for_all_of_them(vllm_config):
+    with pytest.raises(ValueError, match=r"none of the layers \['missing'\]"):
+        spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                                 dtype=torch.uint8)  # fmt: skip
+        Fp8NoncausalMetadataBuilder(spec, ["missing"], vllm_config, "cpu")
+    make_layer(vllm_config, "fp8", "a")
+    make_layer(vllm_config, "fp8_e5m2", "b")
+    with set_default_torch_dtype(torch.bfloat16), pytest.raises(ValueError, match="must agree"):
+        spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                                 dtype=torch.uint8)  # fmt: skip
+        Fp8NoncausalMetadataBuilder(spec, ["a", "b"], vllm_config, "cpu")
+
+
+def persistent_view(values, strided):
+    """``values`` as vLLM's persistent input buffers hand them out: the leading rows of a buffer
+    sized for MAX_REQS requests (``block_table.gpu[:num_reqs]``, ``seq_lens.gpu[:num_reqs]``).
+    With ``strided``, also with non-unit strides, which the contract allows (any strides): a
+    column-major block table (column stride MAX_REQS) and every other element of a 1-D buffer.
+    The gaps hold zeros, so a kernel that ignores a stride reads wrong but in-bounds values."""
+    if values.dim() == 2:
+        if strided:
+            buffer = torch.zeros(MAX_BLOCKS, MAX_REQS, dtype=values.dtype).t()
+        else:
+            buffer = torch.zeros(MAX_REQS, MAX_BLOCKS, dtype=values.dtype)
+        view = buffer[: values.shape[0]]
+        view[:, : values.shape[1]] = values
+        return view
+    step = 2 if strided else 1
+    buffer = torch.zeros(step * (MAX_REQS + 1), dtype=values.dtype)
+    view = buffer[::step][: values.shape[0]]
+    view.copy_(values)
+    return view
+
+
+def make_batch_metadata(gen, num_blocks, max_seq_len=None, padded_tokens=0, padded_reqs=0,
+                        strided=False):  # fmt: skip
+    """vLLM's CommonAttentionMetadata for the mixed batch, pages shuffled, index tensors as views
+    of persistent buffers (:func:`persistent_view`), ``causal`` an int32 per-request tensor as
+    vLLM 0.33 passes it; and the per-sequence slot of every context position.
+
+    ``padded_reqs`` requests of no tokens and ``padded_tokens`` rows past the last request, as
+    vLLM pads a batch to a captured CUDA-graph size."""
+    q_lens = Q_LENS + [0] * padded_reqs
+    kv_lens = KV_LENS + [0] * padded_reqs
+    pages = [(kv + BLOCK_SIZE - 1) // BLOCK_SIZE for kv in kv_lens]
     order = torch.randperm(num_blocks, generator=gen)[: sum(pages)].tolist()
-    block_table = torch.zeros(len(KV_LENS), width, dtype=torch.int32)
+    block_table = torch.zeros(len(kv_lens), max(pages) + 2, dtype=torch.int32)
     slots = []
-    for seq, (kv, n) in enumerate(zip(KV_LENS, pages, strict=True)):
+    for seq, (kv, n) in enumerate(zip(KV_LENS, pages, strict=False)):
         block_table[seq, :n] = torch.tensor(order[:n], dtype=torch.int32)
         order = order[n:]
         pos = torch.arange(kv)
         slots.append(block_table[seq, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
     new_slots = torch.cat([s[kv - q :] for s, q, kv in zip(slots, Q_LENS, KV_LENS, strict=True)])
-    query_start_loc = torch.zeros(len(Q_LENS) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.cumsum(q_lens, 0)
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    causal = torch.tensor(CAUSAL + [False] * padded_reqs, dtype=torch.int32)
     common = CommonAttentionMetadata(
-        query_start_loc=query_start_loc,
+        query_start_loc=persistent_view(query_start_loc, strided),
         query_start_loc_cpu=query_start_loc.clone(),
-        seq_lens=kv_lens.to(torch.int32),
-        num_reqs=len(Q_LENS),
-        num_actual_tokens=sum(Q_LENS),
+        seq_lens=persistent_view(torch.tensor(kv_lens, dtype=torch.int32), strided),
+        num_reqs=len(q_lens),
+        num_actual_tokens=sum(Q_LENS) + padded_tokens,
         max_query_len=max(Q_LENS),
         max_seq_len=max(KV_LENS) if max_seq_len is None else max_seq_len,
-        block_table_tensor=block_table,
+        block_table_tensor=persistent_view(block_table, strided),
         slot_mapping=new_slots,
-        causal=torch.tensor(CAUSAL),
+        causal=persistent_view(causal, strided),
     )
     return common, slots
 
@@ -292,11 +381,12 @@ def dequantized(rows, scale, cache_view_dtype):
     return (rows.float() / scale[None, :, None]).to(cache_view_dtype).double() * per_head
 
 
-def float64_attention(query, keys, values, softmax_scale):
+def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL):
     """SPEC §3 in float64, one sequence at a time: keys/values are per-sequence [kv, Hkv, D]."""
     out, start = [], 0
     group = NUM_HEADS // NUM_KV_HEADS
-    for q_len, kv_len, causal, k, v in zip(Q_LENS, KV_LENS, CAUSAL, keys, values, strict=True):
+    for q_len, kv_len, causal, k, v in zip(Q_LENS, KV_LENS, causal_flags, keys, values,
+                                           strict=True):  # fmt: skip
         q = query[start : start + q_len].double()
         start += q_len
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -321,24 +411,32 @@ def float64_attention(query, keys, values, softmax_scale):
             reason="needs a GPU or TRITON_INTERPRET=1")),
     ],
 )  # fmt: skip
-def test_impl_writes_the_cache_and_attends_like_the_reference(
+def test_padded_strided_int32_causal_batch_matches_float64(
     monkeypatch, vllm_config, kernel, kv_cache_dtype
 ):
+    """The acceptance case: vLLM's CommonAttentionMetadata with an int32 per-request causal
+    tensor, a padded request and padded num_actual_tokens, strided views of persistent buffers
+    and max_seq_len 4x the longest sequence (a graph captured at max_model_len); cache write +
+    forward through the builder's plan, against float64. Padded rows are exactly zero."""
     monkeypatch.setenv(vllm_backend.KERNEL_ENV, kernel)
     gen = torch.Generator().manual_seed(7)
     num_blocks = 24
     softmax_scale = HEAD_SIZE**-0.5
-    impl = Fp8NoncausalAttentionImpl(NUM_HEADS, HEAD_SIZE, softmax_scale, NUM_KV_HEADS, None,
-                                     None, kv_cache_dtype)  # fmt: skip
+    layer = make_layer(vllm_config, kv_cache_dtype)
+    impl = layer.impl
+    builder = make_builder(vllm_config, layer)
     view_dtype = FP8_VIEW.get(kv_cache_dtype)
     storage = torch.uint8 if view_dtype is not None else torch.bfloat16
     kv_cache = torch.zeros(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=storage)
-    # max_seq_len well above every kv_len, as in a CUDA graph captured at max_model_len.
-    common, slots = make_batch_metadata(gen, num_blocks, max_seq_len=4 * max(KV_LENS))
-    spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-                             dtype=storage)  # fmt: skip
-    builder = Fp8NoncausalMetadataBuilder(spec, ["drafter.layers.0.attn"], vllm_config, "cpu")
+    padded_tokens = 3
+    common, slots = make_batch_metadata(gen, num_blocks, max_seq_len=4 * max(KV_LENS),
+                                        padded_tokens=padded_tokens, padded_reqs=1,
+                                        strided=True)  # fmt: skip
+    assert common.causal.dtype == torch.int32 and common.causal.stride(0) == 2
+    assert common.block_table_tensor.stride() == (1, MAX_REQS)
+    assert common.query_start_loc.stride(0) == 2 and common.seq_lens.stride(0) == 2
     meta = builder.build(0, common)
+    assert meta.plan.backend == kernel
 
     keys = [drafter_rows(gen, kv) for kv in KV_LENS]
     values = [drafter_rows(gen, kv) for kv in KV_LENS]
@@ -346,7 +444,9 @@ def test_impl_writes_the_cache_and_attends_like_the_reference(
         torch.cat(keys), torch.cat(values), fp8_dtype=view_dtype or torch.float8_e4m3fn
     )
     assert k_scale.shape == (NUM_KV_HEADS,) and k_scale[1] > 10 * k_scale[0]
-    layer = SimpleNamespace(_k_scale=k_scale, _v_scale=v_scale)
+    # Per-head scale buffers, as vLLM's compressed-tensors loader registers them.
+    layer.register_buffer("_k_scale", k_scale)
+    layer.register_buffer("_v_scale", v_scale)
 
     # Context first (an earlier step), then this step's tokens: padded rows past the slot
     # mapping, and two padding slots (-1), as vLLM passes them.
@@ -376,43 +476,46 @@ def test_impl_writes_the_cache_and_attends_like_the_reference(
         assert relative_error(stored_k, real_k[seq]) < 1e-6
         assert relative_error(stored_v, real_v[seq]) < 1e-6
 
-    num_tokens = sum(Q_LENS)
-    query = (torch.randn(num_tokens + 3, NUM_HEADS, HEAD_SIZE, generator=gen)).to(torch.bfloat16)
+    num_real = sum(Q_LENS)
+    num_actual = common.num_actual_tokens
+    # The layer's buffers are longer still: rows past num_actual_tokens are not ours to touch.
+    query = torch.randn(num_actual + 2, NUM_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
     output = torch.full_like(query, 7.0)
     returned = impl.forward(layer, query, new_k, new_v, kv_cache, meta, output)
     assert returned is output
-    assert torch.all(output[num_tokens:] == 7.0), "padded rows must be left alone"
-
-    expected = float64_attention(query[:num_tokens], real_k, real_v, softmax_scale)
-    assert relative_error(output[:num_tokens], expected) <= TOLERANCE[torch.bfloat16]
+    assert torch.all(output[num_real:num_actual] == 0), "padded rows must be exactly zero"
+    assert torch.all(output[num_actual:] == 7.0), "rows past num_actual_tokens are left alone"
+    expected = float64_attention(query[:num_real], real_k, real_v, softmax_scale)
+    assert relative_error(output[:num_real], expected) <= TOLERANCE[torch.bfloat16]
     oracle = fna.paged_attention(
-        query[:num_tokens], key_view, value_view, common.block_table_tensor,
+        query[:num_real], key_view, value_view, common.block_table_tensor,
         common.query_start_loc, common.seq_lens, causal=common.causal,
         k_scale=scales[0], v_scale=scales[1], backend="reference",
     )  # fmt: skip
     if kernel == "reference":
-        assert torch.equal(output[:num_tokens], oracle)
+        assert torch.equal(output[:num_real], oracle[:num_real])
     else:
-        assert relative_error(output[:num_tokens], oracle) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(output[:num_real], oracle[:num_real]) <= TOLERANCE[torch.bfloat16]
+
+    # A graph replay: vLLM rewrites the per-request causal buffer in place and runs the same
+    # metadata again; the plan reads the flags where they lie.
+    flipped = [not c for c in CAUSAL]
+    common.causal.copy_(torch.tensor(flipped + [False], dtype=torch.int32))
+    output.fill_(7.0)
+    impl.forward(layer, query, new_k, new_v, kv_cache, meta, output)
+    expected = float64_attention(query[:num_real], real_k, real_v, softmax_scale, flipped)
+    assert relative_error(output[:num_real], expected) <= TOLERANCE[torch.bfloat16]
+    assert torch.all(output[num_real:num_actual] == 0)
 
 
 def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
     """vLLM's own Attention layer builds the impl (its positional call), and its forward runs
     unified_kv_cache_update + unified_attention_with_output into our impl, with per-head scale
     buffers as vLLM's compressed-tensors loader registers them."""
-    from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
-    from vllm.model_executor.layers.attention.attention import Attention
 
-    vllm_backend.register()
     gen = torch.Generator().manual_seed(11)
-    name = "drafter.layers.0.self_attn.attn"
-    with set_current_vllm_config(vllm_config):
-        layer = Attention(
-            NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=NUM_KV_HEADS,
-            cache_config=CacheConfig(cache_dtype="fp8"), prefix=name,
-            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(),
-        )  # fmt: skip
+    layer = make_layer(vllm_config)
     assert isinstance(layer.impl, Fp8NoncausalAttentionImpl)
     assert layer.get_kv_cache_spec(vllm_config).dtype == torch.uint8
     keys = [drafter_rows(gen, kv) for kv in KV_LENS]
@@ -428,13 +531,13 @@ def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
     ]
     context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
     layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
-    spec = layer.get_kv_cache_spec(vllm_config)
-    meta = Fp8NoncausalMetadataBuilder(spec, [name], vllm_config, "cpu").build(0, common)
+    meta = make_builder(vllm_config, layer).build(0, common)
     new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
     new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
     num_tokens = sum(Q_LENS)
     query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
-    with set_forward_context({name: meta}, vllm_config, slot_mapping={name: common.slot_mapping}):
+    with set_forward_context({LAYER_NAME: meta}, vllm_config,
+                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
         output = layer(query, new_k.flatten(1), new_v.flatten(1))
     assert output.shape == (num_tokens, NUM_HEADS * HEAD_SIZE)
     real_k = [dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys]
@@ -486,23 +589,24 @@ def test_profiling_run_without_metadata_zero_fills():
     assert not output.any()
 
 
-def test_forward_reads_no_device_value_on_the_host(vllm_config):
-    """CUDA-graph safety without a GPU: forward on "meta" tensors, which have no values, runs
-    the impl, the API's validation and the dispatch and reaches the op's fake kernel; any
+def test_build_and_forward_read_no_device_value_on_the_host(vllm_config):
+    """CUDA-graph safety without a GPU: build (the plan) and forward (the run) on "meta" tensors,
+    which have no values, go through the builder, the plan's checks and the impl; any
     .item()/.tolist()/bool(tensor)/.cpu() on the way (a device-to-host sync on a GPU) raises."""
-    impl = Fp8NoncausalAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "fp8")
-    common, _ = make_batch_metadata(torch.Generator().manual_seed(3), num_blocks=32)
+    layer = make_layer(vllm_config)
+    builder = make_builder(vllm_config, layer, device="meta")
+    common, _ = make_batch_metadata(torch.Generator().manual_seed(3), num_blocks=32,
+                                    padded_tokens=2, strided=True)  # fmt: skip
     common = common.replace(**{
         name: getattr(common, name).to("meta")
         for name in ("query_start_loc", "seq_lens", "block_table_tensor", "slot_mapping", "causal")
     })  # fmt: skip
-    spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-                             dtype=torch.uint8)  # fmt: skip
-    meta = Fp8NoncausalMetadataBuilder(spec, ["l"], vllm_config, "meta").build(0, common)
+    meta = builder.build(0, common)
     kv_cache = torch.empty(32, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8,
                            device="meta")  # fmt: skip
     scale = torch.empty(NUM_KV_HEADS, device="meta")
-    layer = SimpleNamespace(_k_scale=scale, _v_scale=scale)
-    query = torch.empty(sum(Q_LENS) + 2, NUM_HEADS, HEAD_SIZE, dtype=torch.bfloat16, device="meta")
+    state = SimpleNamespace(_k_scale=scale, _v_scale=scale)
+    query = torch.empty(common.num_actual_tokens, NUM_HEADS, HEAD_SIZE, dtype=torch.bfloat16,
+                        device="meta")  # fmt: skip
     output = torch.empty_like(query)
-    assert impl.forward(layer, query, None, None, kv_cache, meta, output) is output
+    assert layer.impl.forward(state, query, None, None, kv_cache, meta, output) is output
