@@ -1,73 +1,148 @@
-"""Ahead-of-time build of the tcgen05 family (CUTLASS Python DSL -> export_to_c -> shared library).
+"""Ahead-of-time build of the tcgen05 family: CUTLASS Python DSL -> export_to_c -> shared library.
 
-NEVER RUN ON A GPU. Usage: ``python -m dsl.build --out build/tcgen05 [--arch sm_100a ...]
-[--variant NAME ...]``. Needs ``nvidia-cutlass-dsl[cu13]==4.8.x``; no driver or GPU.
+NEVER RUN ON A GPU: the library this writes has been built and loaded on CPU machines only.
+
+``python -m dsl.build --out DIR [--arch sm_100a] [--variant NAME] [--ci]`` compiles each variant
+for each architecture with fake pointers (no driver needed), keeps its PTX and cubin under
+``DIR/<arch>/<variant>/`` (for the SASS checks), exports a header and an object per variant, and
+links every object with the DSL's static runtime and cudart into ``DIR/libfp8nca_tcgen05.so``
+(only libc and libdl needed at load time; the cubins ride inside as data and load on first
+call). ``DIR/build.json`` records each variant's compile time. Needs ``nvidia-cutlass-dsl[cu13]``
+4.8.x and a host C compiler; the CUDA toolkit only for ``libcudart_static.a``.
 """
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from dsl.tcgen05.traits import ARCHS, Variant
+from dsl.tcgen05.traits import ARCHS, Q_DTYPES, Variant
+
+LIBRARY = "libfp8nca_tcgen05.so"
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+# The variants the family builds today: head_dim 128, e4m3, 32 query rows per CTA, page size 16
+# (the drafter default), both query dtypes. See docs/tcgen05.md for what is left.
+VARIANTS = tuple(Variant(128, 32, 16, q) for q in Q_DTYPES)
+# CI's share: one variant per architecture keeps the compile under ~1 minute per arch on 2 cores.
+CI_VARIANTS = VARIANTS[:1]
+
+
+def symbol(variant: Variant, arch: str) -> str:
+    """C symbol prefix of one exported variant."""
+    return f"fp8nca_{variant.name}_{arch}"
 
 
 def compile_variant(variant: Variant, arch: str, out_dir: Path):
-    """Trace and compile one variant for ``arch`` with fake pointers; keep PTX and cubin in
-    ``out_dir/<arch>/<variant.name>/``. Returns the compiled object (for export_to_c)."""
+    """Trace and compile one variant for ``arch`` with fake pointers, keeping PTX and cubin in
+    ``out_dir/<arch>/<variant.name>/``. Returns the DSL's compiled function object."""
     keep = out_dir / arch / variant.name
     keep.mkdir(parents=True, exist_ok=True)
-    os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
-    os.environ["CUTE_DSL_DUMP_DIR"] = str(keep)
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_ptr
 
     from dsl.tcgen05.kernel import _DTYPES, Tcgen05PagedAttention
 
-    gmem = cute.AddressSpace.gmem
-    qt = _DTYPES[variant.q_dtype]
-    kvt = _DTYPES[variant.kv_dtype]
-
     def ptr(dtype, align=16):
-        return make_ptr(dtype, 0, gmem, assumed_align=align)
+        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
 
-    kernel = Tcgen05PagedAttention(variant)
-    i64 = cutlass.Int64(0)
-    i32 = cutlass.Int32(0)
+    qt, kvt = _DTYPES[variant.q_dtype], _DTYPES[variant.kv_dtype]
+    i32, i64 = cutlass.Int32(0), cutlass.Int64(0)
     return cute.compile(
-        kernel,
-        ptr(qt),
-        ptr(kvt),
-        ptr(kvt),
-        ptr(qt),
-        ptr(cutlass.Int32, 4),
-        ptr(cutlass.Int32, 4),
-        ptr(cutlass.Int32, 4),
-        ptr(cutlass.Float32, 4),
-        ptr(cutlass.Float32, 4),
-        ptr(cutlass.Uint8, 1),
-        ptr(cutlass.Float32, 16),
-        ptr(cutlass.Float32, 4),
-        *([i64] * 13),
-        *([i32] * 8),
-        cutlass.Float32(1.0),
+        Tcgen05PagedAttention(variant),
+        ptr(qt),  # q
+        ptr(kvt),  # k
+        ptr(kvt),  # v
+        ptr(qt),  # out
+        ptr(cutlass.Int32, 4),  # block_table
+        ptr(cutlass.Int32, 4),  # cu_seqlens_q
+        ptr(cutlass.Int32, 4),  # seq_lens
+        ptr(cutlass.Float32, 4),  # k_scale
+        ptr(cutlass.Float32, 4),  # v_scale
+        ptr(cutlass.Uint8, 1),  # causal flags (bytes)
+        ptr(cutlass.Float32, 16),  # ws_o
+        ptr(cutlass.Float32, 4),  # ws_lse
+        *([i64] * 13),  # q, o, k, v, block-table strides; causal stride
+        *([i32] * 8),  # causal width, causal, num_tokens, num_seqs, heads, row tiles, splits
+        cutlass.Float32(1.0),  # softmax scale
         make_fake_stream(),
+        # Per-compile options (the CUTE_DSL_* environment is read once per process).
+        options=f"--gpu-arch={arch} --keep-ptx --keep-cubin --dump-dir={keep}",
     )
 
 
+def cubins(out_dir: Path, arch: str, variant: Variant) -> list[Path]:
+    """The kept cubins of one compiled variant."""
+    return sorted((out_dir / arch / variant.name).glob("*.cubin"))
+
+
+def link(objects: list[Path], out_dir: Path) -> Path:
+    """Link exported objects with the DSL runtime and static cudart into one shared library."""
+    import nvidia_cutlass_dsl
+
+    runtime = Path(list(nvidia_cutlass_dsl.__path__)[0]) / "cu13" / "lib"
+    library = out_dir / LIBRARY
+    cmd = [
+        os.environ.get("CXX", "c++"),
+        "-shared",
+        "-o",
+        str(library),
+        *map(str, objects),
+        str(runtime / "libcuda_dialect_runtime_static.a"),
+        str(CUDA_HOME / "lib64" / "libcudart_static.a"),
+        "-ldl",
+        "-lrt",
+        "-lpthread",
+    ]
+    subprocess.run(cmd, check=True)
+    return library
+
+
+def build(out_dir: Path, archs: list[str], variants: list[Variant]) -> dict:
+    """Compile, export and link; returns the build record written to ``build.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"library": LIBRARY, "never_run_on_gpu": True, "variants": []}
+    objects = []
+    for arch in archs:
+        for variant in variants:
+            start = time.perf_counter()
+            compiled = compile_variant(variant, arch, out_dir)
+            name = symbol(variant, arch)
+            compiled.export_to_c(str(out_dir), name, name)
+            seconds = time.perf_counter() - start
+            objects.append(out_dir / f"{name}.o")
+            record["variants"].append(
+                {
+                    "arch": arch,
+                    "variant": variant.name,
+                    "symbol": name,
+                    "header": f"{name}.h",
+                    "cubins": [str(p.relative_to(out_dir)) for p in cubins(out_dir, arch, variant)],
+                    "compile_seconds": round(seconds, 1),
+                }
+            )
+            print(f"{arch} {variant.name}: {seconds:.1f} s", flush=True)
+    link(objects, out_dir)
+    (out_dir / "build.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--arch", action="append", choices=ARCHS)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="build directory")
+    parser.add_argument("--arch", action="append", choices=ARCHS, help="default: all")
+    parser.add_argument("--variant", action="append", help="variant name; default: all")
+    parser.add_argument("--ci", action="store_true", help="only the CI variants")
     args = parser.parse_args(argv)
-    v = Variant(128, 32, 16, "bfloat16")
-    for arch in args.arch or ARCHS[:1]:
-        t0 = time.perf_counter()
-        compile_variant(v, arch, args.out)
-        print(f"{arch} {v.name}: {time.perf_counter() - t0:.1f} s")
+    pool = CI_VARIANTS if args.ci else VARIANTS
+    variants = [v for v in pool if not args.variant or v.name in args.variant]
+    if not variants:
+        parser.error(f"no variant named {args.variant}; known: {[v.name for v in pool]}")
+    build(args.out, args.arch or list(ARCHS), variants)
     return 0
 
 

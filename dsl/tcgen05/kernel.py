@@ -21,6 +21,7 @@ under the softmax of this one) follows the CUTLASS mixed-input decode example's 
 
 import math
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -96,7 +97,7 @@ class Tcgen05PagedAttention:
         row_tiles: cutlass.Int32,  # ceil(max_seqlen_q * group / rows)
         num_splits: cutlass.Int32,
         softmax_scale: cutlass.Float32,
-        stream,
+        stream: cuda.CUstream,
     ):
         tile_m, tile_n, tile_k = self.mma_tile
         # S^T = K Q^T: A = converted K in TMEM (K-major), B = Q in smem (K-major).
