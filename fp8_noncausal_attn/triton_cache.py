@@ -49,19 +49,25 @@ def _encode_bf16(x):
 
 
 @triton.jit
+def _saturate(x, FMAX: tl.constexpr):
+    """Clamp to the format's finite max (SPEC §4: never inf from a finite input), NaN kept.
+
+    Clamping before rounding gives what rounding would for every value below the overflow
+    threshold; NaN is kept apart because min/max would turn it into FMAX on a GPU.
+    """
+    return tl.where(x != x, x, tl.minimum(tl.maximum(x, -FMAX), FMAX))
+
+
+@triton.jit
 def _encode(x, FORMAT: tl.constexpr, FMAX: tl.constexpr):
     if FORMAT == 0:
         return _encode_fp8(x, 3, 7, FMAX)
     elif FORMAT == 1:
         return _encode_fp8(x, 2, 15, FMAX)
-    # 16-bit formats saturate too (SPEC §4: never inf from a finite input). Clamping before the
-    # rounding gives what rounding would for every value below the overflow threshold; NaN is
-    # kept apart because min/max would turn it into FMAX on a GPU.
-    saturated = tl.where(x != x, x, tl.minimum(tl.maximum(x, -FMAX), FMAX))
-    if FORMAT == 2:
-        return _encode_bf16(saturated)
+    elif FORMAT == 2:
+        return _encode_bf16(_saturate(x, FMAX))
     else:
-        return saturated.to(tl.float16)
+        return _saturate(x, FMAX).to(tl.float16)
 
 
 @triton.jit
