@@ -1,0 +1,324 @@
+"""CPU emulation of the tcgen05 kernel's data path (dsl/tcgen05/kernel.py), in float64.
+
+The kernel has never run on a GPU. What can be checked without one is that its index maps, which
+it imports from dsl/tcgen05/layouts.py (the same functions are called here, not a copy), put the
+right bytes in the right places: which CTA owns which rows (token, head) and key tiles (split
+ranges), which pages and 16-byte chunks each converter thread copies and where in the swizzled
+ring they land, the order in which the two MMA warps consume the converted K/V items, the mask
+predicate and per-column constants, the bf16 -> fp16 row scaling, the online-softmax update
+order and the split-KV state handed to the merge. The ring is read back through the UMMA
+128-byte-swizzle layout the DSL gives the ldmatrix reads (test_tcgen05_host checks that layout
+against the DSL itself). Planted bugs in the maps must make the comparison fail.
+
+What this does not check: the tcgen05 / TMEM fragment layouts inside the DSL's own partitions
+(CUTLASS's responsibility), pipelines and barriers (races), anything about speed.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import TOLERANCE
+
+import fp8_noncausal_attn as fna
+from dsl.tcgen05 import layouts as L
+from dsl.tcgen05 import traits as T
+from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.validation import validate_attention
+
+
+def _select(cond, a, b):
+    return a if cond else b
+
+
+def umma_sw128_read(tile_bytes: np.ndarray) -> np.ndarray:
+    """[128 rows, 128 bytes] as ldmatrix sees a staged item: byte b of row j at
+    Swizzle<3,4,3>(j * 128 + b), the DSL's make_smem_layout_a for 8-bit K-major (K) and
+    MN-major (V) 128 x 128 tiles (test_tcgen05_host compares this with the DSL)."""
+    j = np.arange(128)[:, None]
+    b = np.arange(128)[None, :]
+    linear = j * 128 + b
+    swizzled = linear ^ (((linear >> 7) & 7) << 4)
+    return tile_bytes[swizzled]
+
+
+def _flat_bytes(cache: torch.Tensor) -> np.ndarray:
+    """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
+    raw = cache.view(torch.uint8)
+    return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
+
+
+def _fp8_to_float(b: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(b.copy()).view(torch.float8_e4m3fn).double().numpy()
+
+
+def q_to_fp16(q: np.ndarray, is_bf16: bool) -> tuple[np.ndarray, float]:
+    """One query row (float32 values of the query dtype) as the kernel's fp16 operand, and the
+    factor 2^-e that rejoins the softmax scale."""
+    if not is_bf16:
+        return q.astype(np.float16).astype(np.float64), 1.0
+    biggest = np.float32(np.abs(q).max())
+    biased = int((biggest.view(np.int32) >> 23) & 0xFF)
+    e = L.row_scale_exponent(biased)
+    return (q * np.float32(2.0**e)).astype(np.float16).astype(np.float64), 2.0**-e
+
+
+def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
+    """Converted-item indices the two MMA warps consume, replaying their loops in kernel.py:
+    BMM1 takes ``d_tiles`` items per tile and skips the V items of the previous tile; BMM2 first
+    skips tile 0's K items, then per tile skips the next tile's K items and takes its V items."""
+    kq, vp = {}, {}
+    idx = 0
+    for s in range(iters):
+        for dk in range(d_tiles):
+            kq[s, dk] = idx
+            idx += 1
+        if s > 0:
+            idx += d_tiles
+    idx = d_tiles if iters > 0 else 0
+    for s in range(iters):
+        if s < iters - 1:
+            idx += d_tiles
+        for dm in range(d_tiles):
+            vp[s, dm] = idx
+            idx += 1
+    return kq, vp
+
+
+def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
+    """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
+    rows, d_tiles, head_dim = variant.rows, variant.d_tiles, variant.head_dim
+    group = problem.num_q_heads // problem.num_kv_heads
+    cu = problem.cu_seqlens_q
+    q_start = int(cu[seq])
+    q_len = int(cu[seq + 1]) - q_start
+    kv_len = int(problem.seq_lens[seq])
+    row_base = row_tile * rows
+    num_rows = L.rows_per_kv_head(q_len, group)
+    if row_base >= num_rows:
+        return {}
+    first, end = L.split_tiles(kv_len, num_splits, split, min)
+    iters = end - first
+    causal = problem.causal
+    if problem.causal_per_seq is not None:
+        causal = int(problem.causal_per_seq[seq] != 0)
+
+    # Q prologue: rows x head_dim fp16, row factors.
+    is_bf16 = problem.query.dtype == torch.bfloat16
+    q16 = np.zeros((rows, head_dim))
+    inverse = np.ones(rows)
+    for n in range(rows):
+        r = row_base + n
+        if r < num_rows:
+            token, head = L.row_token(r, group), L.row_head(r, group, kv_head)
+            q = problem.query[q_start + token, head].float().numpy()
+            q16[n], inverse[n] = q_to_fp16(q, is_bf16)
+    k_scale = float(problem.k_scale[kv_head])
+    v_scale = float(problem.v_scale[kv_head])
+    col_scale = problem.softmax_scale * math.log2(math.e) * k_scale * inverse
+    last_key = np.array(
+        [
+            _select(
+                causal != 0,
+                L.query_position(L.row_token(row_base + n, group), q_len, kv_len),
+                kv_len - 1,
+            )
+            for n in range(rows)
+        ]
+    )
+
+    # Converter: every staged item through the ring, in the kernel's item order.
+    kc, vc = problem.key_cache, problem.value_cache
+    k_str, v_str = kc.stride()[:3], vc.stride()[:3]
+    bt = problem.block_table
+    ring = np.zeros((T.LOAD_STAGES, L.KEY_TILE * L.ITEM_BYTES), np.uint8)
+    thread = np.arange(128)
+    converted = []
+    for i in range(L.item_count(iters, d_tiles)):
+        is_v, tile, dslice = L.item_of(i, iters, d_tiles, _select)
+        stage = ring[i % T.LOAD_STAGES]
+        src, strides, base = (
+            (vbytes, v_str, vc.storage_offset()) if is_v else (kbytes, k_str, kc.storage_offset())
+        )
+        chunk = L.loader_chunk(thread)
+        for step in range(L.LOADER_STEPS):
+            row = L.loader_row(thread, step)
+            j = (first + tile) * L.KEY_TILE + row
+            for t in np.nonzero(j < kv_len)[0]:
+                col, slot = L.page_slot(int(j[t]), variant.page_size)
+                page = int(bt[seq, col])
+                off = base + L.key_offset(page, slot, kv_head, *strides)
+                off += dslice * L.ITEM_BYTES + int(chunk[t]) * L.CHUNK
+                dst = L.staged_offset(int(row[t]), int(chunk[t]))
+                stage[dst : dst + L.CHUNK] = src[off : off + L.CHUNK]
+        converted.append(_fp8_to_float(umma_sw128_read(stage)))
+
+    # MMA + softmax warps, tile by tile, in the kernel's update order.
+    kq, vp = consumer_items(iters, d_tiles)
+    m_prev = np.full(rows, -np.inf)
+    l_sum = np.zeros(rows)
+    o = np.zeros((head_dim, rows))
+    for s in range(iters):
+        k_tile = np.concatenate([converted[kq[s, dk]] for dk in range(d_tiles)], axis=1)
+        v_tile = np.concatenate([converted[vp[s, dm]] for dm in range(d_tiles)], axis=1)
+        scores = k_tile @ q16.T  # S^T [key, row]
+        j = (first + s) * L.KEY_TILE + np.arange(L.KEY_TILE)
+        visible = L.key_visible(j[:, None], kv_len, last_key[None, :], 1)
+        scores = np.where(visible, scores, -np.inf)
+        m_new = np.maximum(m_prev, scores.max(axis=0))
+        m_use = np.where(m_new == -np.inf, 0.0, m_new)
+        with np.errstate(invalid="ignore"):
+            p = np.exp2((scores - m_use) * col_scale)
+            correction = np.exp2((m_prev - m_use) * col_scale)
+        l_sum = l_sum * correction + p.sum(axis=0)
+        p16 = p.astype(np.float16).astype(np.float64)
+        o = o * correction + v_tile.T @ p16
+        m_prev = m_new
+
+    result = {}
+    for n in range(rows):
+        r = row_base + n
+        if r < num_rows:
+            token, head = L.row_token(r, group), L.row_head(r, group, kv_head)
+            inv = v_scale / l_sum[n] if l_sum[n] > 0 else 0.0
+            lse = m_prev[n] * col_scale[n] + math.log2(l_sum[n]) if l_sum[n] > 0 else -math.inf
+            result[q_start + token, head] = (o[:, n] * inv, lse)
+    return result
+
+
+def emulate(problem, variant, num_splits: int) -> torch.Tensor:
+    """The whole launch (grid = row tiles x KV heads x sequences x splits) and the merge."""
+    group = problem.num_q_heads // problem.num_kv_heads
+    row_tiles = L.ceil_div(problem.max_seqlen_q * group, variant.rows)
+    kbytes, vbytes = _flat_bytes(problem.key_cache), _flat_bytes(problem.value_cache)
+    states = {}
+    for seq in range(problem.num_seqs):
+        for row_tile in range(row_tiles):
+            for kv_head in range(problem.num_kv_heads):
+                for split in range(num_splits):
+                    part = emulate_cta(
+                        problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes
+                    )
+                    for key, state in part.items():
+                        states.setdefault(key, []).append(state)
+    out = torch.zeros(problem.query.shape, dtype=torch.float64)
+    for (token, head), parts in states.items():
+        if num_splits == 1:
+            out[token, head] = torch.from_numpy(parts[0][0])
+            continue
+        # The existing merge kernel: weights 2^(lse - max), O already normalised.
+        lse = np.array([p[1] for p in parts])
+        top = lse.max() if np.isfinite(lse.max()) else 0.0
+        w = np.exp2(lse - top)
+        acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
+        out[token, head] = torch.from_numpy(acc / w.sum() if w.sum() > 0 else acc * 0)
+    return out
+
+
+CASES = {
+    # drafter block, GQA 4 (R = 64: two row tiles of 32), bidirectional, bf16 query
+    "bf16_bidir_gqa4": dict(
+        q_lens=[16, 9], kv_lens=[300, 140], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, splits=1,
+    ),
+    # fp16 query, causal, page size 64, split into 3 (one split of the short sequence is empty)
+    "f16_causal_split3": dict(
+        q_lens=[7, 12], kv_lens=[260, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
+        causal=True, query_dtype=torch.float16, splits=3,
+    ),
+    # per-sequence int32 flags read through strided index tensors, page size 32, MHA
+    "int32_flags_strided": dict(
+        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
+        causal=[True, False, True], causal_dtype=torch.int32, index_step=2, splits=2,
+    ),
+    # bool flags, page size 256 (two key tiles per page), q_len == kv_len
+    "bool_flags_page256": dict(
+        q_lens=[16, 4], kv_lens=[16, 390], num_q_heads=4, num_kv_heads=2, block_size=256,
+        causal=[False, True], causal_dtype=torch.bool, splits=1,
+    ),
+}  # fmt: skip
+
+
+def _run_case(name: str) -> float:
+    spec = dict(CASES[name])
+    splits = spec.pop("splits")
+    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=128, seed=5, **spec)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    variant = T.Variant(128, 32, problem.block_size, str(case.query.dtype).split(".")[1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    n = int(case.cu_seqlens_q[-1])
+    assert out[:n].abs().sum() > 0
+    return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_tcgen05_kernel_matches_reference(name):
+    error, tolerance = _run_case(name)
+    assert error <= tolerance
+
+
+def _no_swizzle(row, chunk):
+    return row * L.ITEM_BYTES + chunk * L.CHUNK
+
+
+def _causal_off_by_one(j, kv_len, position, causal):
+    return (j < kv_len) & ((causal == 0) | (j < position))
+
+
+def _k_and_v_swapped(i, iters, d_tiles, select):
+    is_v, tile, dslice = PLANTED_ORIGINALS["item_of"](i, iters, d_tiles, select)
+    return not is_v, tile, dslice
+
+
+def _slot_off_by_one(j, page_size):
+    return j // page_size, (j + 1) % page_size
+
+
+def _head_from_token(r, group, kv_head):
+    return kv_head * group + r // group % group
+
+
+def _split_drops_last_tile(kv_len, num_splits, split, minimum):
+    first, end = PLANTED_ORIGINALS["split_tiles"](kv_len, num_splits, split, minimum)
+    return first, minimum(end, L.ceil_div(kv_len, L.KEY_TILE) - 1)
+
+
+PLANTED_ORIGINALS = {"item_of": L.item_of, "split_tiles": L.split_tiles}
+PLANTED = {
+    "staged_offset": (_no_swizzle, "bf16_bidir_gqa4"),
+    "key_visible": (_causal_off_by_one, "f16_causal_split3"),
+    "item_of": (_k_and_v_swapped, "bf16_bidir_gqa4"),
+    "page_slot": (_slot_off_by_one, "int32_flags_strided"),
+    "row_head": (_head_from_token, "bf16_bidir_gqa4"),
+    "split_tiles": (_split_drops_last_tile, "f16_causal_split3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_index_bug_is_caught(name, monkeypatch):
+    bug, case = PLANTED[name]
+    monkeypatch.setattr(L, name, bug)
+    error, tolerance = _run_case(case)
+    assert not error <= tolerance  # NaN counts as caught
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bf16_row_scaling_is_exact_down_to_2_pow_minus_32_of_the_row_max(seed):
+    """bf16 rows with 40 binades of spread: every element whose scaled value is >= 2^-17 (i.e.
+    >= 2^-32 of the row's largest binade) survives fp16 exactly, the largest stays <= 65280, and
+    the rest moves by less than 2^-25 of the unscaled unit."""
+    gen = torch.Generator().manual_seed(seed)
+    exps = torch.randint(-30, 10, (64, 128), generator=gen).float()
+    q = (torch.randn(64, 128, generator=gen) * torch.exp2(exps)).bfloat16().float().numpy()
+    for row in q:
+        q16, inv = q_to_fp16(row, True)
+        scaled = row.astype(np.float64) / inv
+        assert np.abs(scaled).max() <= 65280
+        assert np.abs(scaled).max() >= 2.0**15
+        big = np.abs(scaled) >= 2.0**-17
+        assert np.array_equal(q16[big], scaled[big])
+        assert np.all(np.abs(q16 - scaled) <= 2.0**-25)
