@@ -22,6 +22,7 @@ from types import ModuleType
 import torch
 
 from . import dispatch
+from .api import paged_attention, run_one_shot
 from .masking import normalize_causal
 from .problem import AttentionProblem
 from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, check_score_scale, normalize_scale
@@ -424,16 +425,12 @@ class PagedAttention:
     ) -> torch.Tensor:
         """The planned backend cannot take these particular tensors (e.g. their alignment):
         ``auto`` runs them one-shot on the backend that can, a named backend refuses."""
-        from .api import run_one_shot
-
         if plan.requested != "auto":
             raise RuntimeError(f"backend {plan.backend!r} cannot run these tensors: {why}")
         run_one_shot(problem, out, "auto")
         return out
 
     def _run_through_op(self, plan, query, key_cache, value_cache, k_scale, v_scale, out):
-        from .api import paged_attention
-
         return paged_attention(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
