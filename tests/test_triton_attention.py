@@ -142,6 +142,33 @@ def test_cuda_graph_replay_with_new_lengths():
     assert torch.equal(out, eager)
 
 
+@pytest.mark.gpu
+def test_cuda_graph_replay_follows_in_place_updates():
+    """As vLLM replays: captured at max_model_len with padded rows; lengths and int32 causal
+    flags change in place (strided buffers); replay equals eager and the reference."""
+    case = make_case(
+        [8, 8], [300, 2000], causal=[1, 0], causal_dtype=torch.int32, index_step=2,
+        padded_rows=8, device="cuda", seed=21,
+    )  # fmt: skip
+    out = torch.empty_like(case.query)
+    kwargs = case.kwargs() | {"max_seqlen_k": 32768}
+
+    def run():
+        fna.paged_attention(*case.args(), **kwargs, out=out, backend="triton")
+
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    case.seq_lens.copy_(torch.tensor([90, 1500], dtype=torch.int32, device="cuda"))
+    case.causal.copy_(torch.tensor([0, 1], dtype=torch.int32, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    eager = fna.paged_attention(*case.args(), **kwargs, backend="triton")
+    assert torch.equal(out, eager) and (out[16:] == 0).all()
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.parametrize(
     "cache_dtype,query_dtype", [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)]
 )
