@@ -566,7 +566,9 @@ class Tcgen05PagedAttention:
             cute.recast_ptr(ring, dtype=cutlass.Int32),
             cute.make_layout(T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES // 4),
         )
-        for w in cutlass.range_constexpr(T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES // 4 // 128):
+        for w in cutlass.range(
+            T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES // 4 // 128, unroll_full=True
+        ):
             ring_words[w * 128 + wg_tidx] = cutlass.Int32(0)
 
         self.q_prologue(

@@ -1,0 +1,159 @@
+"""Host-side checks of the tcgen05 family (never run on a GPU): variant table, TMEM and shared
+memory budgets, and the shared-memory layouts the kernel writes by hand, compared with the
+layouts the CUTLASS DSL builds for the UMMA operands (those need the DSL, else skipped)."""
+
+import pytest
+
+from dsl import build
+from dsl.tcgen05 import layouts as L
+from dsl.tcgen05 import traits as T
+
+
+def test_variant_table_covers_both_query_dtypes_and_both_archs():
+    assert {v.q_dtype for v in build.VARIANTS} == {"bfloat16", "float16"}
+    assert T.ARCHS == ("sm_100a", "sm_103a")
+    names = [v.name for v in build.VARIANTS]
+    assert len(set(names)) == len(names)
+    assert set(build.CI_VARIANTS) <= set(build.VARIANTS)
+    symbols = {build.symbol(v, a) for v in build.VARIANTS for a in T.ARCHS}
+    assert len(symbols) == len(build.VARIANTS) * len(T.ARCHS)
+
+
+@pytest.mark.parametrize("variant", build.VARIANTS, ids=lambda v: v.name)
+def test_built_variants_fit_tmem_and_shared_memory(variant):
+    variant.check()
+    assert variant.tmem_columns <= T.TMEM_COLUMNS
+    assert variant.tmem_alloc_columns >= variant.tmem_columns
+    assert variant.tmem_alloc_columns & (variant.tmem_alloc_columns - 1) == 0
+    assert variant.smem_bytes <= T.SMEM_BYTES
+    assert variant.convert_stages >= 2  # the converter can run one item ahead of the MMA
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "rows", "s_stages", "convert_stages", "tmem"),
+    [
+        (128, 32, 2, 4, 352),  # 2 x 32 (S) + 32 (O) + 4 x 64 (K/V)
+        (128, 64, 2, 4, 448),
+        (128, 128, 2, 2, 512),  # S double-buffered, two converted items
+        (256, 64, 2, 4, 512),
+        (256, 128, 1, 2, 512),  # O takes 256 columns: S single-buffered
+    ],
+)
+def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
+    v = T.Variant(head_dim, rows, 16, "bfloat16")
+    assert (v.s_stages, v.convert_stages, v.tmem_columns) == (s_stages, convert_stages, tmem)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(head_dim=64), "head_dim 64"),
+        (dict(rows=12), "rows 12"),
+        (dict(page_size=8), "page_size 8"),
+        (dict(page_size=48), "page_size 48"),
+        (dict(q_dtype="float32"), "dtypes"),
+        (dict(kv_dtype="float8_e5m2"), "dtypes"),
+        (dict(head_dim=256, rows=256), "no TMEM column"),
+    ],
+)
+def test_unbuildable_variants_are_refused(kwargs, message):
+    args = dict(head_dim=128, rows=32, page_size=16, q_dtype="bfloat16") | kwargs
+    with pytest.raises(ValueError, match=message):
+        T.Variant(**args).check()
+
+
+def test_loader_covers_every_chunk_of_an_item_once():
+    seen = sorted(
+        L.staged_offset(L.loader_row(t, s), L.loader_chunk(t))
+        for t in range(128)
+        for s in range(L.LOADER_STEPS)
+    )
+    assert seen == list(range(0, L.KEY_TILE * L.ITEM_BYTES, L.CHUNK))
+
+
+def test_item_order_has_every_k_and_v_item_once():
+    for iters in range(1, 6):
+        for d_tiles in (1, 2):
+            items = [
+                L.item_of(i, iters, d_tiles, lambda c, a, b: a if c else b)
+                for i in range(L.item_count(iters, d_tiles))
+            ]
+            expected = {
+                (v, s, d) for v in (False, True) for s in range(iters) for d in range(d_tiles)
+            }
+            assert set(items) == expected and len(items) == len(expected)
+            # K of a tile always precedes V of the same tile.
+            for s in range(iters):
+                assert items.index((False, s, 0)) < items.index((True, s, 0))
+
+
+def test_split_ranges_partition_the_key_tiles():
+    for kv_len in (1, 127, 128, 129, 1000):
+        for splits in (1, 2, 3, 7):
+            ranges = [L.split_tiles(kv_len, splits, s, min) for s in range(splits)]
+            tiles = [t for first, end in ranges for t in range(first, end)]
+            assert tiles == list(range(L.ceil_div(kv_len, L.KEY_TILE)))
+
+
+# ---------------------------------------------------------------------------- DSL layouts
+@pytest.fixture(scope="module")
+def dsl_layouts():
+    """Offsets of the DSL's UMMA smem layouts, evaluated while tracing (no GPU, no kernel)."""
+    pytest.importorskip("cutlass")
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.blackwell_helpers as sm100_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+
+    rows = 32
+    found = {}
+
+    def mma(b_major):
+        return sm100_utils.make_trivial_tiled_mma(
+            cutlass.Float16,
+            cutlass.Float16,
+            OperandMajorMode.K,
+            b_major,
+            cutlass.Float32,
+            tcgen05.CtaGroup.ONE,
+            (L.KEY_TILE, rows),
+            tcgen05.OperandSource.TMEM,
+        )
+
+    @cute.jit
+    def probe():
+        tile = (L.KEY_TILE, rows, L.ITEM_BYTES)
+        fp8 = cutlass.Float8E4M3FN
+        k = sm100_utils.make_smem_layout_a(mma(OperandMajorMode.K), tile, fp8, 2)
+        v = sm100_utils.make_smem_layout_a(mma(OperandMajorMode.MN), tile, fp8, 2, is_k_major=False)
+        q = sm100_utils.make_smem_layout_b(mma(OperandMajorMode.K), tile, cutlass.Float16, 2)
+        found["k"] = {
+            (j, b): k(((j, b % 16), 0, b // 16, 1)) for j in range(128) for b in range(128)
+        }
+        found["v"] = {
+            (j, b): v(((b, j % 16), 0, j // 16, 1)) for j in range(128) for b in range(128)
+        }
+        # The kernel's Q-prologue index (kernel.q_prologue) for 2 x 128 head dims.
+        found["q"] = [
+            q(((r, d % 16), 0, (d % L.ITEM_BYTES) // 16, d // L.ITEM_BYTES))
+            for r in range(rows)
+            for d in range(2 * L.ITEM_BYTES)
+        ]
+
+    cute.compile(probe)
+    return found
+
+
+@pytest.mark.parametrize("operand", ["k", "v"])
+def test_staged_offset_is_the_umma_layout_ldmatrix_reads(dsl_layouts, operand):
+    """The converter's cp.async destinations (layouts.staged_offset) are where the DSL's K-major
+    (K) and MN-major (V) 8-bit A-operand layouts put key row j, byte b (stage 1 of 2)."""
+    stage = L.KEY_TILE * L.ITEM_BYTES
+    for (j, b), offset in dsl_layouts[operand].items():
+        assert offset == stage + L.staged_offset(j, b // L.CHUNK) + b % L.CHUNK, (j, b)
+
+
+def test_q_prologue_index_fills_the_b_operand_once(dsl_layouts):
+    """Every (row, head dim) the Q prologue writes lands on its own fp16 slot of the B tile."""
+    offsets = dsl_layouts["q"]
+    assert sorted(offsets) == list(range(len(offsets)))
