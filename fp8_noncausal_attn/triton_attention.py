@@ -299,9 +299,10 @@ def launch_plan(
     """Tile sizes, grid and split count for a call; host arithmetic only (no device sync).
 
     Splits keys when (sequences x KV heads x query tiles) would leave the GPU's multiprocessors
-    idle (at most ``max_splits``, e.g. what a preallocated workspace holds); ``num_splits``
-    forces a count (tests use it to cover the merge on the CPU). The count is capped by the key
-    tiles of ``max_seqlen_k``; each program derives its own key range from the real ``seq_lens``.
+    idle; ``num_splits`` forces a count (tests use it to cover the merge on the CPU). Either way
+    the count is capped by ``max_splits`` (e.g. what a preallocated workspace holds) and by the
+    key tiles of ``max_seqlen_k``; each program derives its own key range from the real
+    ``seq_lens``, so a plan made for a long ``max_seqlen_k`` still splits short sequences.
     """
     rows = max(problem.max_seqlen_q * problem.group_size, 1)
     block_m = max(16, min(128, triton.next_power_of_2(rows)))
@@ -316,7 +317,7 @@ def launch_plan(
         if problem.query.is_cuda:
             target = 2 * _multiprocessor_count(problem.query.device.index or 0)
             num_splits = min(max(target // max(programs, 1), 1), max_splits)
-    num_splits = max(1, min(num_splits, key_tiles))
+    num_splits = max(1, min(num_splits, key_tiles, max_splits))
     padding_tiles = (
         0 if num_splits > 1 else triton.cdiv(problem.num_tokens * problem.group_size, block_m)
     )
