@@ -241,7 +241,7 @@ INDEX_TENSORS = ["block_table", "cu_seqlens_q", "seq_lens", "causal"]
 def test_strided_index_tensor(name, backend, num_splits):
     """Each index tensor as a strided view (zeros in the gaps) against contiguous copies."""
     case = make_case(
-        [8, 5, 1], [40, 61, 17], causal=[True, False, True], causal_dtype=torch.int32,
+        [8, 5, 3], [40, 61, 17], causal=[True, False, True], causal_dtype=torch.int32,
         device=DEVICE, seed=15,
     )  # fmt: skip
     expected = reference(case)
