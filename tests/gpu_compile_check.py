@@ -1,128 +1,109 @@
-"""Compile every shipped Triton kernel variant for a GPU target, with no GPU present.
+"""Compile every shipped Triton kernel variant for a GPU target, as launched, with no GPU present.
 
 Run in a subprocess without TRITON_INTERPRET (the interpreter replaces kernels with Python
-functions), by ``test_triton_compile.py``: what the interpreter accepts but a GPU compiler rejects
-fails here. Each variant's launch parameters come from the launcher's own ``launch_plan``.
+functions), by ``test_triton_compile.py``: ``python gpu_compile_check.py CC``. Each variant's
+launch is captured from the launcher itself (``triton_attention.paged_attention``,
+``triton_cache.reshape_and_cache`` on CPU tensors) and compiled with the specialisation Triton's
+JIT applies at launch (16-byte divisibility of aligned pointers and of integer arguments that are
+multiples of 16, the plan's constexprs, num_warps and num_stages): see
+``benchmarks/sass_model/triton_kernels.py``. A cubin with stack or local memory (register spills)
+fails the check. Prints one ``... ok`` line per compiled kernel.
 """
+
+from __future__ import annotations
 
 import sys
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
+from benchmarks.sass_model.triton_kernels import captured_launches, compile_launch
 from fp8_noncausal_attn import triton_attention, triton_cache
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
 
-TRITON_TYPES = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float8_e4m3fn: "fp8e4nv",
-    torch.float8_e5m2: "fp8e5",
-    torch.float32: "fp32",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.uint8: "u8",
-    torch.int16: "i16",
-    torch.bool: "i1",
-}
-
-
-def signature(kernel, pointer_dtypes, constexprs):
-    """Pointers named in ``pointer_dtypes``, constexprs as given, every other argument i32."""
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in pointer_dtypes:
-            sig[name] = "*" + TRITON_TYPES[pointer_dtypes[name]]
-        elif name == "softmax_scale_log2":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
-def compile_variant(kernel, pointer_dtypes, constexprs, cc, num_warps=4, num_stages=2):
-    source = ASTSource(kernel, signature(kernel, pointer_dtypes, constexprs), constexprs)
-    compiled = triton.compile(
-        source,
-        target=GPUTarget("cuda", cc, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
-    )
-    assert compiled.asm["cubin"], "no cubin produced"
-    return compiled
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+SIXTEEN = (torch.bfloat16, torch.float16)
 
 
 def attention_variants():
-    """(cache dtype, query dtype, head_dim, mask mode, split) covering every value of each."""
-    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-    sixteen = (torch.bfloat16, torch.float16)
-    for cache_dtype in fp8 + sixteen:
-        for query_dtype in sixteen:
-            yield cache_dtype, query_dtype, 128, 2, True
+    """(cache dtype, query dtype, head_dim, causal, split) covering every value of each, and the
+    IEEE fp32-dot variant (a 16-bit cache of the other dtype than the query) at every head dim.
+
+    ``causal``: False / True, or a list (per-sequence flags, bool or int32 as vLLM passes them).
+    """
+    for cache_dtype in FP8 + SIXTEEN:
+        for query_dtype in SIXTEEN:
+            yield cache_dtype, query_dtype, 128, [True, False], True
     for head_dim in (64, 256):
-        yield torch.float8_e4m3fn, torch.bfloat16, head_dim, 0, False
-    yield torch.float8_e4m3fn, torch.float16, 128, 1, False
+        yield torch.float8_e4m3fn, torch.bfloat16, head_dim, False, False
+        yield torch.bfloat16, torch.float16, head_dim, False, False
+        yield torch.float16, torch.bfloat16, head_dim, True, True
+    yield torch.float8_e4m3fn, torch.float16, 128, True, False
+    yield torch.float8_e5m2, torch.bfloat16, 128, [1, 0], False
 
 
-def compile_attention(cc):
-    for cache_dtype, query_dtype, head_dim, mask_mode, split in attention_variants():
+def attention_launches():
+    """(label, launch) for every attention variant: the kernel and, when split, the merge."""
+    for cache_dtype, query_dtype, head_dim, causal, split in attention_variants():
+        flags = isinstance(causal, list)
         case = make_case(
             [8, 8], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
             cache_dtype=cache_dtype, query_dtype=query_dtype, scales="none",
+            causal=[bool(c) for c in causal] if flags else causal,
+            causal_dtype=torch.int32 if flags and isinstance(causal[0], int) else torch.bool,
         )  # fmt: skip
         problem = validate_attention(
             *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
         )
-        plan = triton_attention.launch_plan(problem, num_splits=4 if split else 1)
-        pointers = {
-            "out_ptr": query_dtype, "part_out_ptr": torch.float32, "part_lse_ptr": torch.float32,
-            "q_ptr": query_dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
-            "block_table_ptr": torch.int32, "cu_seqlens_q_ptr": torch.int32,
-            "seq_lens_ptr": torch.int32, "k_scale_ptr": torch.float32,
-            "v_scale_ptr": torch.float32,
-            "causal_ptr": torch.bool if mask_mode == 2 else torch.int32,
-        }  # fmt: skip
-        constexprs = {
-            "GROUP": problem.group_size, "HEAD_DIM": head_dim, "BLOCK_SIZE": problem.block_size,
-            "BLOCK_M": plan["block_m"], "BLOCK_N": plan["block_n"], "MASK_MODE": mask_mode,
-            "SPLIT": split, "DOT_FP32": triton_attention.needs_fp32_dots(problem),
-        }  # fmt: skip
-        compile_variant(
-            triton_attention._paged_attention_kernel, pointers, constexprs, cc,
-            plan["num_warps"], plan["num_stages"],
-        )  # fmt: skip
-        if split:
-            compile_variant(
-                triton_attention._merge_splits_kernel,
-                {"out_ptr": query_dtype, "part_out_ptr": torch.float32,
-                 "part_lse_ptr": torch.float32},
-                {"HEAD_DIM": head_dim, "SPLITS_POW2": 4}, cc,
-            )  # fmt: skip
-        print(f"cc{cc} attention {cache_dtype} {query_dtype} d{head_dim} mask{mask_mode} ok")
+        out = torch.empty_like(problem.query)
+        names = ("_paged_attention_kernel", "_merge_splits_kernel")
+        with captured_launches(triton_attention, *names) as launches:
+            triton_attention.paged_attention(problem, out, num_splits=4 if split else 1)
+        assert len(launches) == (2 if split else 1), launches
+        label = f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split}"
+        for launch in launches:
+            yield f"attention {launch.fn.__name__} {label}", launch
 
 
-def compile_cache_writes(cc):
-    for cache_dtype, code in triton_cache._FORMATS.items():
-        for query_dtype in (torch.bfloat16, torch.float16):
-            storage = triton_cache._STORAGE[code]
-            pointers = {
-                "key_ptr": query_dtype, "value_ptr": query_dtype, "key_cache_ptr": storage,
-                "value_cache_ptr": storage, "slot_mapping_ptr": torch.int64,
-                "k_scale_ptr": torch.float32, "v_scale_ptr": torch.float32,
-            }  # fmt: skip
-            constexprs = {
-                "BLOCK_SIZE": 16, "HEAD_DIM": 128, "FORMAT": code,
-                "FMAX": float(torch.finfo(cache_dtype).max),
-            }  # fmt: skip
-            compile_variant(triton_cache._reshape_and_cache_kernel, pointers, constexprs, cc)
-            print(f"cc{cc} cache write {cache_dtype} from {query_dtype} ok")
+def cache_write_launches():
+    """(label, launch) of the cache write for every cache format and 16-bit input dtype."""
+    num_tokens, num_kv_heads, head_dim, block_size = 5, 2, 128, 16
+    for cache_dtype in triton_cache._FORMATS:
+        for input_dtype in SIXTEEN:
+            key = torch.randn(num_tokens, num_kv_heads, head_dim).to(input_dtype)
+            value = torch.randn(num_tokens, num_kv_heads, head_dim).to(input_dtype)
+            caches = [
+                torch.zeros(4, block_size, num_kv_heads, head_dim, dtype=cache_dtype)
+                for _ in range(2)
+            ]
+            slots = torch.randperm(4 * block_size)[:num_tokens]
+            scales = [torch.rand(num_kv_heads) + 0.5 for _ in range(2)]
+            with captured_launches(triton_cache, "_reshape_and_cache_kernel") as launches:
+                triton_cache.reshape_and_cache(key, value, *caches, slots, *scales)
+            (launch,) = launches
+            yield f"cache write {cache_dtype} from {input_dtype}", launch
+
+
+def all_launches():
+    yield from attention_launches()
+    yield from cache_write_launches()
+
+
+def main(cc: int) -> int:
+    failures = 0
+    for label, launch in all_launches():
+        compiled = compile_launch(launch, cc)
+        kernel = compiled.kernel
+        spill = kernel.stack > 0 or kernel.local > 0
+        verdict = "SPILLS" if spill else "ok"
+        print(
+            f"cc{cc} {label}: {kernel.arch} regs={kernel.regs} stack={kernel.stack} "
+            f"local={kernel.local} {verdict}",
+            flush=True,
+        )
+        failures += spill
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    target_cc = int(sys.argv[1])
-    compile_attention(target_cc)
-    compile_cache_writes(target_cc)
+    sys.exit(main(int(sys.argv[1])))

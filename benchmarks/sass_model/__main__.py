@@ -1,0 +1,76 @@
+"""``python -m benchmarks.sass_model --out DIR``: PREDICTED HBM-bandwidth fractions from SASS.
+
+Models the attention kernels of the built extension (default: the package's ``_C``) and the
+Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
+writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` (repeatable) models
+other builds of ``_C`` under a label (e.g. ``before=/path/_C.so``); labelled rows carry
+``[LABEL]`` in their ``kernel`` field. Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import report
+from .rows import (
+    HEAD_DIMS,
+    KV_DTYPES,
+    QUERY_DTYPES,
+    ROWS_PER_KV_HEAD,
+    ShapeSet,
+    cuda_rows,
+    triton_rows,
+)
+
+
+def default_extension() -> Path | None:
+    package = Path(__file__).resolve().parents[2] / "fp8_noncausal_attn"
+    built = sorted(package.glob("_C*.so"))
+    return built[0] if built else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sass_model", description=__doc__)
+    parser.add_argument("--out", required=True, help="directory for sass-model.json / .md")
+    parser.add_argument(
+        "--build", action="append", default=[], metavar="LABEL=PATH",
+        help="a built _C*.so (or cubin) to model under LABEL; default: the package's _C",
+    )  # fmt: skip
+    parser.add_argument("--triton-label", default="", help="label of the Triton rows")
+    parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")
+    parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA extension")
+    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS)
+    parser.add_argument("--q-dtype", action="append", choices=QUERY_DTYPES)
+    parser.add_argument("--kv-dtype", action="append", choices=KV_DTYPES)
+    parser.add_argument("--rows", type=int, action="append", choices=ROWS_PER_KV_HEAD)
+    args = parser.parse_args(argv)
+    shapes = ShapeSet(
+        tuple(args.head_dim or HEAD_DIMS), tuple(args.q_dtype or QUERY_DTYPES),
+        tuple(args.kv_dtype or KV_DTYPES), tuple(args.rows or ROWS_PER_KV_HEAD),
+    )  # fmt: skip
+
+    builds = [tuple(b.split("=", 1)) if "=" in b else ("", b) for b in args.build]
+    if not builds and not args.no_cuda:
+        built = default_extension()
+        if built is None:
+            print("no built fp8_noncausal_attn/_C*.so; pass --build PATH", file=sys.stderr)
+            return 2
+        builds = [("", str(built))]
+    rows = []
+    for label, path in builds:
+        found = cuda_rows(path, label, shapes)
+        if not found:
+            print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
+            return 1
+        rows += found
+    if not args.no_triton:
+        rows += triton_rows(args.triton_label, shapes)
+    json_path, md_path = report.write(args.out, rows)
+    print(f"wrote {json_path} and {md_path} ({len(rows)} rows, PREDICTIONS)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

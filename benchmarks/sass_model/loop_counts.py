@@ -1,0 +1,62 @@
+"""Warp-instructions per pipe in one steady-state iteration of a kernel's main loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import pipes
+from .cfg import ControlFlowGraph
+from .sass import Instruction, parse
+
+
+def _is_work(ins: Instruction) -> bool:
+    return pipes.is_tensor(ins) or pipes.is_global_load(ins) or pipes.pipe_of(ins) == pipes.MUFU
+
+
+@dataclass
+class LoopCounts:
+    """Per-warp counts of one main-loop iteration.
+
+    ``per_pipe``: warp-instructions per pipe, with the blocks holding MMA / exp work weighted by
+    1 / key_groups (a warp does that share of the tile); ``tensor_by_opcode``: tensor
+    instructions per opcode base (weighted the same way), for the MAC arithmetic;
+    ``opcodes``: unweighted opcode histogram of the iteration (for the notes).
+    """
+
+    per_pipe: dict[str, float]
+    tensor: list[tuple[Instruction, float]]
+    opcodes: Counter
+    loop_instructions: int  # static size of the whole loop body (all paths)
+    path_instructions: int  # one steady-state iteration (unweighted)
+    unknown_opcodes: set[str] = field(default_factory=set)
+
+
+def count_main_loop(sass_text: str, key_groups: int = 1) -> LoopCounts:
+    """Finds the main loop of one function's SASS and counts one steady-state iteration."""
+    graph = ControlFlowGraph(parse(sass_text))
+    loop = graph.main_loop(pipes.is_tensor)
+    path = graph.steady_state_path(loop, _is_work)
+    per_pipe = dict.fromkeys(pipes.PIPES, 0.0)
+    tensor: list[tuple[Instruction, float]] = []
+    opcodes: Counter = Counter()
+    unknown: set[str] = set()
+    for b in path:
+        body = graph.block_instructions(b)
+        shared = any(pipes.is_tensor(i) or pipes.pipe_of(i) == pipes.MUFU for i in body)
+        weight = 1.0 / key_groups if shared else 1.0
+        for ins in body:
+            per_pipe[pipes.pipe_of(ins)] += weight
+            opcodes[ins.opcode] += 1
+            if pipes.is_tensor(ins):
+                tensor.append((ins, weight))
+            if not pipes.is_known(ins):
+                unknown.add(ins.base)
+    return LoopCounts(
+        per_pipe=per_pipe,
+        tensor=tensor,
+        opcodes=opcodes,
+        loop_instructions=len(graph.loop_instructions(loop)),
+        path_instructions=sum(len(graph.block_instructions(b)) for b in path),
+        unknown_opcodes=unknown,
+    )

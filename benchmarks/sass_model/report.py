@@ -1,0 +1,63 @@
+"""Writing sass-model.json (the schema of issue 9) and sass-model.md (a Markdown table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import hardware, pipes
+
+TITLE = "Static SASS model: PREDICTED fraction of HBM bandwidth (a model, not a measurement)"
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    path.write_text(json.dumps({"assumptions": hardware.assumptions(), "rows": rows}, indent=1))
+
+
+def _short(kernel: str) -> str:
+    """``[label] void ns::name<args>(params)`` -> ``[label] name<args>`` for the table."""
+    label = ""
+    if kernel.startswith("["):
+        label, _, kernel = kernel.partition("] ")
+        label += "] "
+    head, sep, args = kernel.removeprefix("void ").split("(")[0].partition("<")
+    return label + head.split("::")[-1] + sep + args
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        f"# {TITLE}",
+        "",
+        "Every figure below is a PREDICTION of `python -m benchmarks.sass_model` from the compiled",
+        "SASS (issue-slot model, assumptions and their sources in `sass-model.json` and",
+        "`benchmarks/sass_model/hardware.py`); nothing here was measured on a GPU.",
+        "`instr/B` is warp-instructions per KV byte, summed over every warp of a CTA.",
+        "",
+        "| GPU | arch | family | kernel | D | q | kv | R | regs | smem B | CTAs/SM | "
+        + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
+        + " | binding | predicted HBM fraction |",
+        "|" + "---|" * (14 + len(pipes.PIPES)),
+    ]
+    order = sorted(
+        rows,
+        key=lambda r: (r["kernel"].partition("]")[0], r["family"], r["gpu"], r["head_dim"],
+                       r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"]),
+    )  # fmt: skip
+    for r in order:
+        per_pipe = " | ".join(f"{r['instr_per_kv_byte'][p]:.3f}" for p in pipes.PIPES)
+        lines.append(
+            f"| {r['gpu']} | {r['arch']} | {r['family']} | {_short(r['kernel'])} | "
+            f"{r['head_dim']} | {r['q_dtype']} | {r['kv_dtype']} | {r['rows_per_kv_head']} | "
+            f"{r['regs']} | {r['smem_bytes']} | {r['ctas_per_sm']} | {per_pipe} | "
+            f"{r['binding']} | {100 * r['predicted_hbm_fraction']:.0f}% (predicted) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(out_dir: str | Path, rows: list[dict]) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "sass-model.json", out / "sass-model.md"
+    write_json(json_path, rows)
+    md_path.write_text(markdown(rows))
+    return json_path, md_path

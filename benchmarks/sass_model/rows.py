@@ -1,0 +1,172 @@
+"""Rows of sass-model.json: one per (GPU, cubin arch, family, kernel, drafter shape)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from . import hardware, occupancy
+from .cubins import Kernel, read_library
+from .loop_counts import LoopCounts, count_main_loop
+from .model import predict
+from .tiles import TileFacts, cuda_tiles, normalise
+
+HEAD_DIMS = (64, 128, 256)
+QUERY_DTYPES = ("bfloat16", "float16")
+KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+ROWS_PER_KV_HEAD = (32, 64, 128)  # R = q_len x GQA group of the drafters
+
+
+@dataclass(frozen=True)
+class Shape:
+    head_dim: int
+    q_dtype: str
+    kv_dtype: str
+    rows: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return 1 if self.kv_dtype.startswith("float8") else 2
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    """The drafter shapes to model (all by default; the CLI can narrow each axis)."""
+
+    head_dims: tuple[int, ...] = HEAD_DIMS
+    q_dtypes: tuple[str, ...] = QUERY_DTYPES
+    kv_dtypes: tuple[str, ...] = KV_DTYPES
+    rows: tuple[int, ...] = ROWS_PER_KV_HEAD
+
+    def __iter__(self) -> Iterator[Shape]:
+        for head_dim in self.head_dims:
+            for q_dtype in self.q_dtypes:
+                for kv_dtype in self.kv_dtypes:
+                    for rows in self.rows:
+                        yield Shape(head_dim, q_dtype, kv_dtype, rows)
+
+
+def gpu_for(arch: str) -> hardware.Gpu | None:
+    """The modelled GPU that loads cubins of ``arch`` (sm_90a -> H200, sm_100a/f -> B200)."""
+    for gpu in hardware.GPUS:
+        if arch.startswith(gpu.arch_prefix) and arch[len(gpu.arch_prefix) :] in ("", "a", "f"):
+            return gpu
+    return None
+
+
+def make_row(
+    gpu: hardware.Gpu, kernel: Kernel, facts: TileFacts, shape: Shape, label: str,
+    counts: LoopCounts | None = None,
+) -> dict:  # fmt: skip
+    """One row of the JSON schema of issue 9 (values are PREDICTIONS)."""
+    counts = counts or count_main_loop(kernel.sass, facts.key_groups)
+    prediction = predict(gpu, counts, facts, shape.head_dim, shape.kv_bytes)
+    # cuobjdump's static SHARED includes the 1 KB the system reserves per CTA on sm_80+.
+    static = max(0, kernel.shared_static - gpu.limits.shared_reserved_per_cta)
+    smem = facts.smem_bytes + static
+    return {
+        "gpu": gpu.name,
+        "arch": kernel.arch,
+        "family": facts.family,
+        "kernel": f"[{label}] {kernel.name}" if label else kernel.name,
+        "head_dim": shape.head_dim,
+        "q_dtype": shape.q_dtype,
+        "kv_dtype": shape.kv_dtype,
+        "rows_per_kv_head": shape.rows,
+        "instr_per_kv_byte": {p: round(v, 5) for p, v in prediction.instr_per_kv_byte.items()},
+        "regs": kernel.regs,
+        "smem_bytes": smem,
+        "ctas_per_sm": occupancy.ctas_per_sm(gpu.limits, facts.threads, kernel.regs, smem),
+        "binding": prediction.binding,
+        "predicted_hbm_fraction": round(prediction.predicted_hbm_fraction, 4),
+    }
+
+
+def load_extension(path: str | Path) -> ModuleType | None:
+    """Imports a built ``_C`` from its file (for its exported plan); None if it cannot load."""
+    spec = importlib.util.spec_from_file_location("_C", str(path))
+    if spec is None or spec.loader is None:
+        return None
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None
+    return module
+
+
+def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ShapeSet()) -> list[dict]:
+    """Rows for every drafter shape x modelled GPU of the attention kernels in one build."""
+    kernels = read_library(path)
+    ext = load_extension(path)
+    rows = []
+    cache: dict[tuple[str, int], LoopCounts] = {}
+    for shape in shapes:
+        facts = cuda_tiles(ext, shape.head_dim, shape.q_dtype, shape.kv_dtype, shape.rows)
+        wanted = normalise(facts.kernel)
+        for kernel in kernels:
+            gpu = gpu_for(kernel.arch)
+            if gpu is None or wanted not in normalise(kernel.name):
+                continue
+            key = (kernel.arch + kernel.symbol, facts.key_groups)
+            if key not in cache:
+                cache[key] = count_main_loop(kernel.sass, facts.key_groups)
+            rows.append(make_row(gpu, kernel, facts, shape, label, cache[key]))
+    return rows
+
+
+# Triton targets modelled: compute capability -> the GPU whose cubins it produces.
+TRITON_TARGETS = {90: hardware.H200, 100: hardware.B200}
+GROUP = 4  # query heads per KV head of the modelled drafter (32 q heads over 8 KV heads)
+
+
+def triton_facts(launch, shape: Shape, compiled) -> TileFacts:
+    """Tile facts of a captured Triton launch: tiles and warps from the launcher's plan
+    (``triton_attention.launch_plan``, passed as the launch's constexprs and options)."""
+    block_m, block_n = launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"]
+    return TileFacts(
+        family="triton",
+        kernel=launch.fn.__name__,
+        rows_per_cta=block_m,
+        ctas_per_kv_head=-(-shape.rows // block_m),
+        keys_per_iter=block_n,
+        threads=32 * launch.kwargs["num_warps"],
+        smem_bytes=compiled.compiled.metadata.shared,
+        key_groups=1,
+        source="triton_attention.launch_plan via the captured launch",
+        cta_macs_per_iter=2 * block_m * block_n * shape.head_dim,
+    )
+
+
+def triton_rows(label: str = "", shapes: ShapeSet = ShapeSet()) -> list[dict]:
+    """Rows of the Triton drafter kernel, compiled as launched for sm_90 and sm_100."""
+    import torch
+
+    from fp8_noncausal_attn import triton_attention
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    from .triton_kernels import captured_launches, compile_launch
+
+    rows = []
+    for shape in shapes:
+        q_len = shape.rows // GROUP
+        case = make_case(
+            [q_len], [q_len + 512], num_q_heads=8 * GROUP, num_kv_heads=8,
+            head_dim=shape.head_dim, cache_dtype=getattr(torch, shape.kv_dtype),
+            query_dtype=getattr(torch, shape.q_dtype), scales="none",
+        )  # fmt: skip
+        problem = validate_attention(
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+        )
+        with captured_launches(triton_attention, "_paged_attention_kernel") as launches:
+            triton_attention.paged_attention(problem, torch.empty_like(problem.query), 1)
+        (launch,) = launches
+        for cc, gpu in TRITON_TARGETS.items():
+            compiled = compile_launch(launch, cc)
+            facts = triton_facts(launch, shape, compiled)
+            rows.append(make_row(gpu, compiled.kernel, facts, shape, label))
+    return rows
