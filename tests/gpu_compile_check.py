@@ -95,10 +95,12 @@ def main(cc: int) -> int:
         compiled = compile_launch(launch, cc)
         kernel = compiled.kernel
         spill = kernel.stack > 0 or kernel.local > 0
+        # Arguments the JIT marked 16-byte divisible (aligned pointers, strides of 16k).
+        divisible = sum(["tt.divisibility", 16] in attr for attr in compiled.attrs.values())
         verdict = "SPILLS" if spill else "ok"
         print(
             f"cc{cc} {label}: {kernel.arch} regs={kernel.regs} stack={kernel.stack} "
-            f"local={kernel.local} {verdict}",
+            f"local={kernel.local} div16={divisible} {verdict}",
             flush=True,
         )
         failures += spill

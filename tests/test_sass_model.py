@@ -1,0 +1,275 @@
+"""The static SASS model (benchmarks/sass_model): loop finder, counts, occupancy, JSON schema.
+
+The counts are checked on SASS one can reason about by hand: a hand-written listing, and a tiny
+kernel compiled here with nvcc (skipped without nvcc) whose main loop holds exactly one global
+load, one MUFU.EX2 and one mma.sync next to a larger loop without MMA. A CI test runs the tool
+over the freshly built extension (skipped without ``_C``). All figures are PREDICTIONS.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sass_model import cubins, hardware, loop_counts, occupancy, pipes, report, rows
+from benchmarks.sass_model.cfg import ControlFlowGraph
+from benchmarks.sass_model.model import predict
+from benchmarks.sass_model.sass import parse
+from benchmarks.sass_model.tiles import TileFacts, cuda_tiles
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc") or (
+    "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+)
+
+
+def sass_listing(lines: list[str]) -> str:
+    """cuobjdump-style text for instructions at offsets 0x00, 0x10, ..."""
+    return "\n".join(
+        f"        /*{16 * i:04x}*/   {text} ;   /* 0x0 */" for i, text in enumerate(lines)
+    )
+
+
+# A loop (0x20..0xd0) whose iteration skips a mask block (FSELs) unless a predicate says so,
+# and takes an MMA block guarded by another branch (a key-group split), then a tail.
+HAND_LISTING = [
+    "S2R R0, SR_TID.X",  # 0x00
+    "MOV R1, RZ",  # 0x10
+    "LDGSTS.E.128 [R2], desc[UR4][R4.64]",  # 0x20 loop header: KV load
+    "ISETP.GE.AND P0, PT, R1, R0, PT",  # 0x30
+    "@P0 BRA 0x80",  # 0x40 skip the MMA block when this warp has no share
+    "LDS.128 R8, [R3]",  # 0x50
+    "F2FP.F16.E4M3.UNPACK_B R9, R8",  # 0x60
+    "HMMA.16816.F32 R12, R8, R9, R12",  # 0x70
+    "@!P1 BRA 0xc0",  # 0x80 mask only on the last tile
+    "FSEL R12, R12, -INF , P2",  # 0x90
+    "FSEL R13, R13, -INF , P2",  # 0xa0
+    "FSEL R14, R14, -INF , P2",  # 0xb0
+    "MUFU.EX2 R12, R12",  # 0xc0
+    "IADD3 R1, R1, 0x1, RZ",  # 0xd0
+    "@P3 BRA 0x20",  # 0xe0 back edge
+    "STG.E desc[UR4][R6.64], R12",  # 0xf0
+    "EXIT",  # 0x100
+]
+
+
+def test_parser_reads_predicates_opcodes_and_targets():
+    ins = parse(sass_listing(HAND_LISTING))
+    assert len(ins) == len(HAND_LISTING)
+    assert ins[4].predicate == "P0" and ins[4].base == "BRA" and ins[4].target == 0x80
+    assert ins[8].predicate == "!P1" and ins[8].target == 0xC0
+    assert ins[7].opcode == "HMMA.16816.F32" and pipes.tensor_macs(ins[7]) == 16 * 8 * 16
+    assert ins[16].ends_flow and not ins[14].ends_flow
+
+
+def test_loop_finder_and_steady_state_path_on_hand_listing():
+    graph = ControlFlowGraph(parse(sass_listing(HAND_LISTING)))
+    (loop,) = graph.loops()
+    assert graph.instructions[graph.blocks[loop.header].start].offset == 0x20
+    assert {graph.instructions[graph.blocks[b].start].offset for b in loop.body} == {
+        0x20, 0x50, 0x80, 0x90, 0xC0,
+    }  # fmt: skip
+    path = graph.steady_state_path(loop, loop_counts._is_work)
+    offsets = [i.offset for b in path for i in graph.block_instructions(b)]
+    # The MMA block is taken (work), the FSEL mask block skipped (no work).
+    assert offsets == [0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0xC0, 0xD0, 0xE0]
+
+
+def test_counts_weight_shared_blocks_by_key_groups():
+    text = sass_listing(HAND_LISTING)
+    whole = loop_counts.count_main_loop(text, key_groups=1)
+    assert whole.path_instructions == 10 and whole.loop_instructions == 13
+    assert whole.per_pipe[pipes.TENSOR] == 1 and whole.per_pipe[pipes.CONVERSION] == 1
+    assert whole.per_pipe[pipes.MUFU] == 1 and whole.per_pipe[pipes.LSU] == 2
+    assert whole.per_pipe[pipes.FP32] == 0  # the mask block is not in the steady state
+    assert whole.per_pipe[pipes.CONTROL] == 3 and whole.per_pipe[pipes.INTEGER] == 2
+    half = loop_counts.count_main_loop(text, key_groups=2)
+    # The MMA block (LDS, F2FP, HMMA) and the MUFU block (MUFU, IADD3, BRA) are shared out.
+    assert half.per_pipe[pipes.TENSOR] == 0.5 and half.per_pipe[pipes.MUFU] == 0.5
+    assert half.per_pipe[pipes.LSU] == 1.5 and half.per_pipe[pipes.INTEGER] == 1.5
+    assert sum(half.per_pipe.values()) == pytest.approx(10 - 6 / 2)
+
+
+TINY_KERNEL = r"""
+extern "C" __global__ void tiny(const float* __restrict__ x, const unsigned* __restrict__ b,
+                                float* __restrict__ y, int n, int m) {
+  float acc = 0.f;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < m; i += 32) {  // larger loop, four FFMAs, no MMA
+    float v = x[i];
+    acc = fmaf(acc, v, 1.f); acc = fmaf(acc, v, 2.f);
+    acc = fmaf(acc, v, 3.f); acc = fmaf(acc, v, 4.f);
+  }
+  float c0 = acc, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < n; i += 32) {  // main loop: one LDG, one MUFU.EX2, one HMMA
+    unsigned a = b[i];
+    float e;
+    asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__uint_as_float(a)));
+    unsigned w = __float_as_uint(e);
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%4,%4,%4}, {%4,%4}, {%0,%1,%2,%3};"
+                 : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(w));
+  }
+  y[threadIdx.x] = c0 + c1 + c2 + c3;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_kernel(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    tmp = tmp_path_factory.mktemp("tiny")
+    (tmp / "tiny.cu").write_text(TINY_KERNEL)
+    cubin, source = tmp / "tiny.cubin", tmp / "tiny.cu"
+    subprocess.run(
+        [NVCC, "-cubin", "-arch=sm_90a", "-O3", "-o", str(cubin), str(source)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (kernel,) = cubins.read_cubin(cubin)
+    return kernel
+
+
+def test_tiny_kernel_main_loop_is_the_mma_loop(tiny_kernel):
+    assert tiny_kernel.arch == "sm_90a" and tiny_kernel.name == "tiny"
+    assert tiny_kernel.regs > 0 and tiny_kernel.local == 0 and tiny_kernel.stack == 0
+    graph = ControlFlowGraph(parse(tiny_kernel.sass))
+    loops = graph.loops()
+    assert len(loops) == 2
+    main = graph.main_loop(pipes.is_tensor)
+    other = next(loop for loop in loops if loop != main)
+    main_body = graph.loop_instructions(main)
+    # The FFMA loop is the larger one, but the main loop is the one holding the MMA.
+    assert sum(i.base == "FFMA" for i in graph.loop_instructions(other)) == 4
+    assert sum(i.base == "FFMA" for i in main_body) == 0
+    assert [i.base for i in main_body].count("HMMA") == 1
+    # A single-block loop: its body runs from the header to the one backward branch.
+    back = [i for i in main_body if i.target is not None and i.target <= i.offset]
+    assert len(back) == 1 and back[0] is main_body[-1]
+    assert len(main_body) == (back[0].offset - back[0].target) // 16 + 1
+
+
+def test_tiny_kernel_counts_per_pipe(tiny_kernel):
+    counts = loop_counts.count_main_loop(tiny_kernel.sass)
+    assert counts.per_pipe[pipes.TENSOR] == 1
+    assert counts.per_pipe[pipes.MUFU] == 1
+    assert counts.per_pipe[pipes.FP32] == 0 and counts.per_pipe[pipes.CONVERSION] == 0
+    assert counts.per_pipe[pipes.LSU] == 1  # the one LDG
+    assert counts.per_pipe[pipes.CONTROL] >= 1  # the back branch
+    assert sum(counts.per_pipe.values()) == counts.path_instructions == counts.loop_instructions
+    assert not counts.unknown_opcodes
+
+
+def test_model_arithmetic_on_tiny_kernel(tiny_kernel):
+    """Per KV byte = per-warp count x warps x CTAs / (2 x keys x head_dim x bytes)."""
+    counts = loop_counts.count_main_loop(tiny_kernel.sass)
+    facts = TileFacts("mma_sync", "tiny", 64, 2, 16, 128, 0, 1, "test")
+    prediction = predict(hardware.H200, counts, facts, head_dim=64, kv_bytes=1)
+    scale = 2 * 4 / (2 * 16 * 64)
+    assert prediction.instr_per_kv_byte[pipes.TENSOR] == pytest.approx(scale)
+    total = counts.path_instructions * scale
+    cycles = prediction.cycles_per_kv_byte
+    assert cycles["issue"] == pytest.approx(total / 4)
+    assert cycles[pipes.TENSOR] == pytest.approx(scale * 2048 / 1024)
+    assert cycles[pipes.MUFU] == pytest.approx(scale / 0.5)
+    binding = max(cycles.values())
+    expected = min(1.0, 132 * hardware.H200.clock_hz / binding / 4.8e12)
+    assert prediction.predicted_hbm_fraction == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "threads, regs, smem, expected",
+    [
+        (128, 168, 68608, 3),  # the morning's d128 kernel on sm_90a (issue 9: 3 CTAs per SM)
+        (128, 192, 68608, 2),  # the same on sm_100a (issue 9: 2)
+        (128, 64, 117760, 1),  # 16-bit cache d128, 3 stages: shared memory allows one
+        (1024, 32, 0, 2),  # 64 warps per SM
+        (128, 32, 0, 16),  # registers 16, warps 16
+        (32, 16, 0, 32),  # the 32-CTA limit
+        (256, 255, 0, 1),  # 255 registers round to 8192 per warp: 8 warps per SM
+        (128, 32, 228 * 1024, 0),  # more than a CTA may have
+    ],
+)
+def test_occupancy_arithmetic(threads, regs, smem, expected):
+    limits = hardware.H200.limits
+    assert occupancy.ctas_per_sm(limits, threads, regs, smem) == expected
+
+
+def test_morning_tile_facts_match_issue_9():
+    facts = cuda_tiles(None, 128, "bfloat16", "float8_e4m3fn", 128)
+    assert (facts.rows_per_cta, facts.ctas_per_kv_head, facts.keys_per_iter) == (64, 2, 64)
+    assert facts.smem_bytes == 68608  # issue 9: 68.6 KB
+    assert cuda_tiles(None, 128, "bfloat16", "bfloat16", 64).smem_bytes == 117760
+    assert cuda_tiles(None, 256, "float16", "float16", 64).smem_bytes == 132608
+    groups = [cuda_tiles(None, 128, "float16", "float8_e5m2", r).key_groups for r in (16, 32, 64)]
+    assert groups == [4, 2, 1]
+
+
+ROW_KEYS = {
+    "gpu": str, "arch": str, "family": str, "kernel": str, "head_dim": int, "q_dtype": str,
+    "kv_dtype": str, "rows_per_kv_head": int, "instr_per_kv_byte": dict, "regs": int,
+    "smem_bytes": int, "ctas_per_sm": int, "binding": str, "predicted_hbm_fraction": float,
+}  # fmt: skip
+
+
+def check_schema(document: dict) -> None:
+    assert set(document) == {"assumptions", "rows"}
+    assert "PREDICTION" in document["assumptions"]["model"]["kind"]
+    for gpu in hardware.GPUS:
+        entry = document["assumptions"][gpu.name]
+        assert entry["sms"] > 0 and entry["clock_hz"] > 1e9 and entry["hbm_bytes_per_s"] > 1e12
+        assert entry["sources"]
+    assert document["rows"]
+    for row in document["rows"]:
+        assert set(row) == set(ROW_KEYS)
+        for key, kind in ROW_KEYS.items():
+            assert isinstance(row[key], kind), (key, row[key])
+        assert row["gpu"] in ("H200", "B200") and row["arch"].startswith("sm_")
+        assert row["q_dtype"] in ("bfloat16", "float16")
+        assert row["kv_dtype"] in ("float8_e4m3fn", "float8_e5m2")
+        assert set(row["instr_per_kv_byte"]) == set(pipes.PIPES)
+        assert 0 < row["predicted_hbm_fraction"] <= 1
+        assert row["binding"] in ("hbm", "issue", *pipes.PIPES)
+
+
+def test_json_and_markdown_schema(tiny_kernel, tmp_path):
+    facts = TileFacts("mma_sync", "tiny", 64, 1, 16, 128, 4096, 1, "test")
+    shape = rows.Shape(64, "bfloat16", "float8_e4m3fn", 64)
+    row = rows.make_row(hardware.H200, tiny_kernel, facts, shape, "test")
+    json_path, md_path = report.write(tmp_path, [row])
+    check_schema(json.loads(json_path.read_text()))
+    table = md_path.read_text()
+    assert "PREDICTED" in table and "(predicted)" in table and "[test] tiny" in table
+
+
+def built_extension() -> Path | None:
+    found = sorted((ROOT / "fp8_noncausal_attn").glob("_C*.so"))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(built_extension() is None, reason="CUDA extension _C not built")
+def test_tool_covers_every_built_arch_and_shape(tmp_path):
+    """CI: the tool over the freshly built _C; one row per modelled arch x drafter shape."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sass_model", "--out", str(tmp_path), "--no-triton"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads((tmp_path / "sass-model.json").read_text())
+    check_schema(document)
+    archs = {k.arch for k in cubins.read_library(built_extension()) if rows.gpu_for(k.arch)}
+    assert archs, "no cubin for a modelled GPU in the build"
+    expected = {
+        (arch, s.head_dim, s.q_dtype, s.kv_dtype, s.rows) for arch in archs for s in rows.ShapeSet()
+    }
+    got = [
+        (r["arch"], r["head_dim"], r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"])
+        for r in document["rows"]
+    ]
+    assert sorted(got) == sorted(expected)
+    assert {r["family"] for r in document["rows"]} >= {"mma_sync"}
+    assert all(r["ctas_per_sm"] >= 1 for r in document["rows"])
