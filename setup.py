@@ -1,72 +1,118 @@
-"""Build hook: compiles the CUDA extension ``fp8_noncausal_attn._C`` with CMake when possible.
+"""Build hook: compiles the CUDA extension ``fp8_noncausal_attn._C`` with CMake when nvcc is found.
 
-Environment:
-  FP8NCA_BUILD_CUDA   "1" builds (fails loudly if it cannot), "0" skips; unset: build when
-                      nvcc is found.
-  FP8NCA_CUDA_ARCHS   CMake CUDA archs, default "90a;100a".
-  FP8NCA_CUTLASS_INCLUDE  CUTLASS headers; default: the ``nvidia-cutlass`` pip package
-                      (``cutlass_library/source/include``) of the interpreter running the build.
-  FP8NCA_BUILD_JOBS   parallel compile jobs (default: CPU count).
+Metadata lives in pyproject.toml; this file only decides whether the wheel gets ``_C``.
 
-nvidia-cutlass and pybind11 (build-time only) are taken from the environment pip installs into,
-also under build isolation: ``pip install nvidia-cutlass==4.2.0.0 pybind11`` first.
+Environment (the README's "Environment variables" section lists them too):
+  FP8NCA_BUILD_CUDA       "1": ``_C`` must be built, anything that would skip it is an error;
+                          "0": skip it; unset: build when nvcc is found, else skip with a warning.
+  CUDA_HOME (CUDA_PATH)   the CUDA toolkit whose ``bin/nvcc`` builds ``_C``; unset: nvcc on PATH.
+                          No other place is searched.
+  FP8NCA_CUDA_ARCHS       CUDA architectures, e.g. "90" for a quicker one-GPU build; unset: the
+                          list in CMakeLists.txt (machine code for each, PTX for the last).
+  FP8NCA_CUTLASS_INCLUDE  CUTLASS headers; default: the ``nvidia-cutlass`` package of the build
+                          environment (``cutlass_library/source/include``).
+  FP8NCA_BUILD_JOBS       parallel compile jobs (default: CPU count).
+
+Under build isolation (pip's default) pybind11, nvidia-cutlass and cmake come from
+``build-system.requires``; with ``--no-build-isolation`` they must be installed beforehand.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+PACKAGE = "fp8_noncausal_attn"
+CMAKE_MIN_VERSION = (3, 24)  # cmake_minimum_required in CMakeLists.txt
+BUILD_FLAG = "FP8NCA_BUILD_CUDA"
 
 
-def _find_nvcc() -> str | None:
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
-        return str(Path(cuda_home) / "bin" / "nvcc")
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+def find_nvcc(environ: Mapping[str, str] = os.environ) -> str | None:
+    """``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), else nvcc on ``PATH``; nowhere else."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc", path=environ.get("PATH", ""))
+
+
+def find_cmake(environ: Mapping[str, str] = os.environ) -> str | None:
+    """cmake on ``PATH``, else the one pip's ``cmake`` package put beside this interpreter."""
+    beside = Path(sys.executable).parent / "cmake"
+    return shutil.which("cmake", path=environ.get("PATH", "")) or (
+        str(beside) if beside.exists() else None
     )
 
 
-def _find_cmake() -> str:
-    """cmake on PATH, else the one pip's ``cmake`` package put beside this interpreter."""
-    beside = Path(sys.executable).parent / "cmake"
-    return shutil.which("cmake") or (str(beside) if beside.exists() else "cmake")
+def find_host_compiler(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The C++ compiler CMake and nvcc will use: ``$CXX``, else c++ or g++ on ``PATH``."""
+    path = environ.get("PATH", "")
+    cxx = environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx, path=path) or (cxx if Path(cxx).is_file() else None)
+    return shutil.which("c++", path=path) or shutil.which("g++", path=path)
+
+
+def tool_version(tool: str) -> tuple[tuple[int, ...] | None, str]:
+    """(version, "") from ``tool --version``, or (None, why it could not run) in words."""
+    try:
+        result = subprocess.run(
+            [tool, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except PermissionError:
+        return None, f"{tool} is not executable"
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"{tool} does not run ({err.__class__.__name__}: {err})"
+    if result.returncode != 0:
+        return None, f"'{tool} --version' failed: {(result.stderr or result.stdout).strip()[:200]}"
+    found = re.search(r"(?:version|release) (\d+)\.(\d+)(?:\.(\d+))?", result.stdout)
+    if not found:
+        return None, f"'{tool} --version' printed no version: {result.stdout.strip()[:200]}"
+    return tuple(int(part) for part in found.groups() if part is not None), ""
 
 
 def _package_dir(name: str) -> Path | None:
     """Folder of package ``name`` in this interpreter, else in the environment around it.
 
     Under pip's build isolation the environment's own site-packages are hidden from this
-    process; a child interpreter without the isolation variables still sees them.
+    process; a child interpreter started with ``-I`` (no PYTHONPATH, so none of pip's
+    path tricks, and not the current folder) sees them.
     """
     spec = importlib.util.find_spec(name)
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    hidden = ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    return _package_dir_outside(name)
+
+
+def _package_dir_outside(name: str) -> Path | None:
     code = (
         f"import importlib.util as u; s = u.find_spec({name!r}); "
-        "print(list(s.submodule_search_locations)[0] if s else '')"
+        "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations "
+        "else '')"
     )
     try:
         found = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-        ).stdout.strip()
+            [sys.executable, "-I", "-c", code],
+            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+        ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     return Path(found) if found else None
 
 
-def _find_cutlass_include() -> str | None:
+def find_cutlass_include() -> str | None:
     env = os.environ.get("FP8NCA_CUTLASS_INCLUDE")
     if env:
         return env
@@ -75,59 +121,172 @@ def _find_cutlass_include() -> str | None:
     return str(include) if include and (include / "cute").is_dir() else None
 
 
-def _find_pybind11_cmake_dir() -> str | None:
+def find_pybind11_cmake_dir() -> str | None:
     package = _package_dir("pybind11")
     cmake_dir = package / "share" / "cmake" / "pybind11" if package else None
     return str(cmake_dir) if cmake_dir and cmake_dir.is_dir() else None
 
 
-def _build_plan() -> tuple[bool, str]:
-    """Whether to build the extension, and the one line that says why not."""
-    flag = os.environ.get("FP8NCA_BUILD_CUDA", "").strip()
+def build_plan(environ: Mapping[str, str] = os.environ) -> tuple[bool, str]:
+    """Whether this build includes ``_C`` and, when not, the reason in a few words.
+
+    ``FP8NCA_BUILD_CUDA=1`` always plans the build (a missing tool then fails it, by name).
+    """
+    flag = environ.get(BUILD_FLAG, "").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"{BUILD_FLAG} must be 0, 1 or unset, got {flag!r}")
     if flag == "0":
-        return False, "FP8NCA_BUILD_CUDA=0"
-    missing = []
-    if flag != "1" and _find_nvcc() is None:
-        missing.append("nvcc not found (set CUDA_HOME or FP8NCA_BUILD_CUDA=1)")
-    if _find_cutlass_include() is None:
-        missing.append("CUTLASS headers not found (pip install nvidia-cutlass==4.2.0.0)")
-    if _find_pybind11_cmake_dir() is None:
-        missing.append("pybind11 not importable")
-    if not missing:
+        return False, f"{BUILD_FLAG}=0"
+    if flag == "1" or find_nvcc(environ):
         return True, ""
-    reason = "; ".join(missing)
-    if flag == "1":
-        raise RuntimeError(f"FP8NCA_BUILD_CUDA=1 but the CUDA extension cannot be built: {reason}")
-    return False, reason
+    return False, "nvcc not found: set CUDA_HOME or put nvcc on PATH"
+
+
+def toolchain_problems() -> list[str]:
+    """Everything missing for the CMake build, each in words a user can act on."""
+    problems = []
+    nvcc = find_nvcc()
+    if nvcc is None:
+        problems.append("nvcc not found (set CUDA_HOME to a CUDA toolkit, or put nvcc on PATH)")
+    else:
+        version, why = tool_version(nvcc)
+        if version is None:
+            problems.append(why)
+    cmake = find_cmake()
+    if cmake is None:
+        problems.append(
+            "cmake not found (pip install 'cmake>=3.24', or your system's cmake; pip installs it "
+            "itself under build isolation)"
+        )
+    else:
+        version, why = tool_version(cmake)
+        if version is None:
+            problems.append(why)
+        elif version < CMAKE_MIN_VERSION:
+            need = ".".join(map(str, CMAKE_MIN_VERSION))
+            have = ".".join(map(str, version))
+            problems.append(f"{cmake} is version {have}; CMakeLists.txt needs {need} or newer")
+    if find_host_compiler() is None:
+        problems.append("no C++ compiler (set CXX, or put c++/g++ on PATH)")
+    if find_cutlass_include() is None:
+        problems.append(
+            "CUTLASS headers not found (pip install nvidia-cutlass==4.2.0.0, or set "
+            "FP8NCA_CUTLASS_INCLUDE)"
+        )
+    if find_pybind11_cmake_dir() is None:
+        problems.append("pybind11 not importable (pip install pybind11)")
+    return problems
+
+
+def installed_extension(root: Path = ROOT) -> Path | None:
+    """An ``_C`` that the environment receiving this install already has, outside this tree.
+
+    Installing a build without ``_C`` over it would silently drop the CUDA kernels.
+    """
+    package = _package_dir_outside(PACKAGE)
+    if package is None or package.resolve() == (root / PACKAGE).resolve():
+        return None
+    built = sorted(package.glob("_C.*.so")) + sorted(package.glob("_C.*.pyd"))
+    return built[0] if built else None
+
+
+def say_loudly(line: str) -> None:
+    """Write ``line`` to stderr, and to the terminal too when stderr is captured.
+
+    pip hides a build's output unless it fails or runs with ``-v``; the terminal is where the
+    person running pip still sees this line.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    if sys.stderr.isatty():
+        return
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(line + "\n")
+    except OSError:
+        pass  # no terminal (CI, a service): stderr is all there is
+
+
+def skip_message(reason: str) -> str:
+    return (
+        f"WARNING: fp8-noncausal-attn is being built WITHOUT its CUDA kernels (_C): {reason}. "
+        f"Only the triton and reference backends will run; {BUILD_FLAG}=1 makes this an error."
+    )
+
+
+def replacing_extension_problem(
+    reason: str, existing: Path | None, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """Why a build without ``_C`` (skipped for ``reason``) must not replace the ``_C`` at
+    ``existing``, or None when it may: there is none, or ``FP8NCA_BUILD_CUDA=0`` asked for it."""
+    if existing is None or environ.get(BUILD_FLAG, "").strip() == "0":
+        return None
+    return (
+        f"fp8-noncausal-attn: refusing to build without the CUDA extension ({reason}) while this "
+        f"environment has one at {existing}: installing this build would remove it. Point "
+        f"CUDA_HOME at a CUDA toolkit to rebuild it, or set {BUILD_FLAG}=0 to replace it with a "
+        "build that has no CUDA kernels."
+    )
+
+
+class BuildPyWarnsWithoutCuda(build_py):
+    """Runs for every wheel and editable build (not for an sdist): says when ``_C`` is skipped,
+    and refuses to replace an installed ``_C`` with nothing unless ``FP8NCA_BUILD_CUDA=0``."""
+
+    def run(self) -> None:
+        planned, reason = build_plan()
+        if not planned:
+            existing = installed_extension()
+            problem = replacing_extension_problem(reason, existing)
+            if problem:
+                raise RuntimeError(problem)
+            if existing is not None:
+                say_loudly(f"WARNING: {BUILD_FLAG}=0: this install drops the CUDA build {existing}")
+            say_loudly(skip_message(reason))
+        super().run()
+
+
+def cmake_configure_args(cmake: str, build_dir: Path, output_dir: Path) -> list[str]:
+    """The CMake configure command for ``_C`` (toolchain_problems() must be empty)."""
+    args = [
+        cmake,
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DPython_EXECUTABLE={sys.executable}",
+        f"-Dpybind11_DIR={find_pybind11_cmake_dir()}",
+        f"-DCUTLASS_INCLUDE_DIR={find_cutlass_include()}",
+        f"-DFP8NCA_OUTPUT_DIR={output_dir}",
+        f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
+    ]
+    # The user's arch list, else CMakeLists.txt's default. -U drops a list cached by an earlier
+    # configure of the same build folder, which would otherwise outlive the setting.
+    archs = os.environ.get("FP8NCA_CUDA_ARCHS", "").strip()
+    args.append(f"-DFP8NCA_CUDA_ARCHS={archs}" if archs else "-UFP8NCA_CUDA_ARCHS")
+    return args
 
 
 class CMakeBuild(build_ext):
-    """Configures and builds CMakeLists.txt, placing _C*.so where setuptools expects it."""
+    """Checks the toolchain, then configures and builds CMakeLists.txt, placing _C*.so where
+    setuptools expects it."""
 
     def build_extension(self, ext: Extension) -> None:
+        problems = toolchain_problems()
+        if problems:
+            why = "; ".join(problems)
+            raise RuntimeError(
+                f"fp8-noncausal-attn: cannot build the CUDA extension _C: {why}. "
+                f"({BUILD_FLAG}=0 installs without it.)"
+            )
         out_path = Path(self.get_ext_fullpath(ext.name)).resolve()
         out_path.parent.mkdir(parents=True, exist_ok=True)
         build_dir = ROOT / "build" / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
-        nvcc = _find_nvcc()
-        cmake = _find_cmake()
-        args = [
-            cmake,
-            "-S",
-            str(ROOT),
-            "-B",
-            str(build_dir),
-            "-DCMAKE_BUILD_TYPE=Release",
-            f"-DPython_EXECUTABLE={sys.executable}",
-            f"-Dpybind11_DIR={_find_pybind11_cmake_dir()}",
-            f"-DCUTLASS_INCLUDE_DIR={_find_cutlass_include()}",
-            f"-DFP8NCA_OUTPUT_DIR={out_path.parent}",
-        ]
-        if nvcc:
-            args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
-        # A changed arch list must reach CMake even when the cache already holds one.
-        archs = os.environ.get("FP8NCA_CUDA_ARCHS", "90a;100a")
-        args.append("-DCMAKE_CUDA_ARCHITECTURES=" + ";".join(f"{a}-real" for a in archs.split(";")))
+        cmake = find_cmake()
+        assert cmake is not None  # toolchain_problems() said so
+        args = cmake_configure_args(cmake, build_dir, out_path.parent)
         jobs = os.environ.get("FP8NCA_BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.run(args, check=True)
         log = build_dir / "ptxas.log"
@@ -145,14 +304,13 @@ class CMakeBuild(build_ext):
             raise RuntimeError(f"CMake produced no _C*.so in {out_path.parent}")
         if built[-1] != out_path:
             shutil.copy2(built[-1], out_path)
-        print(f"fp8_noncausal_attn: built {out_path} (archs {archs}; ptxas report: {log})")
+        archs = os.environ.get("FP8NCA_CUDA_ARCHS") or "CMakeLists.txt's default"
+        print(f"fp8_noncausal_attn: built {out_path} (archs: {archs}; ptxas report: {log})")
 
 
-_BUILD, _WHY_NOT = _build_plan()
-if not _BUILD:
-    print(f"fp8_noncausal_attn: skipping the CUDA extension build ({_WHY_NOT})")
-
-setup(
-    ext_modules=[Extension("fp8_noncausal_attn._C", sources=[])] if _BUILD else [],
-    cmdclass={"build_ext": CMakeBuild} if _BUILD else {},
-)
+if __name__ == "__main__":
+    BUILD_CUDA, _ = build_plan()
+    setup(
+        ext_modules=[Extension(f"{PACKAGE}._C", sources=[])] if BUILD_CUDA else [],
+        cmdclass={"build_py": BuildPyWarnsWithoutCuda, "build_ext": CMakeBuild},
+    )

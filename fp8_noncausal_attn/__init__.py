@@ -10,7 +10,10 @@ from .api import available_backends, compute_kv_scales, paged_attention, reshape
 from .layouts import split_kv_cache
 from .plan import PagedAttention
 
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
+
 __all__ = [
+    "__version__",
     "PagedAttention",
     "available_backends",
     "compute_kv_scales",
