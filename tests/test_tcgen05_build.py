@@ -32,12 +32,18 @@ def test_build_record_lists_every_variant_and_arch(built):
         assert (out / entry["header"]).exists()
 
 
-def test_library_loads_without_a_gpu_and_exports_every_variant(built):
+def test_library_loads_without_a_gpu_and_names_every_variant(built):
     out, record = built
     library = ctypes.CDLL(str(out / build.LIBRARY))
+    library.fp8nca_tcgen05_variant_name.restype = ctypes.c_char_p
+    assert library.fp8nca_tcgen05_variant_count() == len(record["variants"])
     for entry in record["variants"]:
-        for suffix in ("cuda_init", "cuda_load_to_device"):
-            assert hasattr(library, f"_mlir_{entry['symbol']}_{suffix}")
+        name = library.fp8nca_tcgen05_variant_name(entry["index"]).decode()
+        assert name == f"{entry['variant']}@{entry['arch']}"
+    assert library.fp8nca_tcgen05_variant_name(len(record["variants"])) is None
+    # An unknown index is refused before anything touches CUDA (no GPU here).
+    library.fp8nca_tcgen05_run.restype = ctypes.c_int
+    assert library.fp8nca_tcgen05_run(len(record["variants"])) == -1
 
 
 def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):

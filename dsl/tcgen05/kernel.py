@@ -570,6 +570,7 @@ class Tcgen05PagedAttention:
             T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES // 4 // 128, unroll_full=True
         ):
             ring_words[w * 128 + wg_tidx] = cutlass.Int32(0)
+        ring_bar.arrive_and_wait()  # no zero store may land on another thread's cp.async data
 
         self.q_prologue(
             tBsQ,
