@@ -338,25 +338,28 @@ def launch_plan(
     )
 
 
-def _check_workspace(
+def _workspace_strides(
     part: torch.Tensor, name: str, shape: tuple[int, ...], out: torch.Tensor
-) -> None:
-    if part.dtype != torch.float32 or part.device != out.device:
-        raise ValueError(
-            f"{name} must be float32 on {out.device}, got {part.dtype} on {part.device}"
-        )
+) -> tuple[int, ...]:
+    """(split, token, q head) strides of a split-KV buffer after checking it holds ``shape``.
+
+    ``part_out``'s head_dim must be contiguous; ``part_lse`` may have any strides.
+    """
+    strides = part.stride()
     if (
-        part.dim() != len(shape)
+        part.dtype != torch.float32
+        or part.device != out.device
+        or part.shape[2:] != shape[2:]
         or part.shape[0] < shape[0]
         or part.shape[1] < shape[1]
-        or tuple(part.shape[2:]) != shape[2:]
-        or part.stride(-1) != 1
+        or (len(shape) == 4 and strides[3] != 1)
     ):
         raise ValueError(
-            f"{name} must have shape >= {list(shape[:2])} in its first two dims and "
-            f"{list(shape[2:])} in the rest, last dim contiguous; got shape {list(part.shape)} "
-            f"strides {part.stride()}"
+            f"{name} must be float32 on {out.device} with shape >= {list(shape[:2])} in its "
+            f"first two dims and {list(shape[2:])} in the rest (part_out: head_dim contiguous); "
+            f"got {part.dtype} on {part.device}, shape {list(part.shape)}, strides {strides}"
         )
+    return strides[:3]
 
 
 def launch(
@@ -370,43 +373,52 @@ def launch(
 
     Rows past ``cu_seqlens_q[-1]`` are written as zeros. ``part_out`` / ``part_lse`` are the
     split-KV workspace (see :func:`workspace_shapes`; larger buffers and their slices work): used
-    only when ``plan.num_splits > 1``, and allocated here when not given.
+    only when ``plan.num_splits > 1``, and allocated here when not given. This is the per-layer
+    hot path: each tensor's strides are read once.
     """
+    query, kc, vc, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
+    cu, seq_lens = problem.cu_seqlens_q, problem.seq_lens
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_seqs = seq_lens.shape[0]
     split = plan.num_splits > 1
     if split:
-        out_shape, lse_shape = workspace_shapes(
-            plan.num_splits, problem.num_tokens, problem.num_q_heads, problem.head_dim
-        )
+        out_shape, lse_shape = workspace_shapes(plan.num_splits, num_tokens, num_q_heads, head_dim)
         if part_out is None:
             part_out = torch.empty(out_shape, dtype=torch.float32, device=out.device)
         if part_lse is None:
             part_lse = torch.empty(lse_shape, dtype=torch.float32, device=out.device)
-        _check_workspace(part_out, "part_out", out_shape, out)
-        _check_workspace(part_lse, "part_lse", lse_shape, out)
-        part_out_strides = part_out.stride()[:3]
-        part_lse_strides = part_lse.stride()
+        part_strides = (
+            *_workspace_strides(part_out, "part_out", out_shape, out),
+            *_workspace_strides(part_lse, "part_lse", lse_shape, out),
+        )
     else:
         part_out = part_lse = out  # unused by the unsplit kernel
-        part_out_strides = part_lse_strides = (0, 0, 0)
+        part_strides = (0,) * 6
     # Without a per-sequence tensor the flag pointer is unused: any int32 tensor will do.
-    causal_flags = problem.causal_per_seq if plan.mask_mode == 2 else problem.seq_lens
-    kc, vc, bt = problem.key_cache, problem.value_cache, problem.block_table
+    causal_flags = problem.causal_per_seq if plan.mask_mode == 2 else seq_lens
+    q_st, o_st, kc_st, vc_st, bt_st = (
+        query.stride(),
+        out.stride(),
+        kc.stride(),
+        vc.stride(),
+        bt.stride(),
+    )
+    cu_stride = cu.stride(0)
     _paged_attention_kernel[plan.grid](
         out, part_out, part_lse,
-        problem.query, kc, vc, bt, problem.cu_seqlens_q, problem.seq_lens,
+        query, kc, vc, bt, cu, seq_lens,
         problem.k_scale, problem.v_scale, causal_flags,
         problem.softmax_scale * LOG2E,
-        problem.query.stride(0), problem.query.stride(1),
-        out.stride(0), out.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2),
-        bt.stride(0), bt.stride(1), problem.cu_seqlens_q.stride(0), problem.seq_lens.stride(0),
-        causal_flags.stride(0),
-        *part_out_strides, *part_lse_strides,
-        problem.num_seqs, problem.num_tokens, plan.num_q_tiles, plan.num_splits,
-        GROUP=problem.group_size,
-        HEAD_DIM=problem.head_dim,
-        BLOCK_SIZE=problem.block_size,
+        q_st[0], q_st[1],
+        o_st[0], o_st[1],
+        kc_st[0], kc_st[1], kc_st[2],
+        vc_st[0], vc_st[1], vc_st[2],
+        bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_flags.stride(0),
+        *part_strides,
+        num_seqs, num_tokens, plan.num_q_tiles, plan.num_splits,
+        GROUP=num_q_heads // kc.shape[2],
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=kc.shape[1],
         BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n,
         MASK_MODE=plan.mask_mode,
@@ -416,14 +428,14 @@ def launch(
         num_stages=plan.num_stages,
     )  # fmt: skip
     if split:
-        _merge_splits_kernel[(problem.num_tokens, problem.num_q_heads)](
-            out, part_out, part_lse, problem.cu_seqlens_q,
-            out.stride(0), out.stride(1),
-            *part_out_strides, *part_lse_strides,
-            problem.cu_seqlens_q.stride(0),
-            problem.num_seqs, plan.num_splits,
-            HEAD_DIM=problem.head_dim,
-            SPLITS_POW2=triton.next_power_of_2(plan.num_splits),
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out, part_out, part_lse, cu,
+            o_st[0], o_st[1],
+            *part_strides,
+            cu_stride,
+            num_seqs, plan.num_splits,
+            HEAD_DIM=head_dim,
+            SPLITS_POW2=1 << (plan.num_splits - 1).bit_length(),
         )  # fmt: skip
 
 
