@@ -309,21 +309,32 @@ def test_preallocated_workspace_slices_are_used_through_strides():
         triton_attention.launch(problem, plan, out, part_out, part_lse[:2])
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_production_tile_configuration(head_dim, num_splits, monkeypatch):
+@pytest.mark.parametrize(
+    "head_dim,num_splits,cache_dtype,query_dtype",
+    [
+        (128, 1, torch.float8_e4m3fn, torch.bfloat16),
+        (128, 3, torch.float8_e4m3fn, torch.bfloat16),
+        (256, 3, torch.float8_e5m2, torch.float16),
+        # The mixed 16-bit pair takes the fp32-dot tiles on a GPU (several query tiles here).
+        (128, 3, torch.bfloat16, torch.float16),
+    ],
+)
+def test_production_tile_configuration(head_dim, num_splits, cache_dtype, query_dtype, monkeypatch):
     """The tiles a GPU gets (the interpreter plans BLOCK_N = 128 to run faster), fp32 dots."""
     case = make_case(
         [8, 3], [150, 70], num_q_heads=8, num_kv_heads=2, head_dim=head_dim,
-        causal=[True, False], causal_dtype=torch.int32, padded_rows=2, device=DEVICE, seed=20,
+        cache_dtype=cache_dtype, query_dtype=query_dtype, causal=[True, False],
+        causal_dtype=torch.int32, padded_rows=2, device=DEVICE, seed=20,
     )  # fmt: skip
     problem = problem_of(case)
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
         plan = triton_attention.launch_plan(problem, num_splits=num_splits)
-    assert plan.block_n == (64 if head_dim == 128 else 32)
+    if cache_dtype.itemsize == 1:
+        assert plan.block_n == (64 if head_dim == 128 else 32)
+    assert plan.block_n < 128
     plan = dataclasses.replace(plan, dot_fp32=True)  # the interpreter's 16-bit dots are wrong
     out = torch.empty_like(case.query)
     triton_attention.launch(problem, plan, out)
     assert (out[11:] == 0).all()
-    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(out, reference(case)) <= TOLERANCE[query_dtype]
