@@ -1,10 +1,11 @@
 """Command line: ``python -m benchmarks.attention [--quick|--full|--dry-run] --out DIR``.
 
-``--quick`` (the default) takes a few minutes on an H200 and includes the CUDA issue's acceptance
-shape (batch 32, q_len 8, 32 q / 8 kv heads, head_dim 128, 8k context, FP8, bidirectional);
-``--full`` is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU (Triton through its
-interpreter) to exercise every path and writer, with no timing claims. Peers that need files
-(vLLM's kernel) read them from ``.peers/``: run ``benchmarks/fetch_peers.sh`` first.
+``--quick`` (the default) runs the drafter shapes within its time budget, the CUDA issue's
+acceptance shape included (batch 32, q_len 8, 32 q / 8 kv heads, head_dim 128, 8k context, FP8,
+bidirectional); ``--full`` is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU
+(Triton through its interpreter) to exercise every path and writer, with no timing claims.
+Peers that need files (vLLM's kernel) read them from ``.peers/``: run
+``benchmarks/fetch_peers.sh`` first.
 """
 
 from __future__ import annotations
@@ -26,8 +27,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Paged attention over FP8/BF16 KV caches: ours against the peers.",
     )
     preset = parser.add_mutually_exclusive_group()
-    for flag, name in (("--quick", "quick"), ("--full", "full"), ("--dry-run", "dry-run")):
-        preset.add_argument(flag, dest="preset", action="store_const", const=name)
+    presets = (
+        (
+            "--quick",
+            "quick",
+            "the default: the drafter shapes, including the CUDA issue's acceptance shape "
+            "(batch 32, q_len 8, 32/8 heads, d128, 8k context, FP8, bidirectional), within "
+            "--time-budget; needs a CUDA GPU",
+        ),
+        ("--full", "full", "the whole sweep of shapes; needs a CUDA GPU"),
+        (
+            "--dry-run",
+            "dry-run",
+            "tiny shapes on the CPU (Triton in its interpreter) to exercise every path and "
+            "writer; its times are not GPU timings and claim nothing",
+        ),
+    )
+    for flag, name, help_text in presets:
+        preset.add_argument(flag, dest="preset", action="store_const", const=name, help=help_text)
     parser.set_defaults(preset="quick")
     parser.add_argument("--out", type=Path, required=True, help="folder for the result files")
     parser.add_argument(
