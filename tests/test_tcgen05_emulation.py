@@ -171,8 +171,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         with np.errstate(invalid="ignore"):
             p = np.exp2((scores - m_use) * col_scale)
             correction = np.exp2((m_prev - m_use) * col_scale)
-        l_sum = l_sum * correction + p.sum(axis=0)
         p16 = p.astype(np.float16).astype(np.float64)
+        l_sum = l_sum * correction + p16.sum(axis=0)  # the sums of P as BMM2 multiplies it
         o = o * correction + v_tile.T @ p16
         m_prev = m_new
 

@@ -47,6 +47,24 @@ def _exp2(x):
     return cute.math.exp2(x, fastmath=True)
 
 
+def _warp_column_sums(values, lane):
+    """Butterfly transpose-reduce: ``values`` are this lane's 32 column entries (Python list of
+    Float32); returns, on lane c, the sum over the warp's 32 lanes of column c. 31 shuffles in
+    5 stages: at each, a lane keeps the half of its columns selected by its lane bit and sends
+    the other half to its partner, so column index bits end up equal to the lane bits."""
+    width = 16
+    while width >= 1:
+        upper = (lane & width) != 0
+        halved = []
+        for i in range(width):
+            send = cutlass.select_(upper, values[i], values[i + width])
+            keep = cutlass.select_(upper, values[i + width], values[i])
+            halved.append(keep + cute.arch.shuffle_sync_bfly(send, offset=width))
+        values = halved
+        width //= 2
+    return values[0]
+
+
 class Tcgen05PagedAttention:
     """One variant (dsl/tcgen05/traits.Variant) of the kernel; ``__call__`` is the host entry
     that ``cute.compile`` traces and ``export_to_c`` exports."""
@@ -795,7 +813,8 @@ class Tcgen05PagedAttention:
             part = wg_tidx % per_row
             token = L.row_token(row_base + r, group)
             head = L.row_head(row_base + r, group, kv_head)
-            vals = cute.make_rmem_tensor(cute.make_layout(seg), cutlass.Float32)
+            # Held in the query dtype (half the registers of fp32), widened on use.
+            vals = cute.make_rmem_tensor(cute.make_layout(seg), self.q_dtype)
             vals.fill(0.0)
             if row_base + r < num_rows:
                 offset = (
@@ -805,10 +824,10 @@ class Tcgen05PagedAttention:
                 )
                 src = cute.make_tensor(q_ptr + offset, cute.make_layout(seg))
                 for i in cutlass.range_constexpr(seg):
-                    vals[i] = src[i].to(cutlass.Float32)
+                    vals[i] = src[i]
             biggest = cutlass.Float32(0.0)
             for i in cutlass.range_constexpr(seg):
-                biggest = cute.arch.fmax(biggest, cute.math.absf(vals[i]))
+                biggest = cute.arch.fmax(biggest, cute.math.absf(vals[i].to(cutlass.Float32)))
             for b in cutlass.range_constexpr(int(math.log2(per_row))):
                 biggest = cute.arch.fmax(
                     biggest, cute.arch.shuffle_sync_bfly(biggest, offset=1 << b)
@@ -825,7 +844,7 @@ class Tcgen05PagedAttention:
             for i in cutlass.range_constexpr(seg):
                 d = part * seg + i
                 tBsQ[((r, d % 16), 0, (d % L.ITEM_BYTES) // 16, d // L.ITEM_BYTES)] = (
-                    vals[i] * factor
+                    vals[i].to(cutlass.Float32) * factor
                 ).to(self.mma_dtype)
             if part == 0:
                 s_row_scale[r] = inverse
@@ -938,8 +957,8 @@ class Tcgen05PagedAttention:
         # with one shuffle per column (cheaper than holding all columns in every thread).
         m_prev = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
         m_prev.fill(-acc_dtype.inf)
-        l_part = cute.make_rmem_tensor(cute.make_layout(rows), acc_dtype)
-        l_part.fill(0.0)
+        l_mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+        l_mine.fill(0.0)
 
         for s in cutlass.range(iters):
             parity = s % 2
@@ -975,16 +994,22 @@ class Tcgen05PagedAttention:
                 m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
                 correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
                 m_prev[k] = m_new
-            # After this loop scores[n] holds column n's O correction factor (its score is dead
-            # once P is formed).
             probs = cute.make_rmem_tensor(tSsP.shape[:-1], self.mma_dtype)
             for n in cutlass.range_constexpr(rows):
                 m_new = s_max[n, parity]
                 m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
-                p = _exp2((scores[n] - m_use) * s_col_scale[n])
-                scores[n] = cute.arch.shuffle_sync(correction[n // 32], n % 32)
-                l_part[n] = l_part[n] * scores[n] + p
-                probs[n] = p.to(self.mma_dtype)
+                probs[n] = _exp2((scores[n] - m_use) * s_col_scale[n]).to(self.mma_dtype)
+            # Column sums of P as BMM2 multiplies it (fp16): lane c of each warp gets its 32
+            # keys' sum for column 32 k + c, so each thread keeps lane_slots sums, not rows.
+            for k in cutlass.range_constexpr(lane_slots):
+                part = _warp_column_sums(
+                    [
+                        probs[n].to(acc_dtype) if n < rows else cutlass.Float32(0.0)
+                        for n in range(32 * k, 32 * k + 32)
+                    ],
+                    lane,
+                )
+                l_mine[k] = l_mine[k] * correction[k] + part
             p_handle = p_producer.acquire_and_advance()
             cute.autovec_copy(probs, tSsP[CPY + (p_handle.index,)])
             cute.arch.fence_view_async_shared()
@@ -996,21 +1021,16 @@ class Tcgen05PagedAttention:
                     acc = cute.make_rmem_tensor(tSsP.shape[:-1], acc_dtype)
                     cute.copy(load_s, tStO[CPY + (dm,)], acc)
                     for n in cutlass.range_constexpr(rows):
-                        acc[n] = acc[n] * scores[n]
+                        acc[n] = acc[n] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
                     cute.copy(thr_store_o, acc, tStO_dst[CPY + (dm,)])
                 cute.arch.fence_view_async_tmem_store()
                 o_handle.release()
 
         # ---- epilogue: column sums across the 128 key lanes, then O / l, or the split state.
-        mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-        for n in cutlass.range_constexpr(rows):
-            total = cute.arch.warp_reduction_sum(l_part[n])
-            if n % 32 == lane:
-                mine[n // 32] = total
         for k in cutlass.range_constexpr(lane_slots):
             c = k * 32 + lane
             if c < rows:
-                s_sum[c, wg_warp] = mine[k]
+                s_sum[c, wg_warp] = l_mine[k]
         softmax_bar.arrive_and_wait()
 
         final = (iters + 1) % 2  # parity of the last tile's maximum
