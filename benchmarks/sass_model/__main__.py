@@ -4,12 +4,14 @@ Models the attention kernels of the built extension (default: the package's ``_C
 Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
 writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` (repeatable) models
 other builds of ``_C`` under a label (e.g. ``before=/path/_C.so``); labelled rows carry
-``[LABEL]`` in their ``kernel`` field. Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
+``[LABEL]`` in their ``kernel`` field. ``--include JSON`` adds the rows of an earlier output.
+Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-label", default="", help="label of the Triton rows")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA extension")
+    parser.add_argument(
+        "--include", action="append", default=[], metavar="JSON",
+        help="add the rows of an earlier sass-model.json (e.g. Triton rows modelled before)",
+    )  # fmt: skip
     parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS)
     parser.add_argument("--q-dtype", action="append", choices=QUERY_DTYPES)
     parser.add_argument("--kv-dtype", action="append", choices=KV_DTYPES)
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += found
     if not args.no_triton:
         rows += triton_rows(args.triton_label, shapes)
+    for earlier in args.include:
+        rows += json.loads(Path(earlier).read_text())["rows"]
     json_path, md_path = report.write(args.out, rows)
     print(f"wrote {json_path} and {md_path} ({len(rows)} rows, PREDICTIONS)")
     return 0

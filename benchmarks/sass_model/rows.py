@@ -12,7 +12,7 @@ from . import hardware, occupancy
 from .cubins import Kernel, read_library
 from .loop_counts import LoopCounts, count_main_loop
 from .model import predict
-from .tiles import TileFacts, cuda_tiles, normalise
+from .tiles import GROUP, TileFacts, cuda_tiles, normalise
 
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = ("bfloat16", "float16")
@@ -120,7 +120,6 @@ def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ShapeSet()) 
 
 # Triton targets modelled: compute capability -> the GPU whose cubins it produces.
 TRITON_TARGETS = {90: hardware.H200, 100: hardware.B200}
-GROUP = 4  # query heads per KV head of the modelled drafter (32 q heads over 8 KV heads)
 
 
 def triton_facts(launch, shape: Shape, compiled) -> TileFacts:

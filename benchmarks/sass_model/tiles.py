@@ -1,9 +1,9 @@
 """How one main-loop iteration maps to KV bytes, and R rows to CTAs and warps, per kernel.
 
-One source per family: the extension's own plan (``_C.sass_tiles``) when it exports one, else
-the constants of the morning's mma.sync kernel (csrc/params.h and csrc/attention.cuh at commit
-b66bef0), copied below and named; the Triton family's facts come from
-``triton_attention.launch_plan`` (see ``triton_kernels.py``).
+One source per family: the extension's own plan (``_C.sass_tiles`` when it exports it, else
+``_C.plan`` with ``_C.host.key_groups``), else the constants of the morning's mma.sync kernel
+(csrc/params.h and csrc/attention.cuh at commit b66bef0), copied below and named; the Triton
+family's facts come from ``triton_attention.launch_plan`` (see ``rows.triton_facts``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ DTYPE_CODES = {0: "bfloat16", 1: "float16", 2: "float8_e4m3fn", 3: "float8_e5m2"
 CODE_OF = {name: code for code, name in DTYPE_CODES.items()}
 # Template spelling of the query dtype in demangled kernel names.
 QUERY_TYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
+GROUP = 4  # query heads per KV head of the modelled drafter (32 query heads over 8 KV heads)
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,36 @@ def _morning_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> 
     )
 
 
+def _from_plan(ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows: int):
+    """Tile facts from the extension's C++ plan (``_C.plan``, the function the plan/run API
+    calls) and the kernel's own key-group map (``_C.host.key_groups``), for one sequence of
+    R / GROUP tokens of a GQA-4 model (8 KV heads) over a long context, unsplit."""
+    q_len = -(-rows // GROUP)
+    plan = ext.plan(1, q_len, 8 * GROUP, 8, head_dim, CODE_OF[kv_dtype], q_len, 32768, 1, 1)
+    elt = 1 if kv_dtype.startswith("float8") else 2
+    rows_in_cta = min(rows, int(plan["block_m"]))
+    return TileFacts(
+        family=str(plan["family"]),
+        kernel=f"paged_attention_kernel<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>",
+        rows_per_cta=int(plan["block_m"]),
+        ctas_per_kv_head=int(plan["m_tiles"]),
+        keys_per_iter=int(plan["block_n"]),
+        threads=int(plan["threads"]),
+        smem_bytes=int(plan["smem_bytes"]),
+        key_groups=int(ext.host.key_groups(head_dim, elt, rows_in_cta)),
+        source="_C.plan + _C.host.key_groups (the extension's plan and index maps)",
+    )
+
+
 def cuda_tiles(
     ext: ModuleType | None, head_dim: int, q_dtype: str, kv_dtype: str, rows: int
 ) -> TileFacts:
-    """Tile facts of the CUDA kernel the extension's plan launches for this shape."""
+    """Tile facts of the CUDA kernel the extension's plan launches for this shape: from
+    ``_C.sass_tiles`` if exported, else ``_C.plan``, else this morning's constants."""
     export = getattr(ext, "sass_tiles", None)
     if export is None:
+        if hasattr(ext, "plan") and hasattr(getattr(ext, "host", None), "key_groups"):
+            return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows)
         return _morning_mma_sync(head_dim, q_dtype, kv_dtype, rows)
     facts = dict(export(head_dim, CODE_OF[q_dtype], CODE_OF[kv_dtype], rows))
     return TileFacts(
