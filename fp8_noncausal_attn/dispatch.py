@@ -63,6 +63,20 @@ class Backend(Protocol):
     # layer's own tensors (e.g. pointer alignment), checked before every run.
 
 
+# Each backend's availability() answer, asked once per process: it describes the machine (the
+# extension, the driver, the GPU), and a call should not pay for it. available_backends()
+# asks again and refreshes it.
+_availability: dict[str, tuple[bool, str]] = {}
+
+
+def availability(name: str) -> tuple[bool, str]:
+    """``availability()`` of backend ``name``, remembered (see :func:`available_backends`)."""
+    known = _availability.get(name)
+    if known is None:
+        known = _availability[name] = BACKENDS[name].availability()
+    return known
+
+
 def max_splits() -> int:
     """The largest split-KV count any backend plans (sizes the default workspace)."""
     return max(getattr(module, "MAX_SPLITS", 1) for module in BACKENDS.values())
@@ -84,7 +98,7 @@ def auto_choice(device: torch.device, problem: AttentionProblem | None = None) -
     only a backend that supports it), with the reason."""
     passed_over = []
     for name, module in BACKENDS.items():
-        runs, why = module.availability()
+        runs, why = availability(name)
         skip = why if not runs else _auto_skips(name, device)
         if skip is None and problem is not None:
             skip = module.unsupported_reason(problem)
@@ -102,11 +116,12 @@ def available_backends() -> dict[str, dict[str, object]]:
 
     Returns ``{name: {"available": bool, "reason": str}}`` for ``cuda``, ``triton`` and
     ``reference``, plus ``"auto": {"choice": name, "reason": str}`` for the current default
-    device (CUDA when a GPU is visible, else CPU).
+    device (CUDA when a GPU is visible, else CPU). Asks every backend afresh and updates the
+    answers that calls use.
     """
     report: dict[str, dict[str, object]] = {}
     for name in BACKEND_NAMES:
-        runs, why = backend_module(name).availability()
+        runs, why = _availability[name] = backend_module(name).availability()
         report[name] = {"available": runs, "reason": why}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     choice, why = auto_choice(device)
@@ -125,7 +140,7 @@ def resolve_backend(backend: str, problem: AttentionProblem) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {BACKEND_NAMES}, got {backend!r}")
     module = backend_module(backend)
-    runs, why = module.availability()
+    runs, why = availability(backend)
     if not runs:
         raise RuntimeError(f"backend {backend!r} is not available here: {why}")
     reason = module.unsupported_reason(problem)

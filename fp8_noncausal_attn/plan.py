@@ -168,8 +168,11 @@ class PagedAttention:
         self.workspace = Workspace(workspace_rows, num_q_heads, head_dim, self.device)
         self._unit_scale = torch.ones(num_kv_heads, dtype=torch.float32, device=self.device)
         self._plan: BatchPlan | None = None
-        self._checked_caches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._checked_scales: dict[int, tuple[torch.Tensor, float]] = {}
+        self._checked_caches: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        # id -> (tensor, softmax_scale it was checked with), one memo per role: k_scale's check
+        # includes the score-scale product.
+        self._checked_k_scales: dict[int, tuple[torch.Tensor, float]] = {}
+        self._checked_v_scales: dict[int, tuple[torch.Tensor, float]] = {}
 
     def _stand_in_cache(self) -> torch.Tensor:
         shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
@@ -317,27 +320,63 @@ class PagedAttention:
         Returns:
             ``out``, or a new tensor like ``query``.
         """
+        # The hot path: each check is one comparison of an attribute; any failure goes to the
+        # slow path, which raises the named error. Caches and per-head scales are checked in
+        # full once per tensor object (see _check_caches, _scale).
         if plan is None:
             plan = self._plan
-        if plan is None:
-            raise RuntimeError("PagedAttention.run() needs a plan: call plan() once per batch")
+            if plan is None:
+                raise RuntimeError("PagedAttention.run() needs a plan: call plan() once per batch")
         if plan.traced or torch.compiler.is_compiling():
             return self._run_through_op(plan, query, key_cache, value_cache, k_scale, v_scale, out)
-        self._check_query(query, plan)
-        self._check_caches(key_cache, value_cache, plan)
-        k_scale = self._scale(k_scale, "k_scale", plan)
-        v_scale = self._scale(v_scale, "v_scale", plan)
+        if not isinstance(query, torch.Tensor) or query.dtype is not self.query_dtype:
+            self._query_error(query, plan)
+        shape = query.shape
+        if (
+            len(shape) != 3
+            or shape[1] != self.num_q_heads
+            or shape[2] != self.head_dim
+            or shape[0] > plan.num_tokens
+            or query.stride(2) != 1
+            or query.device != self.device
+        ):
+            self._query_error(query, plan)
+        seen = self._checked_caches.get(id(key_cache))
+        if seen is None or seen[0] is not key_cache or seen[1] is not value_cache:
+            seen = self._check_caches(key_cache, value_cache)
+        if plan.max_page >= seen[2]:
+            raise ValueError(
+                f"block_table entries for used pages must be in [0, {seen[2]}), got "
+                f"a page id of {plan.max_page}"
+            )
+        if k_scale is None:
+            k_scale = self._unit_scale
+        else:
+            known = self._checked_k_scales.get(id(k_scale))
+            if known is None or known[0] is not k_scale or known[1] != plan.softmax_scale:
+                k_scale = self._scale(k_scale, "k_scale", plan, self._checked_k_scales)
+        if v_scale is None:
+            v_scale = self._unit_scale
+        else:
+            known = self._checked_v_scales.get(id(v_scale))
+            if known is None or known[0] is not v_scale or known[1] != plan.softmax_scale:
+                v_scale = self._scale(v_scale, "v_scale", plan, self._checked_v_scales)
         if out is None:
             out = torch.empty_like(query)
-        else:
+        elif (
+            out.dtype is not query.dtype
+            or out.shape != shape
+            or out.stride(2) != 1
+            or out.device != query.device
+        ):
             check_out(out, query)
+        if plan.module is None:  # meta tensors
+            return out
         problem = AttentionProblem(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             k_scale, v_scale, plan.causal, plan.causal_per_seq, plan.softmax_scale,
             plan.max_seqlen_q, plan.max_seqlen_k,
         )  # fmt: skip
-        if plan.module is None:  # meta tensors
-            return out
         if plan.run_check is not None:
             why = plan.run_check(problem, out)
             if why is not None:
@@ -345,20 +384,13 @@ class PagedAttention:
         plan.module.run(problem, plan.backend_plan, out)
         return out
 
-    def _check_query(self, query: torch.Tensor, plan: BatchPlan) -> None:
-        if (
-            not isinstance(query, torch.Tensor)
-            or query.dtype is not self.query_dtype
-            or query.dim() != 3
-            or query.device != self.device
-            or query.stride(-1) != 1
-        ):
-            check_query(query)  # the named error for type, dtype, rank, contiguity
-            if query.dtype is not self.query_dtype:
-                raise TypeError(
-                    f"query must have the planned dtype {self.query_dtype}, got {query.dtype}"
-                )
-            raise ValueError(f"query must be on {self.device}, got {query.device}")
+    def _query_error(self, query: object, plan: BatchPlan) -> None:
+        """Raise the named error for a query the hot path refused."""
+        query = check_query(query)  # type, dtype, rank, contiguity
+        if query.dtype is not self.query_dtype:
+            raise TypeError(
+                f"query must have the planned dtype {self.query_dtype}, got {query.dtype}"
+            )
         num_tokens, num_q_heads, head_dim = query.shape
         if num_q_heads != self.num_q_heads or head_dim != self.head_dim:
             raise ValueError(
@@ -370,43 +402,35 @@ class PagedAttention:
                 f"query has {num_tokens} rows, but the plan was made for at most "
                 f"{plan.num_tokens} (pass num_tokens= to plan())"
             )
+        raise ValueError(f"query must be on {self.device}, got {query.device}")
 
-    def _check_caches(self, key_cache: torch.Tensor, value_cache: torch.Tensor, plan) -> None:
-        """Full checks once per pair of cache tensor objects; then only the page-id bound.
+    def _check_caches(
+        self, key_cache: torch.Tensor, value_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Full checks of a pair of caches; remembered as (key_cache, value_cache, num_blocks).
 
         The memo holds the tensors themselves, so an id cannot be reused by another tensor
         while its entry lives; a cache whose shape or strides are changed in place
         (``set_``, ``resize_``, ``as_strided_``) after its first run is not checked again.
         """
-        key = (id(key_cache), id(value_cache))
-        seen = self._checked_caches.get(key)
-        if seen is None or seen[0] is not key_cache or seen[1] is not value_cache:
-            check_caches(key_cache, value_cache, self.device)
-            expected = (self.block_size, self.num_kv_heads, self.head_dim)
-            if key_cache.dtype is not self.cache_dtype or tuple(key_cache.shape[1:]) != expected:
-                raise ValueError(
-                    f"key_cache must be [num_blocks, {', '.join(map(str, expected))}] "
-                    f"{self.cache_dtype} (this PagedAttention's block_size, num_kv_heads, "
-                    f"head_dim, cache_dtype), got {list(key_cache.shape)} {key_cache.dtype}"
-                )
-            if len(self._checked_caches) >= _MEMO_LIMIT:
-                self._checked_caches.clear()
-            self._checked_caches[key] = (key_cache, value_cache)
-        if plan.max_page >= key_cache.shape[0]:
+        check_caches(key_cache, value_cache, self.device)
+        expected = (self.block_size, self.num_kv_heads, self.head_dim)
+        if key_cache.dtype is not self.cache_dtype or tuple(key_cache.shape[1:]) != expected:
             raise ValueError(
-                f"block_table entries for used pages must be in [0, {key_cache.shape[0]}), got "
-                f"a page id of {plan.max_page}"
+                f"key_cache must be [num_blocks, {', '.join(map(str, expected))}] "
+                f"{self.cache_dtype} (this PagedAttention's block_size, num_kv_heads, "
+                f"head_dim, cache_dtype), got {list(key_cache.shape)} {key_cache.dtype}"
             )
+        if len(self._checked_caches) >= _MEMO_LIMIT:
+            self._checked_caches.clear()
+        seen = (key_cache, value_cache, key_cache.shape[0])
+        self._checked_caches[id(key_cache)] = seen
+        return seen
 
-    def _scale(self, scale: ScaleArg, name: str, plan: BatchPlan) -> torch.Tensor:
-        """``scale`` as float32 [num_kv_heads]: a tensor of that form passes through (checked
-        once per tensor object); None is a kept tensor of ones; other forms are converted."""
-        if scale is None:
-            return self._unit_scale
-        if isinstance(scale, torch.Tensor):
-            seen = self._checked_scales.get(id(scale))
-            if seen is not None and seen[0] is scale and seen[1] == plan.softmax_scale:
-                return scale
+    def _scale(self, scale: ScaleArg, name: str, plan: BatchPlan, memo: dict) -> torch.Tensor:
+        """``scale`` (not None) as float32 [num_kv_heads]: a tensor of that form passes through
+        and is remembered in ``memo`` (checked once per tensor object and softmax scale); other
+        forms are converted on every run."""
         per_head = normalize_scale(scale, name, self.num_kv_heads, self.device, plan.check_values)
         if name == "k_scale":
             check_score_scale(
@@ -415,9 +439,9 @@ class PagedAttention:
         if per_head is scale:
             # Already the kernels' form: remember it (a 0-d scale is converted on every run,
             # so an in-place update by its owner is always seen).
-            if len(self._checked_scales) >= _MEMO_LIMIT:
-                self._checked_scales.clear()
-            self._checked_scales[id(scale)] = (scale, plan.softmax_scale)
+            if len(memo) >= _MEMO_LIMIT:
+                memo.clear()
+            memo[id(scale)] = (scale, plan.softmax_scale)
         return per_head
 
     def _run_elsewhere(

@@ -62,11 +62,11 @@ def normalize_scale(
             f"got shape {list(scale.shape)}"
         )
     if check_values:
-        bad = ~torch.isfinite(per_head) | (per_head <= 0)
-        if bool(bad.any()):
-            raise ValueError(
-                f"{name} must be finite and > 0 for every KV head, got {per_head.tolist()}"
-            )
+        # A list: one host read, then Python, cheaper than a chain of small tensor ops.
+        values = per_head.tolist()
+        # NaN and inf make the sum non-finite; float32 values cannot overflow a float64 sum.
+        if not (math.isfinite(sum(values)) and min(values) > 0):
+            raise ValueError(f"{name} must be finite and > 0 for every KV head, got {values}")
     return per_head.contiguous()
 
 
@@ -102,8 +102,8 @@ def check_score_scale(
     if isinstance(k_scale, torch.Tensor):
         if not check_values:
             return
-        per_head = k_scale_t.double().cpu()
-        low, high = float(per_head.min()), float(per_head.max())
+        per_head = k_scale_t.tolist()  # float32 values, exact as Python floats
+        low, high = min(per_head), max(per_head)
     else:
         low = high = 1.0 if k_scale is None else float(k_scale)
     fmax = finite_max(cache_dtype)

@@ -8,6 +8,8 @@ needs them on the host anyway (``max_seqlen_q/k`` not given), or when ``validate
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .masking import normalize_causal
@@ -125,53 +127,65 @@ def check_batch_lengths(
     max_seqlen_k: int | None,
 ) -> tuple[int, int, int]:
     """Value checks on lengths and page ids (read on the host); returns the true
-    (max_q_len, max_kv_len) and the largest used page id (-1 if none). ``num_blocks=None``
-    (a plan, before any cache is seen) leaves the upper page bound to the caller."""
-    cu = cu_seqlens_q.cpu().long()
-    kv = seq_lens.cpu().long()
-    if int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens_q[0] must be 0, got {int(cu[0])}")
-    q_lens = cu[1:] - cu[:-1]
-    if bool((q_lens < 0).any()):
-        raise ValueError(f"cu_seqlens_q must be non-decreasing, got {cu.tolist()}")
-    if int(cu[-1]) > num_tokens:
+    (max_q_len, max_kv_len) and the largest page id (-1 if none): exactly the largest used one
+    when ``num_blocks=None`` (a plan, before any cache is seen, which leaves the upper bound to
+    the caller), else at least it."""
+    # Python lists: a batch has few sequences, and a handful of list operations costs far less
+    # host time than the equivalent small tensor ops (this runs on every CPU call).
+    cu = cu_seqlens_q.tolist()
+    kv = seq_lens.tolist()
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens_q[0] must be 0, got {cu[0]}")
+    q_lens = list(map(operator.sub, cu[1:], cu[:-1]))
+    if min(q_lens, default=0) < 0:
+        raise ValueError(f"cu_seqlens_q must be non-decreasing, got {cu}")
+    if cu[-1] > num_tokens:
         # Fewer is fine: vLLM pads the batch under CUDA graphs; rows past it are written as zeros.
         raise ValueError(
-            f"cu_seqlens_q[-1] must be <= num_tokens (query.shape[0]) = {num_tokens}, "
-            f"got {int(cu[-1])}"
+            f"cu_seqlens_q[-1] must be <= num_tokens (query.shape[0]) = {num_tokens}, got {cu[-1]}"
         )
-    if bool((kv < 0).any()):
-        raise ValueError(f"seq_lens must be >= 0, got {kv.tolist()}")
-    too_long = q_lens > kv
-    if bool(too_long.any()):
-        s = int(too_long.nonzero()[0])
-        raise ValueError(
-            f"q_len must be <= kv_len: sequence {s} has q_len {int(q_lens[s])} "
-            f"(from cu_seqlens_q) > seq_lens[{s}] = {int(kv[s])}"
+    if min(kv, default=0) < 0:
+        raise ValueError(f"seq_lens must be >= 0, got {kv}")
+    if any(map(operator.gt, q_lens, kv)):
+        s, (q_len, kv_len) = next(
+            (s, pair) for s, pair in enumerate(zip(q_lens, kv, strict=True)) if pair[0] > pair[1]
         )
-    pages_needed = (kv + block_size - 1) // block_size
-    if bool((pages_needed > block_table.shape[1]).any()):
-        s = int((pages_needed > block_table.shape[1]).nonzero()[0])
         raise ValueError(
-            f"block_table is too short: sequence {s} has seq_lens {int(kv[s])}, needing "
-            f"{int(pages_needed[s])} pages, but block_table has {block_table.shape[1]} columns"
+            f"q_len must be <= kv_len: sequence {s} has q_len {q_len} "
+            f"(from cu_seqlens_q) > seq_lens[{s}] = {kv_len}"
+        )
+    pages_needed = [(kv_len + block_size - 1) // block_size for kv_len in kv]
+    needed = max(pages_needed, default=0)
+    if needed > block_table.shape[1]:
+        s = next(s for s, pages in enumerate(pages_needed) if pages > block_table.shape[1])
+        raise ValueError(
+            f"block_table is too short: sequence {s} has seq_lens {kv[s]}, needing "
+            f"{pages_needed[s]} pages, but block_table has {block_table.shape[1]} columns"
         )
     max_page = -1
-    if kv.numel():
-        table = block_table.cpu().long()
-        used = torch.arange(table.shape[1])[None, :] < pages_needed[:, None]
-        pages = table[used]
-        if pages.numel():
-            max_page = int(pages.max())
+    if needed:
+        # First the whole used width at C speed: when even that is in range (the usual case,
+        # num_blocks known), every used page is. Otherwise (or at plan time) row by row, so
+        # that entries past a sequence's pages, which are ignored, cannot fail the call.
+        dense = block_table[:, :needed]
+        if dense.device.type == "cpu":
+            dense_min, dense_max = int(dense.numpy().min()), int(dense.numpy().max())
+        else:
+            dense_min, dense_max = torch.stack(torch.aminmax(dense)).tolist()
+        if num_blocks is not None and dense_min >= 0 and dense_max < num_blocks:
+            max_page = dense_max
+        else:
+            rows = [row[:n] for row, n in zip(dense.tolist(), pages_needed, strict=True) if n]
+            max_page, min_page = max(map(max, rows)), min(map(min, rows))
             bound = num_blocks if num_blocks is not None else max_page + 1
-            if int(pages.min()) < 0 or max_page >= bound:
+            if min_page < 0 or max_page >= bound:
                 raise ValueError(
                     f"block_table entries for used pages must be in "
                     f"[0, {'num_blocks' if num_blocks is None else num_blocks}), got range "
-                    f"[{int(pages.min())}, {max_page}]"
+                    f"[{min_page}, {max_page}]"
                 )
-    true_max_q = int(q_lens.max()) if q_lens.numel() else 0
-    true_max_k = int(kv.max()) if kv.numel() else 0
+    true_max_q = max(q_lens, default=0)
+    true_max_k = max(kv, default=0)
     for name, given, true in (
         ("max_seqlen_q", max_seqlen_q, true_max_q),
         ("max_seqlen_k", max_seqlen_k, true_max_k),

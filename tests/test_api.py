@@ -151,6 +151,7 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
 
     if extension == "built" and cuda_backend._load()[0] is None:
         pytest.skip("the CUDA extension is not built here")
+    monkeypatch.setattr(dispatch, "_availability", {})  # the mocks below are asked afresh
     if extension == "missing":
         monkeypatch.setattr(cuda_backend, "_load", lambda: (None, "not built (test)"))
     if extension == "gpu_mocked":
@@ -216,3 +217,19 @@ def test_opcheck_both_ops_with_bf16_caches():
     torch.library.opcheck(write_op, args)
     write_op(*args)
     assert torch.equal(key_cache[1, 1], (key[1].float() / scales[:, None]).to(torch.bfloat16))
+
+
+def test_block_table_entries_past_a_sequences_pages_are_ignored():
+    # Entries a sequence does not use may hold anything (vLLM leaves stale ids there): the page
+    # check must not refuse them, and no backend may read them.
+    case = make_case([3, 8], [40, 8], seed=23)
+    garbage = case.block_table.clone()
+    garbage[1, 1:] = -7  # sequence 1 (8 keys) uses one page
+    garbage[0, 3:] = 10**6  # sequence 0 (40 keys) uses three
+    args = list(case.args())
+    expected = fna.paged_attention(*args, **case.kwargs(), backend="reference")
+    args[3] = garbage
+    assert torch.equal(fna.paged_attention(*args, **case.kwargs(), backend="reference"), expected)
+    garbage[0, 2] = 10**6  # a used page out of range is refused
+    with pytest.raises(ValueError, match=r"used pages must be in \[0, \d+\), got range"):
+        fna.paged_attention(*args, **case.kwargs(), backend="reference")
