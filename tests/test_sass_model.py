@@ -273,3 +273,48 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     assert sorted(got) == sorted(expected)
     assert {r["family"] for r in document["rows"]} >= {"mma_sync"}
     assert all(r["ctas_per_sm"] >= 1 for r in document["rows"])
+
+
+# A warp-specialised kernel: a converter loop (LDGSTS, F2FP) and two MMA-warp loops (UTCHMMA),
+# each role entered by a branch on the warp index; role loops are found by signature opcode.
+ROLE_LISTING = [
+    "S2R R0, SR_TID.X",  # 0x00
+    "ISETP.GE.AND P0, PT, R0, 0x80, PT",  # 0x10
+    "@P0 BRA 0x80",  # 0x20
+    "LDGSTS.E.128 [R2], desc[UR4][R4.64]",  # 0x30 converter loop
+    "F2FP.F16.E4M3.UNPACK_B R9, R8",  # 0x40
+    "F2FP.F16.E4M3.UNPACK_B R10, R8.H1",  # 0x50
+    "STTM.x4 tmem[UR4], R8",  # 0x60
+    "@P1 BRA 0x30",  # 0x70
+    "ISETP.NE.AND P0, PT, R0, 0x80, PT",  # 0x80
+    "@P0 BRA 0xd0",  # 0x90
+    "UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT",  # 0xa0 MMA 0
+    "SYNCS.ARRIVE.TRANS64 RZ, [UR4], RZ",  # 0xb0
+    "@P2 BRA 0xa0",  # 0xc0
+    "UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT",  # 0xd0 MMA 1
+    "UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT",  # 0xe0
+    "@P3 BRA 0xd0",  # 0xf0
+    "EXIT",  # 0x100
+]
+
+
+def test_role_loops_and_per_byte_sum():
+    from benchmarks.sass_model import roles
+
+    spec = (
+        roles.Role("convert", 4, "LDGSTS", 0, 1024),
+        roles.Role("mma_kq", 1, "UTCHMMA", 0, 4096),
+        roles.Role("mma_vp", 1, "UTCHMMA", 1, 4096),
+    )
+    counts = roles.role_counts(sass_listing(ROLE_LISTING), spec)
+    assert counts["convert"].per_pipe[pipes.CONVERSION] == 2
+    assert counts["convert"].path_instructions == 5
+    assert counts["mma_kq"].per_pipe[pipes.TENSOR] == 1
+    assert counts["mma_vp"].per_pipe[pipes.TENSOR] == 2
+    assert pipes.tensor_macs(counts["mma_vp"].tensor[0][0]) is None  # shape in the descriptor
+    per_byte = roles.instr_per_kv_byte(counts, spec, ctas_per_kv_head=2)
+    assert per_byte[pipes.CONVERSION] == pytest.approx(2 * 4 * 2 / 1024)
+    assert per_byte[pipes.TENSOR] == pytest.approx(2 * (1 + 2) / 4096)
+    assert per_byte[pipes.LSU] == pytest.approx(2 * 4 * 2 / 1024)  # LDGSTS + STTM
+    with pytest.raises(ValueError, match="no loop #2"):
+        roles.role_counts(sass_listing(ROLE_LISTING), (roles.Role("x", 1, "UTCHMMA", 2, 1),))

@@ -4,7 +4,8 @@ Models the attention kernels of the built extension (default: the package's ``_C
 Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
 writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` (repeatable) models
 other builds of ``_C`` under a label (e.g. ``before=/path/_C.so``); labelled rows carry
-``[LABEL]`` in their ``kernel`` field. ``--include JSON`` adds the rows of an earlier output.
+``[LABEL]`` in their ``kernel`` field. ``--tcgen05 DIR`` models the tcgen05 family's AOT build
+role by role. ``--include JSON`` adds the rows of an earlier output.
 Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
 """
 
@@ -25,6 +26,7 @@ from .rows import (
     cuda_rows,
     triton_rows,
 )
+from .tcgen05 import tcgen05_rows
 
 
 def default_extension() -> Path | None:
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-label", default="", help="label of the Triton rows")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA extension")
+    parser.add_argument(
+        "--tcgen05", action="append", default=[], metavar="[LABEL=]DIR",
+        help="a tcgen05 build directory (python -m dsl.build --out DIR) to model role by role",
+    )  # fmt: skip
     parser.add_argument(
         "--include", action="append", default=[], metavar="JSON",
         help="add the rows of an earlier sass-model.json (e.g. Triton rows modelled before)",
@@ -69,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         found = cuda_rows(path, label, shapes)
         if not found:
             print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
+            return 1
+        rows += found
+    for entry in args.tcgen05:
+        label, _, path = entry.rpartition("=")
+        found = tcgen05_rows(path, label, shapes)
+        if not found:
+            print(f"no tcgen05 variant of {path} serves the shapes asked for", file=sys.stderr)
             return 1
         rows += found
     if not args.no_triton:

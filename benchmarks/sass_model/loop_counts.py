@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import pipes
-from .cfg import ControlFlowGraph
+from .cfg import ControlFlowGraph, Loop
 from .sass import Instruction, parse
 
 
@@ -32,10 +32,8 @@ class LoopCounts:
     unknown_opcodes: set[str] = field(default_factory=set)
 
 
-def count_main_loop(sass_text: str, key_groups: int = 1) -> LoopCounts:
-    """Finds the main loop of one function's SASS and counts one steady-state iteration."""
-    graph = ControlFlowGraph(parse(sass_text))
-    loop = graph.main_loop(pipes.is_tensor)
+def count_loop(graph: ControlFlowGraph, loop: Loop, key_groups: int = 1) -> LoopCounts:
+    """Counts one steady-state iteration of ``loop`` for one warp."""
     path = graph.steady_state_path(loop, _is_work)
     per_pipe = dict.fromkeys(pipes.PIPES, 0.0)
     tensor: list[tuple[Instruction, float]] = []
@@ -60,3 +58,9 @@ def count_main_loop(sass_text: str, key_groups: int = 1) -> LoopCounts:
         path_instructions=sum(len(graph.block_instructions(b)) for b in path),
         unknown_opcodes=unknown,
     )
+
+
+def count_main_loop(sass_text: str, key_groups: int = 1) -> LoopCounts:
+    """Finds the main loop of one function's SASS and counts one steady-state iteration."""
+    graph = ControlFlowGraph(parse(sass_text))
+    return count_loop(graph, graph.main_loop(pipes.is_tensor), key_groups)

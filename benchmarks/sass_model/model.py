@@ -56,15 +56,12 @@ def tensor_macs(counts: LoopCounts, facts: TileFacts) -> dict[str, float]:
     return macs
 
 
-def predict(
-    gpu: Gpu, counts: LoopCounts, facts: TileFacts, head_dim: int, kv_bytes: int
-) -> Prediction:
-    scale = per_kv_byte(counts, facts, head_dim, kv_bytes)
-    instr = {p: counts.per_pipe[p] * scale for p in pipes.PIPES}
+def bound(gpu: Gpu, instr: dict[str, float], macs: dict[str, float]) -> Prediction:
+    """The issue-slot bound from warp-instructions per KV byte (per pipe) and tensor
+    multiply-accumulates per KV byte (per tensor opcode), both summed over a CTA's warps."""
     cycles = {"issue": sum(instr.values()) / gpu.issue_per_clk}
     for pipe, rate in gpu.rates.items():
         cycles[pipe] = instr[pipe] / rate
-    macs = {op: m * scale for op, m in tensor_macs(counts, facts).items()}
     tensor_cycles = 0.0
     for op, m in macs.items():
         if op not in gpu.tensor_macs_per_clk:
@@ -81,3 +78,13 @@ def predict(
         binding="hbm" if fraction >= 1.0 else binding,
         predicted_hbm_fraction=fraction,
     )
+
+
+def predict(
+    gpu: Gpu, counts: LoopCounts, facts: TileFacts, head_dim: int, kv_bytes: int
+) -> Prediction:
+    """Prediction for a kernel whose every warp runs the same main loop."""
+    scale = per_kv_byte(counts, facts, head_dim, kv_bytes)
+    instr = {p: counts.per_pipe[p] * scale for p in pipes.PIPES}
+    macs = {op: m * scale for op, m in tensor_macs(counts, facts).items()}
+    return bound(gpu, instr, macs)

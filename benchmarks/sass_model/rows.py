@@ -49,6 +49,9 @@ class ShapeSet:
                         yield Shape(head_dim, q_dtype, kv_dtype, rows)
 
 
+ALL_SHAPES = ShapeSet()
+
+
 def gpu_for(arch: str) -> hardware.Gpu | None:
     """The modelled GPU that loads cubins of ``arch`` (sm_90a -> H200, sm_100a/f -> B200)."""
     for gpu in hardware.GPUS:
@@ -98,7 +101,7 @@ def load_extension(path: str | Path) -> ModuleType | None:
     return module
 
 
-def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ShapeSet()) -> list[dict]:
+def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list[dict]:
     """Rows for every drafter shape x modelled GPU of the attention kernels in one build."""
     kernels = read_library(path)
     ext = load_extension(path)
@@ -140,7 +143,7 @@ def triton_facts(launch, shape: Shape, compiled) -> TileFacts:
     )
 
 
-def triton_rows(label: str = "", shapes: ShapeSet = ShapeSet()) -> list[dict]:
+def triton_rows(label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list[dict]:
     """Rows of the Triton drafter kernel, compiled as launched for sm_90 and sm_100."""
     import torch
 
