@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs ~15x a plain one's (one object.__setattr__
+# per field), and one problem is built for every layer's run. Treat instances as read-only.
+@dataclass(eq=False)
 class AttentionProblem:
-    """One paged attention call, checked and normalised.
+    """One paged attention call, checked and normalised (read-only by convention).
 
     Tensors (all on one device):
       query:        [num_tokens, num_q_heads, head_dim], bf16/fp16, last dim contiguous.

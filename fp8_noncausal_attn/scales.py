@@ -107,14 +107,15 @@ def check_score_scale(
     else:
         low = high = 1.0 if k_scale is None else float(k_scale)
     fmax = finite_max(cache_dtype)
-    what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
     if softmax_scale * high * LOG2E * fmax > FLOAT32_MAX:
+        what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
         raise ValueError(
             f"softmax_scale * k_scale * log2(e) * {fmax:.6g} (the largest {cache_dtype} key) "
             f"must fit in float32 (<= {FLOAT32_MAX:.4g}): {what}{high:.4g} gives "
             f"{softmax_scale * high * LOG2E * fmax:.4g}"
         )
     if softmax_scale * low * LOG2E < FLOAT32_TINY:
+        what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
         raise ValueError(
             f"softmax_scale * k_scale * log2(e) must be >= {FLOAT32_TINY:.4g} (float32's "
             f"smallest normal): {what}{low:.4g} gives {softmax_scale * low * LOG2E:.4g}"
