@@ -1,5 +1,8 @@
 """Public API behaviour: backend choice and reporting, ops registration, edge cases, layouts."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import DEVICE
@@ -233,3 +236,22 @@ def test_block_table_entries_past_a_sequences_pages_are_ignored():
     garbage[0, 2] = 10**6  # a used page out of range is refused
     with pytest.raises(ValueError, match=r"used pages must be in \[0, \d+\), got range"):
         fna.paged_attention(*args, **case.kwargs(), backend="reference")
+
+
+def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
+    """On CUDA tensors reshape_and_cache runs the extension's kernel when _C runs here; only
+    otherwise Triton's (an optional dependency, imported only then). Checked in a fresh process
+    with the extension's availability mocked."""
+    code = (
+        "import sys, torch\n"
+        "from fp8_noncausal_attn import api, cuda_backend, dispatch\n"
+        "dispatch._availability['cuda'] = (True, 'mocked')\n"
+        "assert api.cache_writer(torch.device('cuda')) is cuda_backend.reshape_and_cache\n"
+        "assert 'fp8_noncausal_attn.triton_cache' not in sys.modules\n"
+        "dispatch._availability['cuda'] = (False, 'mocked')\n"
+        "from fp8_noncausal_attn import triton_cache\n"
+        "assert api.cache_writer(torch.device('cuda')) is triton_cache.reshape_and_cache\n"
+        "assert api.cache_writer(torch.device('cpu')) is api.reference.reshape_and_cache\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
