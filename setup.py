@@ -202,7 +202,7 @@ def say_loudly(line: str) -> None:
         return
     try:
         with open("/dev/tty", "w") as tty:
-            tty.write(line + "\n")
+            tty.write("\n" + line + "\n")  # pip's progress spinner holds the current line
     except OSError:
         pass  # no terminal (CI, a service): stderr is all there is
 
