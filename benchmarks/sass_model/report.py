@@ -24,6 +24,31 @@ def _short(kernel: str) -> str:
     return label + head.split("::")[-1] + sep + args
 
 
+def summary(rows: list[dict], head_dim: int = 128, q_dtype: str = "bfloat16") -> str:
+    """PREDICTED HBM fraction per (build, family, GPU) for one head_dim / query dtype over e4m3,
+    R = 32 / 64 / 128 across: the headline table (README, top of sass-model.md)."""
+    cells: dict[tuple[str, str, str], dict[int, str]] = {}
+    for r in rows:
+        if (r["head_dim"], r["q_dtype"], r["kv_dtype"]) != (head_dim, q_dtype, "float8_e4m3fn"):
+            continue
+        build = r["kernel"][1 : r["kernel"].index("]")] if r["kernel"].startswith("[") else ""
+        key = (build, r["family"], f"{r['gpu']} ({r['arch']})")
+        cells.setdefault(key, {})[r["rows_per_kv_head"]] = (
+            f"{100 * r['predicted_hbm_fraction']:.0f}% ({r['binding']})"
+        )
+    lines = [
+        f"PREDICTED fraction of HBM bandwidth (binding constraint), head_dim {head_dim}, e4m3 "
+        f"cache, {q_dtype} query, R = query rows per KV head:",
+        "",
+        "| build | family | GPU (cubin) | R=32 | R=64 | R=128 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (build, family, gpu), by_rows in sorted(cells.items()):
+        got = [by_rows.get(r, "-") for r in (32, 64, 128)]
+        lines.append(f"| {build or '-'} | {family} | {gpu} | " + " | ".join(got) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         f"# {TITLE}",
@@ -32,6 +57,9 @@ def markdown(rows: list[dict]) -> str:
         "SASS (issue-slot model, assumptions and their sources in `sass-model.json` and",
         "`benchmarks/sass_model/hardware.py`); nothing here was measured on a GPU.",
         "`instr/B` is warp-instructions per KV byte, summed over every warp of a CTA.",
+        "",
+        summary(rows),
+        "All shapes:",
         "",
         "| GPU | arch | family | kernel | D | q | kv | R | regs | smem B | CTAs/SM | "
         + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
