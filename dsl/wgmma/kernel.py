@@ -1,0 +1,691 @@
+"""wgmma paged attention over an FP8 KV cache, BF16/FP16 query: the CUTLASS Python DSL kernel.
+
+NEVER RUN ON A GPU: this kernel compiles for sm_90a (dsl/build.py) and its index maps are replayed
+on the CPU (tests/test_wgmma_emulation.py); no Hopper GPU has executed it.
+
+One CTA = (``consumers`` x 64 query rows of one KV head, KV head, sequence x split). Per key tile
+of ``key_tile`` keys, each consumer warpgroup w (64 rows, the wgmma M) computes
+
+    S = Q_w K^T      wgmma SS: A = Q_w (16-bit, smem, K-major), B = K (16-bit, smem, K-major)
+    P = online-softmax(mask(S))          in registers, fp32, rounded to the 16-bit MMA dtype
+    O_w += P V       wgmma RS: A = P (registers), B = V (16-bit, smem, MN-major: no transpose)
+
+The MMA dtype is the query dtype: e4m3 -> fp16 and e4m3 -> bf16 are both exact. The producer
+warpgroup reads each FP8 K/V row chunk from its page (one block-table read per row), converts it
+once per CTA and stores it into a 128-byte-swizzled ring of staged items that every consumer
+reads (so R = 128 streams the KV once per CTA). k_scale is folded into the softmax scale and
+v_scale into the output (SPEC section 3). With more than one split, each CTA writes the fp32
+partial O (normalised, times v_scale) and the log2 LSE that the existing merge kernel reads.
+
+Structure after the CUTLASS Hopper FMHA example (examples/python/CuTeDSL/cute/hopper/kernel/
+attention/fmha.py) and FlashAttention-3's hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp (producer /
+consumer warpgroups, RS wgmma for P V, accumulator-to-operand reuse), studied, not copied.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from dsl.common import indexing as X
+from dsl.wgmma import layouts as L
+from dsl.wgmma import traits as T
+
+LOG2_E = math.log2(math.e)
+
+DTYPES = {
+    "bfloat16": cutlass.BFloat16,
+    "float16": cutlass.Float16,
+    "float8_e4m3fn": cutlass.Float8E4M3FN,
+}
+
+
+def _exp2(x):
+    return cute.math.exp2(x, fastmath=True)
+
+
+def acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """(row slot i, column slot j) view of a wgmma fp32 accumulator fragment
+    ((2 columns, 2 rows, N / 8 blocks), 1, 1): j = column + 2 x block, the order of
+    layouts.acc_col (tests/test_wgmma_host.py checks it against the DSL's partition_C)."""
+    shape, stride = acc_layout.shape[0], acc_layout.stride[0]
+    return cute.make_layout(
+        (shape[1], (shape[0], shape[2])), stride=(stride[1], (stride[0], stride[2]))
+    )
+
+
+def acc_as_a_operand(acc_layout: cute.Layout, key_tile: int) -> cute.Layout:
+    """The S accumulator's registers seen as the A fragment of O += P V (((2, 2, 2), 1, K / 16)):
+    a 16-bit wgmma A fragment owns the same (row, key) elements per thread as the fp32 C
+    fragment of the same tile, 8 per 16-key block."""
+    s = acc_layout.stride[0]
+    return cute.make_layout(((2, 2, 2), 1, key_tile // 16), stride=(s, 0, 4 * s[2]))
+
+
+class WgmmaPagedAttention:
+    """One variant (dsl/wgmma/traits.Variant); ``__call__`` is the host entry that
+    ``cute.compile`` traces and ``export_to_c`` exports. Its arguments are the tcgen05 family's,
+    so both libraries share one C interface (dsl/build.py)."""
+
+    def __init__(self, variant: T.Variant):
+        variant.check()
+        self.v = variant
+        self.q_dtype = DTYPES[variant.q_dtype]
+        self.kv_dtype = DTYPES[variant.kv_dtype]
+        self.mma_dtype = self.q_dtype
+        self.acc_dtype = cutlass.Float32
+
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
+        k_ptr: cute.Pointer,  # [num_blocks, page_size, num_kv_heads, head_dim], fp8
+        v_ptr: cute.Pointer,  # same shape as k, own strides
+        out_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
+        block_table_ptr: cute.Pointer,  # int32 [num_seqs, max_blocks]
+        cu_seqlens_q_ptr: cute.Pointer,  # int32 [num_seqs + 1]
+        seq_lens_ptr: cute.Pointer,  # int32 [num_seqs]
+        k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
+        v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
+        causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
+        ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
+        ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
+        q_stride_t: cutlass.Int64,
+        q_stride_h: cutlass.Int64,
+        o_stride_t: cutlass.Int64,
+        o_stride_h: cutlass.Int64,
+        k_stride_b: cutlass.Int64,
+        k_stride_s: cutlass.Int64,
+        k_stride_h: cutlass.Int64,
+        v_stride_b: cutlass.Int64,
+        v_stride_s: cutlass.Int64,
+        v_stride_h: cutlass.Int64,
+        bt_stride_s: cutlass.Int64,
+        bt_stride_b: cutlass.Int64,
+        causal_stride: cutlass.Int64,  # in flags (elements), read in place
+        causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
+        causal: cutlass.Int32,  # global flag when causal_width == 0
+        num_tokens: cutlass.Int32,
+        num_seqs: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        num_kv_heads: cutlass.Int32,
+        row_tiles: cutlass.Int32,  # ceil(max_seqlen_q * group / rows)
+        num_splits: cutlass.Int32,
+        softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        v = self.v
+        dt = self.mma_dtype
+        qk_tile = (L.ROWS_PER_WARPGROUP, v.key_tile, v.head_dim)
+        pv_tile = (L.ROWS_PER_WARPGROUP, v.head_dim, v.key_tile)
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dt,
+            dt,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            self.acc_dtype,
+            (1, 1, 1),
+            qk_tile[:2],
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dt,
+            dt,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            self.acc_dtype,
+            (1, 1, 1),
+            pv_tile[:2],
+            warpgroup.OperandSource.RMEM,
+        )
+        q_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tile, dt, v.consumers)
+        k_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tile, dt, v.stages)
+        v_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tile, dt, v.stages)
+        self.kernel(
+            qk_mma,
+            pv_mma,
+            q_layout,
+            k_layout,
+            v_layout,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            out_ptr,
+            block_table_ptr,
+            cu_seqlens_q_ptr,
+            seq_lens_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            causal_ptr,
+            ws_o_ptr,
+            ws_lse_ptr,
+            q_stride_t,
+            q_stride_h,
+            o_stride_t,
+            o_stride_h,
+            k_stride_b,
+            k_stride_s,
+            k_stride_h,
+            v_stride_b,
+            v_stride_s,
+            v_stride_h,
+            bt_stride_s,
+            bt_stride_b,
+            causal_stride,
+            causal_width,
+            causal,
+            num_tokens,
+            num_q_heads,
+            num_kv_heads,
+            num_splits,
+            softmax_scale * LOG2_E,
+        ).launch(
+            grid=(row_tiles, num_kv_heads, num_seqs * num_splits),
+            block=[v.threads, 1, 1],
+            cluster=[1, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        q_layout: cute.ComposedLayout,
+        k_layout: cute.ComposedLayout,
+        v_layout: cute.ComposedLayout,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        out_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
+        cu_seqlens_q_ptr: cute.Pointer,
+        seq_lens_ptr: cute.Pointer,
+        k_scale_ptr: cute.Pointer,
+        v_scale_ptr: cute.Pointer,
+        causal_ptr: cute.Pointer,
+        ws_o_ptr: cute.Pointer,
+        ws_lse_ptr: cute.Pointer,
+        q_stride_t: cutlass.Int64,
+        q_stride_h: cutlass.Int64,
+        o_stride_t: cutlass.Int64,
+        o_stride_h: cutlass.Int64,
+        k_stride_b: cutlass.Int64,
+        k_stride_s: cutlass.Int64,
+        k_stride_h: cutlass.Int64,
+        v_stride_b: cutlass.Int64,
+        v_stride_s: cutlass.Int64,
+        v_stride_h: cutlass.Int64,
+        bt_stride_s: cutlass.Int64,
+        bt_stride_b: cutlass.Int64,
+        causal_stride: cutlass.Int64,
+        causal_width: cutlass.Int32,
+        causal_global: cutlass.Int32,
+        num_tokens: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        num_kv_heads: cutlass.Int32,
+        num_splits: cutlass.Int32,
+        scale_log2: cutlass.Float32,
+    ):
+        v = self.v
+        dt = self.mma_dtype
+
+        # ---------------------------------------------------------------- work decomposition
+        row_tile, kv_head, seq_split = cute.arch.block_idx()
+        seq = seq_split // num_splits
+        split = seq_split % num_splits
+        tidx, _, _ = cute.arch.thread_idx()
+        role = cute.arch.make_warp_uniform(tidx // L.WARPGROUP)
+        wg_tidx = tidx % L.WARPGROUP
+
+        group = num_q_heads // num_kv_heads
+        q_start = cute.make_tensor(cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
+        q_len = cute.make_tensor(cu_seqlens_q_ptr + seq + 1, cute.make_layout(1))[0] - q_start
+        kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
+        row_base = row_tile * v.rows
+        num_rows = X.rows_per_kv_head(q_len, group)
+        first_tile, end_tile = X.split_tiles(kv_len, num_splits, split, v.key_tile, cutlass.min)
+        iters = end_tile - first_tile
+
+        # ---------------------------------------------------------------- shared memory
+        smem = utils.SmemAllocator()
+        stage_bars = smem.allocate_array(cutlass.Int64, 2 * v.stages)
+        q_raw = smem.allocate_array(cutlass.Int8, v.q_bytes, byte_alignment=1024)
+        ring = smem.allocate_array(cutlass.Int8, v.stages * v.item_bytes, byte_alignment=1024)
+        sQ = cute.make_tensor(cute.recast_ptr(q_raw, q_layout.inner, dtype=dt), q_layout.outer)
+        sK = cute.make_tensor(cute.recast_ptr(ring, k_layout.inner, dtype=dt), k_layout.outer)
+        sV = cute.make_tensor(cute.recast_ptr(ring, v_layout.inner, dtype=dt), v_layout.outer)
+
+        kv_producer, kv_consumer = pipeline.PipelineAsync.create(
+            num_stages=v.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, L.WARPGROUP),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, L.WARPGROUP * v.consumers
+            ),
+            barrier_storage=stage_bars,
+            defer_sync=True,
+        ).make_participants()
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        # A tile of rows past this sequence's R has nothing to do (the grid covers the longest).
+        if row_base < num_rows:
+            if role == T.PRODUCER_WARPGROUP:
+                if cutlass.const_expr(v.set_max_registers):
+                    cute.arch.setmaxregister_decrease(T.PRODUCER_REGISTERS)
+                self.producer_role(
+                    ring,
+                    k_ptr,
+                    v_ptr,
+                    block_table_ptr,
+                    k_stride_b,
+                    k_stride_s,
+                    k_stride_h,
+                    v_stride_b,
+                    v_stride_s,
+                    v_stride_h,
+                    bt_stride_s,
+                    bt_stride_b,
+                    seq,
+                    kv_head,
+                    kv_len,
+                    first_tile,
+                    iters,
+                    wg_tidx,
+                    kv_producer,
+                )
+            else:
+                if cutlass.const_expr(v.set_max_registers):
+                    cute.arch.setmaxregister_increase(T.CONSUMER_REGISTERS)
+                self.consumer_role(
+                    qk_mma,
+                    pv_mma,
+                    sQ,
+                    sK,
+                    sV,
+                    q_raw,
+                    q_ptr,
+                    out_ptr,
+                    ws_o_ptr,
+                    ws_lse_ptr,
+                    k_scale_ptr,
+                    v_scale_ptr,
+                    causal_ptr,
+                    q_stride_t,
+                    q_stride_h,
+                    o_stride_t,
+                    o_stride_h,
+                    causal_stride,
+                    causal_width,
+                    causal_global,
+                    seq,
+                    split,
+                    num_splits,
+                    num_tokens,
+                    num_q_heads,
+                    kv_head,
+                    group,
+                    q_start,
+                    q_len,
+                    kv_len,
+                    num_rows,
+                    row_base,
+                    first_tile,
+                    iters,
+                    role - 1,
+                    wg_tidx,
+                    scale_log2,
+                    kv_consumer,
+                )
+        return
+
+    # -------------------------------------------------------------------- producer role
+    @cute.jit
+    def producer_role(
+        self,
+        ring: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
+        k_stride_b: cutlass.Int64,
+        k_stride_s: cutlass.Int64,
+        k_stride_h: cutlass.Int64,
+        v_stride_b: cutlass.Int64,
+        v_stride_s: cutlass.Int64,
+        v_stride_h: cutlass.Int64,
+        bt_stride_s: cutlass.Int64,
+        bt_stride_b: cutlass.Int64,
+        seq: cutlass.Int32,
+        kv_head: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        first_tile: cutlass.Int32,
+        iters: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        kv_producer: pipeline.PipelineProducer,
+    ):
+        """Per key tile, the K item then the V item: each thread loads its FP8 chunks (issued
+        before it waits for a free stage, so the loads are in flight meanwhile), converts them
+        exactly to the MMA dtype and stores them swizzled; rows past kv_len are stored as zeros
+        (P is 0 there, and 0 x NaN would poison O)."""
+        ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
+        for s in cutlass.range(iters):
+            key0 = (first_tile + s) * self.v.key_tile
+            raw_k = self.load_chunks(
+                k_ptr, block_table_ptr, k_stride_b, k_stride_s, k_stride_h, bt_stride_s,
+                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
+            )  # fmt: skip
+            raw_v = self.load_chunks(
+                v_ptr, block_table_ptr, v_stride_b, v_stride_s, v_stride_h, bt_stride_s,
+                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
+            )  # fmt: skip
+            k_handle = kv_producer.acquire_and_advance()
+            self.store_item(raw_k, ring16 + k_handle.index * (self.v.item_bytes // 2), wg_tidx)
+            k_handle.commit()
+            v_handle = kv_producer.acquire_and_advance()
+            self.store_item(raw_v, ring16 + v_handle.index * (self.v.item_bytes // 2), wg_tidx)
+            v_handle.commit()
+        kv_producer.tail()
+
+    @cute.jit
+    def load_chunks(
+        self,
+        cache_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
+        stride_b: cutlass.Int64,
+        stride_s: cutlass.Int64,
+        stride_h: cutlass.Int64,
+        bt_stride_s: cutlass.Int64,
+        bt_stride_b: cutlass.Int64,
+        seq: cutlass.Int32,
+        kv_head: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        key0: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+    ) -> cute.Tensor:
+        """This thread's FP8 chunks of one staged item (K or V of the key tile at key0), one
+        block-table read per row; zeros for rows past kv_len."""
+        v = self.v
+        steps = L.loader_steps(v.key_tile, v.head_dim)
+        chunk = L.loader_chunk(wg_tidx, v.head_dim)
+        page_size = v.page_size
+        raw = cute.make_rmem_tensor(cute.make_layout((L.CHUNK, steps)), self.kv_dtype)
+        raw.fill(0.0)
+        for step in cutlass.range_constexpr(steps):
+            j = key0 + L.loader_row(wg_tidx, step, v.head_dim)
+            if j < kv_len:
+                col, slot = X.page_slot(j, page_size)
+                page = cutlass.Int64(
+                    cute.make_tensor(
+                        block_table_ptr + (cutlass.Int64(seq) * bt_stride_s + col * bt_stride_b),
+                        cute.make_layout(1),
+                    )[0]
+                )
+                # Whole 16-byte chunks: the host refuses strides that are not multiples of 16.
+                off = X.key_offset(page, slot, kv_head, stride_b, stride_s, stride_h)
+                src = cute.make_tensor(
+                    cache_ptr + cute.assume(off + chunk * L.CHUNK, divby=L.CHUNK),
+                    cute.make_layout(L.CHUNK),
+                )
+                raw[None, step].store(src.load())
+        return raw
+
+    @cute.jit
+    def store_item(self, raw: cute.Tensor, stage: cute.Pointer, wg_tidx: cutlass.Int32):
+        """Convert this thread's chunks exactly to the MMA dtype and store them, two 16-byte
+        stores per chunk, into the swizzled stage; then fence them for wgmma's async proxy."""
+        v = self.v
+        chunk = L.loader_chunk(wg_tidx, v.head_dim)
+        for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
+            row = L.loader_row(wg_tidx, step, v.head_dim)
+            wide = cute.make_rmem_tensor(cute.make_layout((L.CHUNK // 2, 2)), self.mma_dtype)
+            wide.store(raw[None, step].load().to(self.mma_dtype).reshape((L.CHUNK // 2, 2)))
+            for half in cutlass.range_constexpr(2):
+                dim = chunk * L.CHUNK + half * (L.CHUNK // 2)
+                dst = cute.make_tensor(
+                    stage + cute.assume(L.operand_offset(row, dim, v.key_tile) // 2, divby=8),
+                    cute.make_layout(L.CHUNK // 2),
+                )
+                dst.store(wide[None, half].load())
+        cute.arch.fence_view_async_shared()  # generic-proxy stores -> wgmma's async proxy
+
+    # -------------------------------------------------------------------- consumer role
+    @cute.jit
+    def consumer_role(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        q_raw: cute.Pointer,
+        q_ptr: cute.Pointer,
+        out_ptr: cute.Pointer,
+        ws_o_ptr: cute.Pointer,
+        ws_lse_ptr: cute.Pointer,
+        k_scale_ptr: cute.Pointer,
+        v_scale_ptr: cute.Pointer,
+        causal_ptr: cute.Pointer,
+        q_stride_t: cutlass.Int64,
+        q_stride_h: cutlass.Int64,
+        o_stride_t: cutlass.Int64,
+        o_stride_h: cutlass.Int64,
+        causal_stride: cutlass.Int64,
+        causal_width: cutlass.Int32,
+        causal_global: cutlass.Int32,
+        seq: cutlass.Int32,
+        split: cutlass.Int32,
+        num_splits: cutlass.Int32,
+        num_tokens: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        kv_head: cutlass.Int32,
+        group: cutlass.Int32,
+        q_start: cutlass.Int32,
+        q_len: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        num_rows: cutlass.Int32,
+        row_base: cutlass.Int32,
+        first_tile: cutlass.Int32,
+        iters: cutlass.Int32,
+        wg: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        scale_log2: cutlass.Float32,
+        kv_consumer: pipeline.PipelineConsumer,
+    ):
+        """Q tile, then per key tile: S = Q K^T, mask, online softmax, O += P V; epilogue."""
+        v = self.v
+        dt = self.mma_dtype
+        f32 = self.acc_dtype
+        row0 = row_base + wg * L.ROWS_PER_WARPGROUP
+
+        # ---- Q: this warpgroup's 64 rows, 16-byte chunks into the swizzled A tile.
+        q_tile = cute.recast_ptr(q_raw, dtype=dt) + wg * (L.ROWS_PER_WARPGROUP * v.head_dim)
+        for step in cutlass.range_constexpr(L.q_steps(v.head_dim)):
+            r = L.q_row(wg_tidx, step, v.head_dim)
+            c = L.q_chunk(wg_tidx, step, v.head_dim)
+            vals = cute.make_rmem_tensor(cute.make_layout(8), dt)
+            vals.fill(0.0)
+            if row0 + r < num_rows:
+                token = X.row_token(row0 + r, group)
+                head = X.row_head(row0 + r, group, kv_head)
+                off = (
+                    cutlass.Int64(q_start + token) * q_stride_t
+                    + cutlass.Int64(head) * q_stride_h
+                    + c * 8
+                )
+                src = cute.make_tensor(q_ptr + cute.assume(off, divby=8), cute.make_layout(8))
+                vals.store(src.load())
+            dst = cute.make_tensor(
+                q_tile + cute.assume(L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2, divby=8),
+                cute.make_layout(8),
+            )
+            dst.store(vals.load())
+        cute.arch.fence_view_async_shared()
+        pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
+
+        # ---- per-row constants: the two rows this thread holds in every accumulator.
+        causal = causal_global
+        if causal_width == 1:
+            causal = cute.make_tensor(
+                causal_ptr + cutlass.Int64(seq) * causal_stride, cute.make_layout(1)
+            )[0].to(cutlass.Int32)
+        if causal_width == 4:
+            flag = cute.make_tensor(
+                cute.recast_ptr(causal_ptr, dtype=cutlass.Int32)
+                + cutlass.Int64(seq) * causal_stride,
+                cute.make_layout(1),
+            )[0]
+            causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
+        k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
+        v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
+        scale = scale_log2 * k_scale  # one KV head per CTA: a scalar
+        last_key = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        for i in cutlass.range_constexpr(2):
+            token = X.row_token(row0 + L.acc_row(wg_tidx, i), group)
+            last_key[i] = X.last_visible_key(token, q_len, kv_len, causal, cutlass.select_)
+
+        # ---- MMA fragments
+        thr_qk = qk_mma.get_slice(wg_tidx)
+        thr_pv = pv_mma.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_s_shape = thr_qk.partition_shape_C((L.ROWS_PER_WARPGROUP, v.key_tile))
+        acc_o = thr_pv.make_fragment_C(
+            thr_pv.partition_shape_C((L.ROWS_PER_WARPGROUP, v.head_dim))
+        )
+        acc_o.fill(0.0)
+        o_mn = cute.make_tensor(acc_o.iterator, acc_mn_layout(acc_o.layout))
+        row_max = cute.make_rmem_tensor(cute.make_layout(2), f32)
+        row_max.fill(-f32.inf)
+        row_sum = cute.make_rmem_tensor(cute.make_layout(2), f32)  # this thread's columns only
+        row_sum.fill(0.0)
+
+        for s in cutlass.range(iters):
+            acc_s = thr_qk.make_fragment_C(acc_s_shape)
+            k_handle = kv_consumer.wait_and_advance()
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(
+                    qk_mma,
+                    acc_s,
+                    tSrQ[None, None, kb, wg],
+                    tSrK[None, None, kb, k_handle.index],
+                    acc_s,
+                )
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_handle.release()
+
+            s_mn = cute.make_tensor(acc_s.iterator, acc_mn_layout(acc_s.layout))
+            key0 = (first_tile + s) * v.key_tile
+            for i in cutlass.range_constexpr(2):
+                m_tile = -f32.inf
+                for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    visible = X.key_visible(key0 + L.acc_col(wg_tidx, j), kv_len, last_key[i])
+                    s_mn[i, j] = cutlass.select_(visible, s_mn[i, j], -f32.inf)
+                    m_tile = cute.arch.fmax(m_tile, s_mn[i, j])
+                for offset in L.QUAD_SHUFFLES:
+                    m_tile = cute.arch.fmax(
+                        m_tile, cute.arch.shuffle_sync_bfly(m_tile, offset=offset)
+                    )
+                m_new = cute.arch.fmax(row_max[i], m_tile)
+                # A row that has seen no key yet keeps -inf: use 0 as its reference (no inf-inf).
+                m_use = cutlass.select_(m_new == -f32.inf, cutlass.Float32(0.0), m_new) * scale
+                correction = _exp2(row_max[i] * scale - m_use)
+                tile_sum = cutlass.Float32(0.0)
+                for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    s_mn[i, j] = _exp2(s_mn[i, j] * scale - m_use)
+                    tile_sum += s_mn[i, j]
+                row_sum[i] = row_sum[i] * correction + tile_sum
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[i, c] = o_mn[i, c] * correction
+                row_max[i] = m_new
+
+            tOrP = cute.make_rmem_tensor(acc_as_a_operand(acc_s.layout, v.key_tile), dt)
+            cute.make_tensor(tOrP.iterator, acc_s.layout).store(acc_s.load().to(dt))
+            v_handle = kv_consumer.wait_and_advance()
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(
+                    pv_mma,
+                    acc_o,
+                    tOrP[None, None, kb],
+                    tOrV[None, None, kb, v_handle.index],
+                    acc_o,
+                )
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            v_handle.release()
+
+        # ---- epilogue: row sums across the quad, O / l x v_scale, or the split's state.
+        for i in cutlass.range_constexpr(2):
+            total = row_sum[i]
+            for offset in L.QUAD_SHUFFLES:
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=offset)
+            self.store_row(
+                o_mn, i, row_max[i] * scale, total, v_scale, row0 + L.acc_row(wg_tidx, i),
+                num_rows, group, kv_head, q_start, split, num_splits, num_tokens, num_q_heads,
+                out_ptr, ws_o_ptr, ws_lse_ptr, o_stride_t, o_stride_h, wg_tidx,
+            )  # fmt: skip
+
+    @cute.jit
+    def store_row(
+        self,
+        o_mn: cute.Tensor,
+        i: cutlass.Constexpr,
+        m_scaled: cutlass.Float32,
+        total: cutlass.Float32,
+        v_scale: cutlass.Float32,
+        r: cutlass.Int32,
+        num_rows: cutlass.Int32,
+        group: cutlass.Int32,
+        kv_head: cutlass.Int32,
+        q_start: cutlass.Int32,
+        split: cutlass.Int32,
+        num_splits: cutlass.Int32,
+        num_tokens: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        out_ptr: cute.Pointer,
+        ws_o_ptr: cute.Pointer,
+        ws_lse_ptr: cute.Pointer,
+        o_stride_t: cutlass.Int64,
+        o_stride_h: cutlass.Int64,
+        wg_tidx: cutlass.Int32,
+    ):
+        """Row slot i of this thread's O: out (query dtype) = O / l x v_scale, or with splits
+        the fp32 partial O and the log2 LSE (-inf for an empty split) for the merge."""
+        head_dim = self.v.head_dim
+        q_dtype = self.q_dtype
+        if r < num_rows:
+            token = X.row_token(r, group)
+            head = X.row_head(r, group, kv_head)
+            inv = cutlass.select_(total > 0.0, v_scale / total, cutlass.Float32(0.0))
+            row_ws = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
+            out_row = (
+                cutlass.Int64(q_start + token) * o_stride_t + cutlass.Int64(head) * o_stride_h
+            )
+            if num_splits > 1:
+                if wg_tidx % 4 == 0:
+                    lse = cutlass.Float32(-math.inf)
+                    if total > 0.0:
+                        lse = m_scaled + cute.math.log2(total, fastmath=False)
+                    cute.make_tensor(ws_lse_ptr + row_ws, cute.make_layout(1))[0] = lse
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    d = L.acc_col(wg_tidx, c)
+                    cute.make_tensor(ws_o_ptr + (row_ws * head_dim + d), cute.make_layout(1))[
+                        0
+                    ] = o_mn[i, c] * inv
+            else:
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    d = L.acc_col(wg_tidx, c)
+                    cute.make_tensor(out_ptr + (out_row + d), cute.make_layout(1))[0] = (
+                        o_mn[i, c] * inv
+                    ).to(q_dtype)

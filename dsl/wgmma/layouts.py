@@ -1,0 +1,99 @@
+"""Index maps of the wgmma family, shared by the DSL kernel and its CPU emulation.
+
+Plain integer arithmetic (see dsl/common/indexing.py for the maps every family shares): the kernel
+(dsl/wgmma/kernel.py) calls these on traced ``cutlass.Int32`` values, the emulation
+(tests/test_wgmma_emulation.py) on Python ints / numpy arrays, so the test replays the kernel's
+own maps. tests/test_wgmma_host.py checks the operand and accumulator maps against the layouts
+the CUTLASS DSL itself builds for wgmma.
+
+Vocabulary: a CTA holds ``consumers`` x 64 query rows of one KV head (warpgroup w owns rows
+64 w .. 64 w + 63, the wgmma M); a key tile is ``key_tile`` consecutive keys (the N of
+S = Q K^T and the K of O += P V); a staged item is one key tile of K or of V, dequantised to the
+16-bit MMA dtype.
+"""
+
+ROWS_PER_WARPGROUP = 64  # the wgmma M: query rows one consumer warpgroup owns
+WARPGROUP = 128  # threads per warpgroup
+CHUNK = 16  # bytes per vector load / store
+SW128_ROW_BYTES = 128  # 128-byte swizzle: 16-byte chunk c of row r is stored at c ^ (r % 8)
+SW128_ELEMS = 64  # 16-bit elements per 128-byte swizzle row
+
+
+def sw128(byte_offset):
+    """The 128-byte swizzle (CuTe Swizzle<3,4,3> on byte addresses of a 1024-aligned buffer)."""
+    return byte_offset ^ (((byte_offset >> 7) & 7) << 4)
+
+
+def operand_offset(row, dim, rows):
+    """Byte offset of 16-bit element (row, dim) of a [rows x head_dim] wgmma operand tile in the
+    K-major 128-byte-swizzled layout: 64-dim column blocks of ``rows`` x 128 bytes.
+
+    The same map serves Q (A operand, rows = 64 query rows), K (B operand K-major, rows = keys)
+    and V (B operand MN-major for O += P V: the head dim is the contiguous N), so every staged
+    item and the Q tile are written row by row in 16-byte chunks.
+    """
+    block = dim // SW128_ELEMS
+    linear = 2 * (block * rows * SW128_ELEMS + row * SW128_ELEMS + dim % SW128_ELEMS)
+    return sw128(linear)
+
+
+# ---------------------------------------------------------------------------------- producer
+def loader_chunks_per_row(head_dim):
+    """16-byte FP8 chunks of one key row (head_dim bytes)."""
+    return head_dim // CHUNK
+
+
+def loader_steps(key_tile, head_dim):
+    """Chunks each of the 128 producer threads copies per staged item."""
+    return key_tile * head_dim // (WARPGROUP * CHUNK)
+
+
+def loader_row(thread, step, head_dim):
+    """Key row (0 .. key_tile - 1) producer thread ``thread`` loads at ``step``: consecutive
+    threads cover one row's consecutive chunks (coalesced), 128 / chunks-per-row rows a step."""
+    per_row = loader_chunks_per_row(head_dim)
+    return thread // per_row + step * (WARPGROUP // per_row)
+
+
+def loader_chunk(thread, head_dim):
+    """16-byte FP8 chunk (head dims 16 c .. 16 c + 15) of its row that ``thread`` loads."""
+    return thread % loader_chunks_per_row(head_dim)
+
+
+# ---------------------------------------------------------------------------------- Q tile
+def q_chunks_per_row(head_dim):
+    """16-byte chunks (8 elements of the 16-bit query) of one query row."""
+    return head_dim * 2 // CHUNK
+
+
+def q_steps(head_dim):
+    """Chunks each consumer thread copies into its warpgroup's Q tile."""
+    return ROWS_PER_WARPGROUP * q_chunks_per_row(head_dim) // WARPGROUP
+
+
+def q_row(thread, step, head_dim):
+    """Row (0..63) of the warpgroup's Q tile that consumer thread ``thread`` copies at ``step``."""
+    return (step * WARPGROUP + thread) // q_chunks_per_row(head_dim)
+
+
+def q_chunk(thread, step, head_dim):
+    """Chunk (8 head dims) of that row."""
+    return (step * WARPGROUP + thread) % q_chunks_per_row(head_dim)
+
+
+# ---------------------------------------------------------------------------------- accumulator
+def acc_row(thread, i):
+    """Row (0..63) of the warpgroup's 64 x N fp32 accumulator held in fragment row slot i (0, 1)
+    by warpgroup thread ``thread``: warp w owns rows 16 w .. 16 w + 15, a quad of lanes one row."""
+    return 16 * (thread // 32) + (thread % 32) // 4 + 8 * i
+
+
+def acc_col(thread, j):
+    """Column of the accumulator in fragment column slot j (0 .. N / 4 - 1) of ``thread``: two
+    adjacent columns per 8-column block."""
+    return 8 * (j // 2) + 2 * (thread % 4) + j % 2
+
+
+# Lanes that hold the same accumulator rows differ in these lane bits: row maxima and sums are
+# combined with butterfly shuffles at these offsets.
+QUAD_SHUFFLES = (1, 2)

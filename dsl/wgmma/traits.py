@@ -1,0 +1,109 @@
+"""Compile-time configuration of the wgmma family: variants, warp roles, shared-memory budget.
+
+Plain Python (no DSL import), so budgets are host-testable and the build can list variants
+without the DSL. The kernel (dsl/wgmma/kernel.py) reads every size from here.
+"""
+
+from dataclasses import dataclass
+
+from dsl.wgmma.layouts import ROWS_PER_WARPGROUP, WARPGROUP
+
+ARCHS = ("sm_90a",)
+Q_DTYPES = ("bfloat16", "float16")
+KV_DTYPES = ("float8_e4m3fn",)
+HEAD_DIMS = (64, 128, 256)
+SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
+REGISTER_FILE = 65536  # 32-bit registers per SM
+MAX_STAGES = 4  # staged 16-bit K/V items between the producer and the consumers
+BARRIER_BYTES = 1024  # mbarriers (full/empty per stage), aligned ahead of the 1024-B tiles
+
+# Warp roles: warpgroup 0 is the producer (loads FP8 K/V pages, dequantises them into the
+# swizzled 16-bit ring), warpgroups 1..consumers each own 64 query rows and run both GEMMs and
+# the online softmax. With two consumers the producer gives registers away (setmaxnreg).
+PRODUCER_WARPGROUP = 0
+PRODUCER_REGISTERS = 56
+CONSUMER_REGISTERS = 224
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled kernel: ``consumers`` x 64 query rows per CTA (R = q_len x group rows of one
+    KV head; more rows take more CTAs, each streaming the KV again)."""
+
+    head_dim: int
+    consumers: int
+    page_size: int
+    q_dtype: str
+    kv_dtype: str = "float8_e4m3fn"
+
+    @property
+    def name(self) -> str:
+        q = {"bfloat16": "bf16", "float16": "f16"}[self.q_dtype]
+        kv = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[self.kv_dtype]
+        return f"wgmma_d{self.head_dim}_m{self.rows}_p{self.page_size}_{q}_{kv}"
+
+    @property
+    def rows(self) -> int:
+        """Query rows per CTA."""
+        return self.consumers * ROWS_PER_WARPGROUP
+
+    @property
+    def key_tile(self) -> int:
+        """Keys per tile: the N of S = Q K^T. 128 keys keep S at 64 fp32 registers per thread;
+        head_dim 256 takes 64 so that S, O and P fit the consumer's registers."""
+        return 128 if self.head_dim <= 128 else 64
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WARPGROUP
+
+    @property
+    def set_max_registers(self) -> bool:
+        """Rebalance registers between roles only where the even share is too small for the
+        consumers (384 threads: 168 each)."""
+        return REGISTER_FILE // self.threads < CONSUMER_REGISTERS
+
+    @property
+    def item_bytes(self) -> int:
+        """One staged K or V item: key_tile x head_dim 16-bit elements."""
+        return self.key_tile * self.head_dim * 2
+
+    @property
+    def q_bytes(self) -> int:
+        """Q tiles of all consumers (16-bit, 64 x head_dim each)."""
+        return self.rows * self.head_dim * 2
+
+    @property
+    def stages(self) -> int:
+        """Staged items in the ring: as many as fit, at most MAX_STAGES."""
+        free = SMEM_BYTES - BARRIER_BYTES - self.q_bytes
+        return min(MAX_STAGES, free // self.item_bytes)
+
+    @property
+    def smem_bytes(self) -> int:
+        return BARRIER_BYTES + self.q_bytes + self.stages * self.item_bytes
+
+    @property
+    def registers_per_thread(self) -> dict:
+        """ptxas' cap per role: the even share, or the setmaxnreg split."""
+        if self.set_max_registers:
+            return {"producer": PRODUCER_REGISTERS, "consumer": CONSUMER_REGISTERS}
+        even = min(255, REGISTER_FILE // self.threads // 8 * 8)
+        return {"producer": even, "consumer": even}
+
+    def check(self) -> None:
+        """Raise ValueError when the variant cannot be built."""
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim}: the wgmma family builds {HEAD_DIMS}")
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
+        if self.page_size & (self.page_size - 1) or not 16 <= self.page_size <= 256:
+            raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
+        if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"dtypes {self.q_dtype}/{self.kv_dtype} not built")
+        if self.stages < 2:
+            raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
+        regs = self.registers_per_thread
+        total = WARPGROUP * (regs["producer"] + self.consumers * regs["consumer"])
+        if total > REGISTER_FILE:
+            raise ValueError(f"{self.name}: {total} registers > {REGISTER_FILE}")
