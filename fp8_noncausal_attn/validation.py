@@ -169,7 +169,8 @@ def check_batch_lengths(
         # that entries past a sequence's pages, which are ignored, cannot fail the call.
         dense = block_table[:, :needed]
         if dense.device.type == "cpu":
-            dense_min, dense_max = int(dense.numpy().min()), int(dense.numpy().max())
+            values = dense.numpy()
+            dense_min, dense_max = int(values.min()), int(values.max())
         else:
             dense_min, dense_max = torch.stack(torch.aminmax(dense)).tolist()
         if num_blocks is not None and dense_min >= 0 and dense_max < num_blocks:
