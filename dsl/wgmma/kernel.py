@@ -30,7 +30,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from dsl.common import indexing as X
@@ -63,9 +63,10 @@ def acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
 def acc_as_a_operand(acc_layout: cute.Layout, key_tile: int) -> cute.Layout:
     """The S accumulator's registers seen as the A fragment of O += P V (((2, 2, 2), 1, K / 16)):
     a 16-bit wgmma A fragment owns the same (row, key) elements per thread as the fp32 C
-    fragment of the same tile, 8 per 16-key block."""
+    fragment of the same tile, 8 per 16-key block = two 8-column C blocks
+    (tests/test_wgmma_host.py checks it against the DSL's A and C partitions)."""
     s = acc_layout.stride[0]
-    return cute.make_layout(((2, 2, 2), 1, key_tile // 16), stride=(s, 0, 4 * s[2]))
+    return cute.make_layout(((2, 2, 2), 1, key_tile // 16), stride=(s, 0, 2 * s[2]))
 
 
 class WgmmaPagedAttention:
@@ -127,8 +128,8 @@ class WgmmaPagedAttention:
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dt,
             dt,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.K,
+            OperandMajorMode.K,
+            OperandMajorMode.K,
             self.acc_dtype,
             (1, 1, 1),
             qk_tile[:2],
@@ -136,8 +137,8 @@ class WgmmaPagedAttention:
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dt,
             dt,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.MN,
+            OperandMajorMode.K,
+            OperandMajorMode.MN,
             self.acc_dtype,
             (1, 1, 1),
             pv_tile[:2],
@@ -520,10 +521,8 @@ class WgmmaPagedAttention:
                 )
                 src = cute.make_tensor(q_ptr + cute.assume(off, divby=8), cute.make_layout(8))
                 vals.store(src.load())
-            dst = cute.make_tensor(
-                q_tile + cute.assume(L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2, divby=8),
-                cute.make_layout(8),
-            )
+            at = L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2
+            dst = cute.make_tensor(q_tile + cute.assume(at, divby=8), cute.make_layout(8))
             dst.store(vals.load())
         cute.arch.fence_view_async_shared()
         pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
@@ -556,9 +555,7 @@ class WgmmaPagedAttention:
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
         acc_s_shape = thr_qk.partition_shape_C((L.ROWS_PER_WARPGROUP, v.key_tile))
-        acc_o = thr_pv.make_fragment_C(
-            thr_pv.partition_shape_C((L.ROWS_PER_WARPGROUP, v.head_dim))
-        )
+        acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((L.ROWS_PER_WARPGROUP, v.head_dim)))
         acc_o.fill(0.0)
         o_mn = cute.make_tensor(acc_o.iterator, acc_mn_layout(acc_o.layout))
         row_max = cute.make_rmem_tensor(cute.make_layout(2), f32)
@@ -669,9 +666,7 @@ class WgmmaPagedAttention:
             head = X.row_head(r, group, kv_head)
             inv = cutlass.select_(total > 0.0, v_scale / total, cutlass.Float32(0.0))
             row_ws = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
-            out_row = (
-                cutlass.Int64(q_start + token) * o_stride_t + cutlass.Int64(head) * o_stride_h
-            )
+            out_row = cutlass.Int64(q_start + token) * o_stride_t + cutlass.Int64(head) * o_stride_h
             if num_splits > 1:
                 if wg_tidx % 4 == 0:
                     lse = cutlass.Float32(-math.inf)
@@ -680,9 +675,9 @@ class WgmmaPagedAttention:
                     cute.make_tensor(ws_lse_ptr + row_ws, cute.make_layout(1))[0] = lse
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                     d = L.acc_col(wg_tidx, c)
-                    cute.make_tensor(ws_o_ptr + (row_ws * head_dim + d), cute.make_layout(1))[
-                        0
-                    ] = o_mn[i, c] * inv
+                    cute.make_tensor(ws_o_ptr + (row_ws * head_dim + d), cute.make_layout(1))[0] = (
+                        o_mn[i, c] * inv
+                    )
             else:
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                     d = L.acc_col(wg_tidx, c)

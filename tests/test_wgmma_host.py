@@ -1,0 +1,176 @@
+"""Host-side checks of the wgmma family (never run on a GPU): variant table, shared-memory and
+register budgets, producer/Q loader coverage, and the hand-written maps the kernel uses against
+the layouts the CUTLASS DSL itself builds for wgmma (those need the DSL, else skipped)."""
+
+import pytest
+
+from dsl import build
+from dsl.common import indexing as X
+from dsl.wgmma import layouts as L
+from dsl.wgmma import traits as T
+
+
+def test_variant_table_covers_both_query_dtypes_and_is_buildable():
+    assert {v.q_dtype for v in build.WGMMA_VARIANTS} == {"bfloat16", "float16"}
+    names = [v.name for v in build.WGMMA_VARIANTS]
+    assert len(set(names)) == len(names)
+    assert set(build.WGMMA_CI_VARIANTS) <= set(build.WGMMA_VARIANTS)
+    for v in build.WGMMA_VARIANTS:
+        v.check()
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "consumers", "key_tile", "stages", "smem", "regs"),
+    [
+        (64, 1, 128, 4, 1024 + 8192 + 4 * 16384, 255),
+        (128, 1, 128, 4, 1024 + 16384 + 4 * 32768, 255),
+        (128, 2, 128, 4, 1024 + 32768 + 4 * 32768, 224),  # setmaxnreg: producer 56, 2 x 224
+        (256, 2, 64, 4, 1024 + 65536 + 4 * 32768, 224),
+    ],
+)
+def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages, smem, regs):
+    v = T.Variant(head_dim, consumers, 16, "bfloat16")
+    v.check()
+    assert (v.key_tile, v.stages, v.smem_bytes) == (key_tile, stages, smem)
+    assert v.smem_bytes <= T.SMEM_BYTES
+    assert v.registers_per_thread["consumer"] == regs
+    per_role = v.registers_per_thread
+    assert 128 * (per_role["producer"] + consumers * per_role["consumer"]) <= T.REGISTER_FILE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(head_dim=96), "head_dim 96"),
+        (dict(consumers=3), "consumers 3"),
+        (dict(page_size=8), "page_size 8"),
+        (dict(page_size=48), "page_size 48"),
+        (dict(q_dtype="float32"), "dtypes"),
+        (dict(kv_dtype="float8_e5m2"), "dtypes"),
+    ],
+)
+def test_unbuildable_variants_are_refused(kwargs, message):
+    args = dict(head_dim=128, consumers=1, page_size=16, q_dtype="bfloat16") | kwargs
+    with pytest.raises(ValueError, match=message):
+        T.Variant(**args).check()
+
+
+@pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
+def test_producer_writes_every_16_bit_chunk_of_an_item_once(head_dim):
+    """The producer's (row, chunk) pairs cover the item; each FP8 chunk lands as two 16-byte
+    chunks at operand_offset, and together they tile the item's bytes exactly once."""
+    key_tile = T.Variant(head_dim, 1, 16, "float16").key_tile
+    seen = sorted(
+        L.operand_offset(L.loader_row(t, s, head_dim), L.loader_chunk(t, head_dim) * 16 + h * 8,
+                         key_tile)
+        for t in range(L.WARPGROUP)
+        for s in range(L.loader_steps(key_tile, head_dim))
+        for h in range(2)
+    )  # fmt: skip
+    assert seen == list(range(0, key_tile * head_dim * 2, L.CHUNK))
+
+
+@pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
+def test_q_loader_writes_every_chunk_of_the_q_tile_once(head_dim):
+    seen = sorted(
+        L.operand_offset(L.q_row(t, s, head_dim), L.q_chunk(t, s, head_dim) * 8, 64)
+        for t in range(L.WARPGROUP)
+        for s in range(L.q_steps(head_dim))
+    )
+    assert seen == list(range(0, 64 * head_dim * 2, L.CHUNK))
+
+
+def test_accumulator_maps_cover_the_tile_once_and_quads_share_rows():
+    cells = sorted((L.acc_row(t, i), L.acc_col(t, j)) for t in range(128) for i in range(2)
+                   for j in range(32))  # fmt: skip
+    assert cells == [(r, c) for r in range(64) for c in range(128)]
+    for t in range(128):
+        for off in L.QUAD_SHUFFLES:
+            assert [L.acc_row(t ^ off, i) for i in range(2)] == [L.acc_row(t, i) for i in range(2)]
+
+
+def test_split_ranges_partition_the_key_tiles():
+    for key_tile in (64, 128):
+        for kv_len in (1, 63, 64, 129, 1000):
+            for splits in (1, 2, 3, 7):
+                ranges = [X.split_tiles(kv_len, splits, s, key_tile, min) for s in range(splits)]
+                tiles = [t for first, end in ranges for t in range(first, end)]
+                assert tiles == list(range(X.ceil_div(kv_len, key_tile)))
+
+
+# ---------------------------------------------------------------------------- DSL layouts
+def _probe(head_dim: int, q_dtype: str) -> dict:
+    """Offsets and fragment coordinates from the DSL's own wgmma layouts (traced, no GPU)."""
+    pytest.importorskip("cutlass")
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.tensor_utils import LayoutEnum
+
+    from dsl.wgmma.kernel import DTYPES, acc_as_a_operand, acc_mn_layout
+
+    v = T.Variant(head_dim, 1, 16, q_dtype)
+    kt, dt = v.key_tile, DTYPES[q_dtype]
+    found = {}
+
+    @cute.jit
+    def probe():
+        qk_tile, pv_tile = (64, kt, head_dim), (64, head_dim, kt)
+        q = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tile, dt, 2)
+        k = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tile, dt, 2)
+        vv = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tile, dt, 2)
+        found["swizzles"] = {str(x.inner) for x in (q, k, vv)}
+        found["q"] = {(r, d): q.outer((r, d, 1)) for r in range(64) for d in range(head_dim)}
+        found["k"] = {(j, d): k.outer((j, d, 1)) for j in range(kt) for d in range(head_dim)}
+        found["v"] = {(j, d): vv.outer((d, j, 1)) for j in range(kt) for d in range(head_dim)}
+        mode = OperandMajorMode
+        qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, mode.K, mode.K, cutlass.Float32, (1, 1, 1), (64, kt)
+        )
+        pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, mode.K, mode.MN, cutlass.Float32, (1, 1, 1), (64, head_dim),
+            warpgroup.OperandSource.RMEM)  # fmt: skip
+        found["c"], found["a"] = {}, {}
+        for t in (0, 5, 37, 70, 127):
+            thr = qk.get_slice(t)
+            frag = cute.make_layout(thr.partition_shape_C((64, kt)))
+            coords = thr.partition_C(cute.make_identity_tensor((64, kt)))
+            mn = acc_mn_layout(frag)
+            found["c"][t] = {(i, j): coords[mn((i, j))] for i in range(2) for j in range(kt // 4)}
+            a_coords = pv.get_slice(t).partition_A(cute.make_identity_tensor((64, kt)))
+            a_regs = acc_as_a_operand(frag, kt)
+            found["a"][t] = [(a_coords[f], coords[a_regs(f)]) for f in range(cute.size(a_coords))]
+
+    cute.compile(probe, options="--gpu-arch=sm_90a")
+    return found
+
+
+@pytest.fixture(scope="module", params=T.HEAD_DIMS)
+def dsl_layouts(request):
+    return request.param, _probe(request.param, "bfloat16")
+
+
+def test_operand_offset_is_the_dsl_wgmma_smem_layout(dsl_layouts):
+    """Where the producer and the Q loader store (layouts.operand_offset) is where the DSL's
+    K-major Q (A) and K (B) layouts and the MN-major V (B) layout put (row, head dim), stage 1,
+    under the DSL's 128-byte swizzle on byte addresses."""
+    head_dim, found = dsl_layouts
+    assert found["swizzles"] == {"S<3,4,3>"}
+    key_tile = T.Variant(head_dim, 1, 16, "bfloat16").key_tile
+    for name, rows in (("q", 64), ("k", key_tile), ("v", key_tile)):
+        stage = rows * head_dim * 2
+        for (row, dim), element in found[name].items():
+            assert L.sw128(2 * element) == stage + L.operand_offset(row, dim, rows), (name, row)
+
+
+def test_accumulator_maps_are_the_dsl_fragment(dsl_layouts):
+    """acc_row / acc_col (the mask's row and key) are the DSL's C-fragment coordinates, and the
+    S registers reused as the A fragment of O += P V hold the (row, key) wgmma expects there."""
+    _, found = dsl_layouts
+    for t, cells in found["c"].items():
+        for (i, j), coord in cells.items():
+            assert tuple(coord) == (L.acc_row(t, i), L.acc_col(t, j)), (t, i, j)
+    for t, pairs in found["a"].items():
+        for a_coord, c_coord in pairs:
+            assert tuple(a_coord) == tuple(c_coord), t
