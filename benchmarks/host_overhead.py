@@ -3,7 +3,7 @@
     python -m benchmarks.host_overhead --out DIR [--quick]
 
 Prints a table and writes ``DIR/host-overhead.json`` = ``{"torch_add_us", "run_us",
-"paged_attention_us"}``: the median host microseconds of
+"paged_attention_us"}``: the median host microseconds (CPU time of the calling thread) of
 
 - ``torch_add_us``: ``torch.add`` on two small CPU tensors (the yardstick: one trivial op);
 - ``run_us``: one :meth:`fp8_noncausal_attn.PagedAttention.run` (``out=`` given, as vLLM's
@@ -42,18 +42,19 @@ GOALS = {"run_us": 10, "paged_attention_us": 40}
 
 def median_us(calls: dict[str, Callable[[], object]], count: int, rounds: int) -> dict[str, float]:
     """Per call: the median over ``rounds`` of the mean host time of ``count`` back-to-back
-    calls, in us. The calls take turns within each round, so a change in the machine's load
-    weighs on all of them alike (the ratios stay meaningful on a shared machine)."""
+    calls, in us. Host time is this thread's CPU time (``time.thread_time_ns``), so time spent
+    descheduled while other processes run does not count; the calls also take turns within each
+    round, so what remains of a change in the machine's load weighs on all of them alike."""
     for call in calls.values():  # warm-up: memos, first-call paths
         for _ in range(max(count // 10, 1)):
             call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            start = time.perf_counter_ns()
+            start = time.thread_time_ns()
             for _ in range(count):
                 call()
-            samples[name].append((time.perf_counter_ns() - start) / count / 1e3)
+            samples[name].append((time.thread_time_ns() - start) / count / 1e3)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
