@@ -83,7 +83,8 @@ class Workspace:
 
 class BatchPlan:
     """What :meth:`PagedAttention.plan` decided for one batch (host values only); returned by
-    ``plan()`` so that several batches planned ahead (micro-batches) can each be run."""
+    ``plan()`` so that several batches planned ahead (micro-batches) can each be run. Plans of
+    one :class:`PagedAttention` share its workspace: run them one after another on one stream."""
 
     __slots__ = (
         "backend", "module", "backend_plan", "run_check", "block_table", "cu_seqlens_q",
