@@ -2,11 +2,14 @@
 
 Small shapes that reach every boundary: partial last pages, rows past q_len in an M tile, keys
 past kv_len in a key tile, empty sequences, split-KV with empty splits, block size 8, the vLLM
-combined layout, head_dim 256. Exits non-zero if any result is off.
+combined layout, head_dim 256, and vLLM's CUDA-graph inputs (strided int32 causal flags and
+index tensors, padded rows past cu_seqlens_q[-1], an out at an odd element offset). Exits
+non-zero if any result is off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -23,6 +26,30 @@ CASES = [
     dict(q_lens=[8, 5], kv_lens=[700, 61], causal=False, head_dim=128, num_splits=7),
     dict(q_lens=[8], kv_lens=[90], causal=False, cache_dtype=torch.bfloat16, block_size=32),
 ]
+
+
+def strided(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    buffer = torch.full((t.numel(), 2), 3, dtype=dtype, device=t.device)
+    buffer[:, 0] = t.to(dtype)
+    return buffer[:, 0]
+
+
+def vllm_inputs(problem):
+    """``problem`` with strided int32 index tensors, 5 padded query rows, and an ``out`` at an
+    odd element offset (filled with NaN)."""
+    flags = problem.causal_per_seq
+    if flags is None:
+        flags = torch.full((problem.num_seqs,), int(problem.causal), device=problem.query.device)
+    query = torch.cat([problem.query, torch.randn_like(problem.query[:5])])
+    flat = torch.full((query.numel() + 1,), float("nan"), dtype=query.dtype, device=query.device)
+    vllm_like = dataclasses.replace(
+        problem,
+        query=query,
+        cu_seqlens_q=strided(problem.cu_seqlens_q, torch.int32),
+        seq_lens=strided(problem.seq_lens, torch.int32),
+        causal_per_seq=strided(flags, torch.int32),
+    )
+    return vllm_like, flat[1:].view_as(query)
 
 
 def main() -> int:
@@ -46,8 +73,15 @@ def main() -> int:
         ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
         err = relative_error(out, ref)
         ok = err <= 1e-2
+        # The same call as vLLM makes it under CUDA graphs.
+        vllm_like, padded_out = vllm_inputs(problem)
+        cuda_backend.paged_attention(vllm_like, padded_out, num_splits=num_splits)
+        tokens = case.query.shape[0]
+        vllm_err = relative_error(padded_out[:tokens], ref)
+        ok = ok and vllm_err <= 1e-2 and bool((padded_out[tokens:] == 0).all())
         failures += not ok
-        print(f"case {i}: rel err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+        print(f"case {i}: rel err {err:.2e}, vLLM-style {vllm_err:.2e} {'ok' if ok else 'FAIL'}",
+              flush=True)  # fmt: skip
     torch.cuda.synchronize()
     return 1 if failures else 0
 

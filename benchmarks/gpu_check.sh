@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
-# extension for sm_90a, run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
+# extension for this GPU's arch (every kernel family compiled for it: today the portable mma.sync
+# family, sm_90 code on an H200), run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
 # holds the drafter acceptance shape), and compute-sanitizer memcheck and racecheck on a few cuda cases.
 #   benchmarks/gpu_check.sh RESULTS_DIR
 # Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
@@ -54,7 +55,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/nvidia_cutlass-*.whl || { echo "no cutlass wheel" | tee -a "$SUMMARY"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-step build 240 env FP8NCA_BUILD_CUDA=1 FP8NCA_CUDA_ARCHS=90a FP8NCA_BUILD_JOBS="$(nproc)" \
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
+ARCH=${ARCH/#100/100f}  # the sm_100 family build (B200 and B300)
+ARCH=${ARCH/#103/100f}
+step build 240 env FP8NCA_BUILD_CUDA=1 FP8NCA_CUDA_ARCHS="$ARCH" FP8NCA_BUILD_JOBS="$(nproc)" \
   python3 setup.py build_ext --inplace || exit 1
 cp build/cmake/ptxas.log "$RESULTS/ptxas.log" 2>/dev/null
 cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1

@@ -1,36 +1,34 @@
 """The compiled CUDA kernels (``backend="cuda"``), through ``fp8_noncausal_attn._C``.
 
-``_C`` (csrc/ + python/bindings.cpp, built by CMake from setup.py) runs mma.sync tensor-core
-kernels with cp.async multi-stage KV loads, compiled for sm_90a and sm_100a. It takes raw device
-pointers, strides and the stream, so it works with any torch build; this module turns an
-:class:`AttentionProblem` into that call, chooses the split-KV count and allocates the split-KV
-workspace with torch's caching allocator (graph-safe). Nothing here synchronises with the host.
+``_C`` (csrc/ + python/bindings.cpp, built by CMake from setup.py) holds the portable mma.sync
+kernel family (cp.async multi-stage KV loads), compiled by default for sm_89, sm_90, the sm_100
+family (100f) and sm_120 with PTX for the newest, the split-KV merge and the cache write. It takes
+raw device pointers, strides and the stream, so it works with any torch build; this module turns
+an :class:`AttentionProblem` into that call, takes tiles and the split-KV count from the C++ plan
+function and allocates the split-KV workspace with torch's caching allocator (graph-safe) when
+no kept workspace is given. Nothing here synchronises with the host.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
 from .problem import AttentionProblem
 
-# Element codes of csrc/params.h.
+# Element codes of csrc/common/params.h.
 DTYPE_CODES = {
     torch.bfloat16: 0,
     torch.float16: 1,
     torch.float8_e4m3fn: 2,
     torch.float8_e5m2: 3,
 }
+# Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; the build test checks they
+# agree): workspaces are sized with it.
 MAX_SPLITS = 32
-# A split should stream at least this many key tiles, or the merge costs more than it saves.
-MIN_TILES_PER_SPLIT = 4
-# Split-KV takes the fewest splits whose CTAs fill the resident slots (CTAs per SM x SMs) in
-# whole waves to at least this fraction; a last wave left mostly empty idles most SMs.
-WAVE_FILL = 0.9
-MAX_GRID_Z = 65535
 
 
 @functools.cache
@@ -45,26 +43,62 @@ def _load() -> tuple[ModuleType | None, str]:
     return _C, ""
 
 
-def _arch_of(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"{major}{minor}a"
+def _version(code: int) -> str:
+    """CUDA version code (e.g. 13000) as "13.0"."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def _driver_reason(ext: ModuleType) -> str | None:
+    """None when the installed driver runs the extension's (statically linked) CUDA runtime."""
+    found, needed = ext.driver_version(), ext.CUDA_RUNTIME_VERSION
+    if found >= needed:
+        return None
+    return (
+        f"the CUDA extension's runtime needs a newer NVIDIA driver: driver {_version(found)} "
+        f"found, {_version(needed)} needed (CUDA {_version(needed)} requires driver >= "
+        "580 on Linux)"
+    )
+
+
+def _parse_arch(arch: str) -> tuple[int, int, str]:
+    """ "100f" -> (10, 0, "f"): compute capability and suffix ("", "a" or "f")."""
+    suffix = arch[-1] if arch[-1] in "af" else ""
+    digits = arch.removesuffix(suffix)
+    return int(digits[:-1]), int(digits[-1]), suffix
+
+
+def runs_on(capability: tuple[int, int], cubins: list[str], ptx: str | None) -> bool:
+    """Whether a binary with machine code for ``cubins`` and PTX for ``ptx`` runs on a GPU of
+    ``capability``: a plain cubin (sm_89) runs on its major version from its minor up, a family
+    cubin (sm_100f) on every member of its family (sm_100, sm_103, ...), an arch-specific one
+    (sm_90a) only on that exact GPU; PTX is JIT-compiled by the driver for any newer GPU."""
+    major, minor = capability
+    for arch in cubins:
+        c_major, c_minor, suffix = _parse_arch(arch)
+        if suffix == "a" and (major, minor) == (c_major, c_minor):
+            return True
+        if suffix != "a" and major == c_major and minor >= c_minor:
+            return True
+    return ptx is not None and capability >= _parse_arch(ptx)[:2]
 
 
 def _built_archs() -> list[str]:
     ext, _ = _load()
-    return [arch.removesuffix("-real") for arch in ext.CUDA_ARCHS.split(",")]
+    return ext.CUDA_ARCHS.split(",")
 
 
 def _arch_supported(device: torch.device) -> str | None:
-    """None when ``_C`` holds machine code for ``device``, else why not."""
+    """None when ``_C`` holds code (machine code or PTX) that runs on ``device``, else why not."""
+    ext, _ = _load()
     built = _built_archs()
-    arch = _arch_of(device)
-    if arch not in built:
-        return (
-            f"the CUDA extension was built for sm_{', sm_'.join(built)}, this GPU is sm_{arch} "
-            "(rebuild with FP8NCA_CUDA_ARCHS including it)"
-        )
-    return None
+    capability = torch.cuda.get_device_capability(device)
+    if runs_on(capability, built, ext.PTX_ARCH or None):
+        return None
+    return (
+        f"the CUDA extension was built for sm_{', sm_'.join(built)} (PTX: "
+        f"{ext.PTX_ARCH or 'none'}), this GPU is sm_{capability[0]}{capability[1]} (rebuild "
+        "with FP8NCA_CUDA_ARCHS including it)"
+    )
 
 
 def availability() -> tuple[bool, str]:
@@ -74,11 +108,16 @@ def availability() -> tuple[bool, str]:
         return False, why
     if not torch.cuda.is_available():
         return False, "the CUDA extension is built, but no CUDA GPU is visible"
-    why_not = _arch_supported(torch.device("cuda", torch.cuda.current_device()))
+    why_not = _driver_reason(ext) or _arch_supported(
+        torch.device("cuda", torch.cuda.current_device())
+    )
     if why_not is not None:
         return False, why_not
     archs = ", ".join(f"sm_{arch}" for arch in _built_archs())
-    return True, f"compiled CUDA kernels (mma.sync, cp.async) for {archs}"
+    return True, (
+        f"compiled CUDA kernels (mma.sync family, cp.async) for {archs}, PTX for "
+        f"compute_{ext.PTX_ARCH}"
+    )
 
 
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
@@ -88,7 +127,7 @@ def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
 
 def unsupported_reason(problem: AttentionProblem) -> str | None:
     """None when the CUDA kernels can run ``problem``, else the reason."""
-    q, k, v = problem.query, problem.key_cache, problem.value_cache
+    q, k = problem.query, problem.key_cache
     if not q.is_cuda:
         return "the CUDA kernels need CUDA tensors"
     ext, why = _load()
@@ -103,24 +142,25 @@ def unsupported_reason(problem: AttentionProblem) -> str | None:
             f"a {k.dtype} cache under a {q.dtype} query runs on Triton (fp32 dots): converting "
             "bf16 keys to fp16 could overflow"
         )
-    # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
-    for name, cache in (("key_cache", k), ("value_cache", v)):
-        if not _aligned(cache, cache.stride()[:3], 16):
-            return f"{name} pointer and strides must be multiples of 16 bytes"
-    if not _aligned(q, q.stride()[:2], 8):
-        return "query pointer and strides must be multiples of 8 bytes"
-    if problem.num_seqs > MAX_GRID_Z:
-        return f"at most {MAX_GRID_Z} sequences per launch, got {problem.num_seqs}"
-    for name, t in (("cu_seqlens_q", problem.cu_seqlens_q), ("seq_lens", problem.seq_lens)):
-        if not t.is_contiguous():
-            return f"{name} must be contiguous"
+    why_not = run_unsupported_reason(problem, None)
+    if why_not is not None:
+        return why_not
+    if problem.num_seqs > ext.MAX_SEQS:
+        return f"at most {ext.MAX_SEQS} sequences per launch, got {problem.num_seqs}"
     return None
 
 
-def _out_aligned(out: torch.Tensor, kv_dtype: torch.dtype) -> bool:
-    # The kernel stores 2 * (4 / cache element size) output elements per thread at once.
-    store_bytes = 16 if kv_dtype.itemsize == 1 else 8
-    return _aligned(out, out.stride()[:2], store_bytes)
+def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
+    """Backend contract, run time: None when the layer's own tensors suit the kernels' loads
+    (checked on every run: pointers differ per layer). ``out`` is never a reason: the kernels
+    pick their store width from its alignment and write it in place."""
+    # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
+    for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
+        if not _aligned(cache, cache.stride()[:3], 16):
+            return f"{name} pointer and strides must be multiples of 16 bytes"
+    if not _aligned(problem.query, problem.query.stride()[:2], 8):
+        return "query pointer and strides must be multiples of 8 bytes"
+    return None
 
 
 @functools.cache
@@ -140,40 +180,76 @@ def resident_ctas(problem: AttentionProblem) -> int:
     )
 
 
-def num_splits_for(problem: AttentionProblem, resident: int) -> int:
-    """Split-KV count for ``resident`` CTA slots: 1 unless (seqs x KV heads x M tiles) CTAs
-    leave the GPU underused, else the fewest splits that fill whole waves to WAVE_FILL.
+def kernel_plan(
+    problem: AttentionProblem, resident: int, num_splits: int | None = None
+) -> dict[str, object]:
+    """The C++ plan (csrc/common/plan.h, host only): ``block_m``, ``block_n``, ``threads``,
+    ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid`` and the split-KV workspace sizes
+    ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when unsplit) for ``resident`` CTA
+    slots on the GPU. ``num_splits`` forces the count (clamped to what the grid holds).
 
     Uses host-side sizes only (``max_seqlen_q/k``), so a captured graph keeps its plan; each
     CTA derives its own key range from the device-side ``seq_lens``.
     """
-    ext, _ = _load()
-    m_tiles = math.ceil(max(problem.max_seqlen_q, 1) * problem.group_size / ext.BLOCK_M)
-    ctas = problem.num_seqs * problem.num_kv_heads * m_tiles
-    key_tiles = math.ceil(max(problem.max_seqlen_k, 1) / ext.block_n(problem.head_dim))
-    max_splits = min(
-        key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS, MAX_GRID_Z // max(problem.num_seqs, 1)
+    ext, why = _load()
+    if ext is None:
+        raise RuntimeError(why)
+    return ext.plan(
+        num_seqs=problem.num_seqs,
+        num_tokens=problem.num_tokens,
+        num_q_heads=problem.num_q_heads,
+        num_kv_heads=problem.num_kv_heads,
+        head_dim=problem.head_dim,
+        kv_dtype=DTYPE_CODES[problem.key_cache.dtype],
+        max_seqlen_q=problem.max_seqlen_q,
+        max_seqlen_k=problem.max_seqlen_k,
+        resident_ctas=resident,
+        num_splits=num_splits or 0,
     )
-    if ctas >= resident or max_splits <= 1:
-        return 1
-    best, best_fill = 1, 0.0
-    for splits in range(1, max_splits + 1):
-        total = ctas * splits
-        fill = total / (math.ceil(total / resident) * resident)
-        if fill >= WAVE_FILL:
-            return splits
-        if fill > best_fill:
-            best, best_fill = splits, fill
-    return best
+
+
+def num_splits_for(problem: AttentionProblem, resident: int) -> int:
+    """Split-KV count for ``resident`` CTA slots: 1 unless (seqs x KV heads x M tiles) CTAs
+    leave the GPU underused, else the fewest splits that fill whole waves (the C++ plan)."""
+    return int(kernel_plan(problem, resident)["num_splits"])
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    """A batch's split-KV count and, when it splits, the partial buffers: views of the kept
+    workspace (``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` [splits, tokens,
+    q_heads]), or None to allocate them per launch (the one-shot path)."""
+
+    num_splits: int
+    ws_o: torch.Tensor | None
+    ws_lse: torch.Tensor | None
+
+
+def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> CudaPlan:
+    """Backend contract, plan time (host sizes only). ``num_splits`` forces the split-KV count
+    (tests use it to cover the merge kernel); by default :func:`num_splits_for` chooses it,
+    capped by what ``workspace`` (``fp8_noncausal_attn.plan.Workspace``) holds."""
+    num_splits = int(kernel_plan(problem, resident_ctas(problem), num_splits)["num_splits"])
+    if workspace is None or num_splits == 1:
+        return CudaPlan(num_splits, None, None)
+    num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
+    if num_splits == 1:
+        return CudaPlan(1, None, None)
+    ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
+    return CudaPlan(num_splits, ws_o, ws_lse)
 
 
 def paged_attention(
     problem: AttentionProblem, out: torch.Tensor, num_splits: int | None = None
 ) -> None:
+    """One-shot form: plan (``num_splits`` forces the count) and run."""
+    run(problem, plan(problem, None, num_splits), out)
+
+
+def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
     """Run the CUDA kernels, writing ``out`` [num_tokens, num_q_heads, head_dim] in place.
 
-    ``num_splits`` forces the split-KV count (tests use it to cover the merge kernel); by
-    default :func:`num_splits_for` chooses it. Asynchronous on the current stream.
+    Asynchronous on the current stream.
     """
     ext, why = _load()
     if ext is None:
@@ -182,18 +258,18 @@ def paged_attention(
         return
     q = problem.query
     device = q.device
-    target = out
-    if not _out_aligned(out, problem.key_cache.dtype):
-        target = torch.empty_like(q)
-    if num_splits is None:
-        num_splits = num_splits_for(problem, resident_ctas(problem))
-    num_splits = max(1, min(num_splits, MAX_GRID_Z // max(problem.num_seqs, 1)))
-    ws_o = ws_lse = None
-    if num_splits > 1:
+    num_splits, ws_o, ws_lse = plan.num_splits, plan.ws_o, plan.ws_lse
+    if num_splits > 1 and ws_o is None:
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
     causal_per_seq = problem.causal_per_seq
+    # Read in place by the kernel (bool or int32, any stride): vLLM rewrites it between replays.
+    causal_ptr, causal_bytes, causal_stride = (
+        (0, 1, 0)
+        if causal_per_seq is None
+        else (causal_per_seq.data_ptr(), causal_per_seq.element_size(), causal_per_seq.stride(0))
+    )
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         ext.paged_attention(
@@ -202,23 +278,27 @@ def paged_attention(
             q=q.data_ptr(),
             k=problem.key_cache.data_ptr(),
             v=problem.value_cache.data_ptr(),
-            out=target.data_ptr(),
+            out=out.data_ptr(),
             block_table=problem.block_table.data_ptr(),
             cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
             seq_lens=problem.seq_lens.data_ptr(),
             k_scale=problem.k_scale.data_ptr(),
             v_scale=problem.v_scale.data_ptr(),
-            causal_per_seq=0 if causal_per_seq is None else causal_per_seq.data_ptr(),
+            causal_per_seq=causal_ptr,
+            causal_bytes=causal_bytes,
+            causal_stride=causal_stride,
             causal=bool(problem.causal),
             ws_o=0 if ws_o is None else ws_o.data_ptr(),
             ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
             q_dtype=DTYPE_CODES[q.dtype],
             kv_dtype=DTYPE_CODES[problem.key_cache.dtype],
             q_strides=tuple(q.stride()[:2]),
-            o_strides=tuple(target.stride()[:2]),
+            o_strides=tuple(out.stride()[:2]),
             k_strides=tuple(problem.key_cache.stride()[:3]),
             v_strides=tuple(problem.value_cache.stride()[:3]),
             bt_strides=tuple(problem.block_table.stride()),
+            cu_stride=problem.cu_seqlens_q.stride(0),
+            sl_stride=problem.seq_lens.stride(0),
             num_tokens=problem.num_tokens,
             num_seqs=problem.num_seqs,
             num_q_heads=problem.num_q_heads,
@@ -229,5 +309,47 @@ def paged_attention(
             num_splits=num_splits,
             softmax_scale=float(problem.softmax_scale),
         )
-    if target is not out:
-        out.copy_(target)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Same contract as ``reference.reshape_and_cache``, on the CUDA extension's kernel (bytes
+    identical to ``scales.quantize``). ``key``/``value`` bf16/fp16 ``[num_tokens, num_kv_heads,
+    head_dim]``; scales float32 ``[num_kv_heads]``, contiguous; ``slot_mapping`` int64
+    ``[num_tokens]``, any stride. Asynchronous on the current stream."""
+    ext, why = _load()
+    if ext is None:
+        raise RuntimeError(why)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    device = key.device
+    ext.reshape_and_cache(
+        device=device.index,
+        stream=torch.cuda.current_stream(device).cuda_stream,
+        key=key.data_ptr(),
+        value=value.data_ptr(),
+        key_cache=key_cache.data_ptr(),
+        value_cache=value_cache.data_ptr(),
+        slot_mapping=slot_mapping.data_ptr(),
+        k_scale=k_scale.data_ptr(),
+        v_scale=v_scale.data_ptr(),
+        key_strides=tuple(key.stride()[:2]),
+        value_strides=tuple(value.stride()[:2]),
+        kc_strides=tuple(key_cache.stride()[:3]),
+        vc_strides=tuple(value_cache.stride()[:3]),
+        slot_stride=slot_mapping.stride(0),
+        num_tokens=num_tokens,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=key_cache.shape[1],
+        in_dtype=DTYPE_CODES[key.dtype],
+        cache_dtype=DTYPE_CODES[key_cache.dtype],
+    )

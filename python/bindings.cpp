@@ -1,13 +1,24 @@
-// pybind11 module fp8_noncausal_attn._C: launches the CUDA kernels from raw device pointers.
-// Taking integers (pointers, strides, the stream handle) rather than torch tensors keeps the
-// extension independent of the torch build it runs next to.
+// pybind11 module fp8_noncausal_attn._C: the CUDA kernels from raw device pointers, the plan
+// function, version queries, and host hooks that run the kernels' own index maps and cache
+// quantisation on the CPU (tests/test_cuda_kernel_emulation.py). Taking integers (pointers,
+// strides, the stream handle) rather than torch tensors keeps the extension independent of the
+// torch build it runs next to.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
-#include "params.h"
+#include "cache/quantize.h"
+#include "cache/reshape_and_cache.h"
+#include "common/index_tensors.h"
+#include "common/launch.h"
+#include "common/params.h"
+#include "common/plan.h"
+#include "mma_sync/index_maps.h"
 
 namespace py = pybind11;
 
@@ -25,21 +36,86 @@ T* ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-cudaError_t launch_for_dim(const fp8nca::AttnParams& p, int head_dim, int q_dtype, int kv_dtype,
-                           cudaStream_t s, int* ctas_per_sm) {
-  switch (head_dim) {
-    case 64: return fp8nca::launch_attention_d64(p, q_dtype, kv_dtype, s, ctas_per_sm);
-    case 128: return fp8nca::launch_attention_d128(p, q_dtype, kv_dtype, s, ctas_per_sm);
-    case 256: return fp8nca::launch_attention_d256(p, q_dtype, kv_dtype, s, ctas_per_sm);
-    default: return cudaErrorInvalidValue;
+// Makes `device` current for the scope and restores the caller's device after it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    changed_ = previous_ != device;
   }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Largest power of two (<= 16 bytes) dividing a 16-bit tensor's address and its strides: the
+// kernels pick their store width from it, so any `out` the API admits is written in place.
+int alignment_of(std::uintptr_t address, int64_t stride_t, int64_t stride_h) {
+  int align = 16;
+  for (const uint64_t bytes : {static_cast<uint64_t>(address), static_cast<uint64_t>(stride_t) * 2,
+                               static_cast<uint64_t>(stride_h) * 2}) {
+    while (align > 1 && bytes % align != 0) align /= 2;
+  }
+  return align;
+}
+
+int log2_exact(int x) {
+  int shift = 0;
+  while ((1 << shift) < x) ++shift;
+  if ((1 << shift) != x) throw std::invalid_argument("fp8_noncausal_attn._C: block_size must be a power of two");
+  return shift;
+}
+
+fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads,
+                             int head_dim, int kv_dtype, int max_seqlen_q, int max_seqlen_k,
+                             int64_t resident_ctas, int num_splits) {
+  fp8nca::PlanInput in;
+  in.num_seqs = num_seqs;
+  in.num_tokens = num_tokens;
+  in.num_q_heads = num_q_heads;
+  in.num_kv_heads = num_kv_heads;
+  in.head_dim = head_dim;
+  in.kv_dtype = kv_dtype;
+  in.max_seqlen_q = max_seqlen_q;
+  in.max_seqlen_k = max_seqlen_k;
+  in.resident_ctas = resident_ctas;
+  in.num_splits = num_splits;
+  return in;
+}
+
+py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, int head_dim,
+              int kv_dtype, int max_seqlen_q, int max_seqlen_k, int64_t resident_ctas,
+              int num_splits) {
+  const fp8nca::Plan p = fp8nca::make_plan(plan_input(num_seqs, num_tokens, num_q_heads,
+                                                      num_kv_heads, head_dim, kv_dtype,
+                                                      max_seqlen_q, max_seqlen_k, resident_ctas,
+                                                      num_splits));
+  py::dict d;
+  d["family"] = "mma_sync";
+  d["block_m"] = p.block_m;
+  d["block_n"] = p.block_n;
+  d["threads"] = p.threads;
+  d["smem_bytes"] = p.smem_bytes;
+  d["m_tiles"] = p.m_tiles;
+  d["num_splits"] = p.num_splits;
+  d["grid"] = py::make_tuple(p.grid_x, p.grid_y, p.grid_z);
+  d["ws_o_elems"] = p.ws_o_elems;
+  d["ws_lse_elems"] = p.ws_lse_elems;
+  return d;
 }
 
 // CTAs of the attention kernel for (head_dim, dtypes) that fit on one SM of `device`.
 int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const DeviceGuard guard(device);
   int ctas = 0;
-  check(launch_for_dim(fp8nca::AttnParams{}, head_dim, q_dtype, kv_dtype, nullptr, &ctas),
+  check(fp8nca::ctas_per_sm(fp8nca::Family::kMmaSync, head_dim, q_dtype, kv_dtype, &ctas),
         "occupancy query");
   return ctas;
 }
@@ -48,12 +124,14 @@ int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype) {
 void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::uintptr_t k,
                      std::uintptr_t v, std::uintptr_t out, std::uintptr_t block_table,
                      std::uintptr_t cu_seqlens_q, std::uintptr_t seq_lens, std::uintptr_t k_scale,
-                     std::uintptr_t v_scale, std::uintptr_t causal_per_seq, bool causal,
-                     std::uintptr_t ws_o, std::uintptr_t ws_lse, int q_dtype, int kv_dtype,
-                     py::tuple q_strides, py::tuple o_strides, py::tuple k_strides,
-                     py::tuple v_strides, py::tuple bt_strides, int num_tokens, int num_seqs,
-                     int num_q_heads, int num_kv_heads, int head_dim, int block_size,
-                     int max_seqlen_q, int num_splits, float softmax_scale) {
+                     std::uintptr_t v_scale, std::uintptr_t causal_per_seq, int causal_bytes,
+                     int64_t causal_stride, bool causal, std::uintptr_t ws_o,
+                     std::uintptr_t ws_lse, int q_dtype, int kv_dtype, py::tuple q_strides,
+                     py::tuple o_strides, py::tuple k_strides, py::tuple v_strides,
+                     py::tuple bt_strides, int64_t cu_stride, int64_t sl_stride,
+                     int num_tokens, int num_seqs, int num_q_heads, int num_kv_heads,
+                     int head_dim, int block_size, int max_seqlen_q, int num_splits,
+                     float softmax_scale) {
   fp8nca::AttnParams p{};
   p.q = ptr<const void>(q);
   p.k = ptr<const void>(k);
@@ -64,7 +142,9 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
   p.seq_lens = ptr<const int32_t>(seq_lens);
   p.k_scale = ptr<const float>(k_scale);
   p.v_scale = ptr<const float>(v_scale);
-  p.causal_per_seq = ptr<const uint8_t>(causal_per_seq);
+  p.causal_per_seq = ptr<const void>(causal_per_seq);
+  p.causal_bytes = causal_bytes;
+  p.causal_stride = causal_stride;
   p.ws_o = ptr<float>(ws_o);
   p.ws_lse = ptr<float>(ws_lse);
   p.q_stride_t = q_strides[0].cast<int64_t>();
@@ -79,6 +159,9 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
   p.v_stride_h = v_strides[2].cast<int64_t>();
   p.bt_stride_s = bt_strides[0].cast<int64_t>();
   p.bt_stride_b = bt_strides[1].cast<int64_t>();
+  p.cu_stride = cu_stride;
+  p.sl_stride = sl_stride;
+  p.out_align = alignment_of(out, p.o_stride_t, p.o_stride_h);
   p.num_tokens = num_tokens;
   p.num_seqs = num_seqs;
   p.num_q_heads = num_q_heads;
@@ -86,38 +169,232 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
   p.group = num_q_heads / num_kv_heads;
   p.head_dim = head_dim;
   p.block_size = block_size;
+  p.block_shift = log2_exact(block_size);
   p.max_seqlen_q = max_seqlen_q;
-  p.num_splits = num_splits;
   p.causal = causal ? 1 : 0;
   p.softmax_scale = softmax_scale;
-  if (num_tokens == 0 || num_seqs == 0 || max_seqlen_q == 0) return;
-  if (num_splits > 1 && (ws_o == 0 || ws_lse == 0)) {
+  if (causal_per_seq != 0 && causal_bytes != 1 && causal_bytes != 4) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: causal_bytes must be 1 (bool) or 4 (int32)");
+  }
+  if (num_tokens == 0 || num_seqs == 0) return;
+  // max_seqlen_q == 0: no sequence has query rows, only padded rows (if any) to zero.
+  const fp8nca::Plan plan = fp8nca::make_plan(plan_input(
+      num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype,
+      max_seqlen_q, 1, 0, num_splits));
+  p.num_splits = plan.num_splits;
+  if (plan.num_splits > 1 && (ws_o == 0 || ws_lse == 0)) {
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
+  const DeviceGuard guard(device);
+  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype,
+                                 reinterpret_cast<cudaStream_t>(stream)),
+        "attention launch");
+}
 
-  check(cudaSetDevice(device), "cudaSetDevice");
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  check(launch_for_dim(p, head_dim, q_dtype, kv_dtype, s, nullptr), "attention launch");
-  if (num_splits > 1) check(fp8nca::launch_merge(p, q_dtype, s), "merge launch");
+void reshape_and_cache(int device, std::uintptr_t stream, std::uintptr_t key,
+                       std::uintptr_t value, std::uintptr_t key_cache,
+                       std::uintptr_t value_cache, std::uintptr_t slot_mapping,
+                       std::uintptr_t k_scale, std::uintptr_t v_scale, py::tuple key_strides,
+                       py::tuple value_strides, py::tuple kc_strides, py::tuple vc_strides,
+                       int64_t slot_stride, int num_tokens, int num_kv_heads, int head_dim,
+                       int block_size, int in_dtype, int cache_dtype) {
+  fp8nca::CacheWriteParams p{};
+  p.key = ptr<const void>(key);
+  p.value = ptr<const void>(value);
+  p.key_cache = ptr<void>(key_cache);
+  p.value_cache = ptr<void>(value_cache);
+  p.slot_mapping = ptr<const int64_t>(slot_mapping);
+  p.k_scale = ptr<const float>(k_scale);
+  p.v_scale = ptr<const float>(v_scale);
+  p.key_stride_t = key_strides[0].cast<int64_t>();
+  p.key_stride_h = key_strides[1].cast<int64_t>();
+  p.value_stride_t = value_strides[0].cast<int64_t>();
+  p.value_stride_h = value_strides[1].cast<int64_t>();
+  p.kc_stride_b = kc_strides[0].cast<int64_t>();
+  p.kc_stride_s = kc_strides[1].cast<int64_t>();
+  p.kc_stride_h = kc_strides[2].cast<int64_t>();
+  p.vc_stride_b = vc_strides[0].cast<int64_t>();
+  p.vc_stride_s = vc_strides[1].cast<int64_t>();
+  p.vc_stride_h = vc_strides[2].cast<int64_t>();
+  p.slot_stride = slot_stride;
+  p.num_tokens = num_tokens;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.block_size = block_size;
+  p.in_dtype = in_dtype;
+  p.cache_dtype = cache_dtype;
+  if (in_dtype != fp8nca::kBF16 && in_dtype != fp8nca::kFP16) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: key/value must be bf16 or fp16");
+  }
+  const DeviceGuard guard(device);
+  check(fp8nca::launch_reshape_and_cache(p, reinterpret_cast<cudaStream_t>(stream)),
+        "reshape_and_cache launch");
+}
+
+int driver_version() {
+  int version = 0;
+  // 0 when no driver is installed (the call itself needs none).
+  if (cudaDriverGetVersion(&version) != cudaSuccess) return 0;
+  return version;
+}
+
+// --- host hooks: the kernels' own maps, compiled for the CPU ----------------------------------
+
+std::vector<uint32_t> quantize_host(const std::vector<float>& values, float scale, int dtype) {
+  std::vector<uint32_t> codes;
+  codes.reserve(values.size());
+  for (const float x : values) codes.push_back(fp8nca::cache::quantize(x, scale, dtype));
+  return codes;
+}
+
+// (q_start, q_len, kv_len, causal) of every sequence and the first padded row, read from host
+// (CPU) copies of the index tensors by the functions the kernels read them with.
+py::tuple sequences_host(std::uintptr_t cu_seqlens_q, int64_t cu_stride, std::uintptr_t seq_lens,
+                         int64_t sl_stride, std::uintptr_t causal_per_seq, int causal_bytes,
+                         int64_t causal_stride, bool causal, int num_seqs) {
+  fp8nca::AttnParams p{};
+  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
+  p.cu_stride = cu_stride;
+  p.seq_lens = ptr<const int32_t>(seq_lens);
+  p.sl_stride = sl_stride;
+  p.causal_per_seq = ptr<const void>(causal_per_seq);
+  p.causal_bytes = causal_bytes;
+  p.causal_stride = causal_stride;
+  p.causal = causal ? 1 : 0;
+  py::list seqs;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int q_start = fp8nca::cu_seqlens_at(p, s);
+    seqs.append(py::make_tuple(q_start, fp8nca::cu_seqlens_at(p, s + 1) - q_start,
+                               fp8nca::seq_len_at(p, s), fp8nca::seq_is_causal(p, s)));
+  }
+  return py::make_tuple(seqs, fp8nca::cu_seqlens_at(p, num_seqs));
+}
+
+py::dict mma_sync_tables(int head_dim, int elt) {
+  namespace m = fp8nca::mma_sync;
+  const m::TileShape s = m::tile_shape(head_dim, elt);
+  py::dict d;
+  for (const auto& [name, value] :
+       {std::pair<const char*, int>{"head_dim", s.head_dim}, {"elt", s.elt},
+        {"block_m", m::kBlockM}, {"warps", m::kWarps}, {"threads", m::kThreads},
+        {"block_n", s.block_n}, {"units", s.units}, {"e", s.e},
+        {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups}, {"epw", s.epw},
+        {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
+        {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
+        {"stages", s.stages}, {"smem", s.smem}}) {
+    d[name] = value;
+  }
+  // Tile copy: slot -> (key row, unit) and the unit's K / V stage offsets.
+  std::vector<std::vector<int>> copy;
+  for (int slot = 0; slot < s.block_n * s.units; ++slot) {
+    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
+    copy.push_back({r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)});
+  }
+  d["copy"] = copy;
+  // qk_dim[c][kk][t]
+  std::vector<std::vector<std::vector<int>>> qk(s.groups);
+  for (int c = 0; c < s.groups; ++c) {
+    qk[c].resize(s.steps_per_unit);
+    for (int kk = 0; kk < s.steps_per_unit; ++kk) {
+      for (int t = 0; t < 4; ++t) qk[c][kk].push_back(m::qk_dim(s, c, kk, t));
+    }
+  }
+  d["qk_dim"] = qk;
+  // k_frag[j][c][lane]
+  std::vector<std::vector<std::vector<int>>> kf(s.nt);
+  for (int j = 0; j < s.nt; ++j) {
+    kf[j].resize(s.groups);
+    for (int c = 0; c < s.groups; ++c) {
+      for (int lane = 0; lane < 32; ++lane) kf[j][c].push_back(m::k_frag_offset(s, j, c, lane));
+    }
+  }
+  d["k_frag"] = kf;
+  // v_frag[kk][J][lane][i]
+  const int words = head_dim / (8 * s.epw);
+  std::vector<std::vector<std::vector<std::vector<int>>>> vf(s.block_n / 16);
+  for (int kk = 0; kk < s.block_n / 16; ++kk) {
+    vf[kk].resize(words);
+    for (int J = 0; J < words; ++J) {
+      vf[kk][J].resize(32);
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int i = 0; i < 4; ++i) vf[kk][J][lane].push_back(m::v_frag_offset(s, kk, J, lane, i));
+      }
+    }
+  }
+  d["v_frag"] = vf;
+  d["fp8_pv_select"] = std::vector<unsigned>{m::fp8_pv_select(0), m::fp8_pv_select(2)};
+  d["half_pv_select"] = std::vector<unsigned>{m::half_pv_select(0), m::half_pv_select(1)};
+  std::vector<std::vector<int>> od(words);
+  for (int J = 0; J < words; ++J) {
+    for (int t = 0; t < 4; ++t) od[J].push_back(m::out_dim(s, J, t));
+  }
+  d["out_dim"] = od;
+  return d;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "CUDA paged attention kernels of fp8_noncausal_attn (mma.sync, cp.async).";
+  m.doc() = "CUDA paged attention kernels of fp8_noncausal_attn (mma.sync family, cp.async).";
   m.def("paged_attention", &paged_attention, py::arg("device"), py::arg("stream"), py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("block_table"),
         py::arg("cu_seqlens_q"), py::arg("seq_lens"), py::arg("k_scale"), py::arg("v_scale"),
-        py::arg("causal_per_seq"), py::arg("causal"), py::arg("ws_o"), py::arg("ws_lse"),
-        py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("q_strides"), py::arg("o_strides"),
-        py::arg("k_strides"), py::arg("v_strides"), py::arg("bt_strides"),
-        py::arg("num_tokens"), py::arg("num_seqs"), py::arg("num_q_heads"),
+        py::arg("causal_per_seq"), py::arg("causal_bytes"), py::arg("causal_stride"),
+        py::arg("causal"), py::arg("ws_o"), py::arg("ws_lse"), py::arg("q_dtype"),
+        py::arg("kv_dtype"), py::arg("q_strides"), py::arg("o_strides"), py::arg("k_strides"),
+        py::arg("v_strides"), py::arg("bt_strides"), py::arg("cu_stride"),
+        py::arg("sl_stride"), py::arg("num_tokens"), py::arg("num_seqs"),
+        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
+        py::arg("block_size"), py::arg("max_seqlen_q"), py::arg("num_splits"),
+        py::arg("softmax_scale"));
+  m.def("reshape_and_cache", &reshape_and_cache, py::arg("device"), py::arg("stream"),
+        py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"),
+        py::arg("slot_mapping"), py::arg("k_scale"), py::arg("v_scale"),
+        py::arg("key_strides"), py::arg("value_strides"), py::arg("kc_strides"),
+        py::arg("vc_strides"), py::arg("slot_stride"), py::arg("num_tokens"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("block_size"),
-        py::arg("max_seqlen_q"), py::arg("num_splits"), py::arg("softmax_scale"));
+        py::arg("in_dtype"), py::arg("cache_dtype"));
+  m.def("plan", &plan, py::arg("num_seqs"), py::arg("num_tokens"), py::arg("num_q_heads"),
+        py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("kv_dtype"),
+        py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("resident_ctas"),
+        py::arg("num_splits") = 0,
+        "Tiles, split-KV count, grid and workspace sizes of one batch (host only, no GPU).");
   m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
         py::arg("kv_dtype"), "CTAs of the attention kernel resident per SM (occupancy).");
-  m.def("block_n", &fp8nca::block_n_for, py::arg("head_dim"),
-        "Keys per tile of the kernel for this head dim (split-KV sizing).");
-  m.attr("BLOCK_M") = fp8nca::kBlockM;
+  m.def("driver_version", &driver_version,
+        "The installed CUDA driver's version (cudaDriverGetVersion; 0 when none).");
+  m.attr("CUDA_RUNTIME_VERSION") = CUDART_VERSION;
   m.attr("CUDA_ARCHS") = FP8NCA_CUDA_ARCHS;
+  m.attr("PTX_ARCH") = FP8NCA_PTX_ARCH;  // PTX of the newest arch, JIT-compiled for newer GPUs
+  m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
+  m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
+  m.attr("WAVE_FILL") = fp8nca::kWaveFill;
+
+  py::module_ host = m.def_submodule(
+      "host", "The kernels' own maps compiled for the CPU, for tests without a GPU.");
+  host.def("quantize", &quantize_host, py::arg("values"), py::arg("scale"), py::arg("dtype"),
+           "Cache-write codes (bit patterns) of fp32 values divided by scale.");
+  host.def("sequences", &sequences_host, py::arg("cu_seqlens_q"), py::arg("cu_stride"),
+           py::arg("seq_lens"), py::arg("sl_stride"), py::arg("causal_per_seq"),
+           py::arg("causal_bytes"), py::arg("causal_stride"), py::arg("causal"),
+           py::arg("num_seqs"),
+           "Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, from CPU "
+           "index tensors read as the kernels read them.");
+  host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
+           "Tile shape and shared-memory / fragment index maps of the mma.sync family.");
+  namespace ms = fp8nca::mma_sync;
+  host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {
+    return ms::key_groups(ms::tile_shape(head_dim, elt), rows_in_tile);
+  }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"));
+  host.def("cta_keys", [](bool causal, int kv_len, int q_len, int row0, int last_row, int group) {
+    const ms::KeyRange r = ms::cta_keys(causal, kv_len, q_len, row0, last_row, group);
+    return py::make_tuple(r.n_keys, r.min_limit);
+  }, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"), py::arg("row0"),
+     py::arg("last_row"), py::arg("group"));
+  host.def("row_limit", &ms::row_limit, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
+           py::arg("row"), py::arg("group"));
+  host.def("split_tiles", [](int n_tiles, int num_splits, int split) {
+    const ms::TileRange r = ms::split_tiles(n_tiles, num_splits, split);
+    return py::make_tuple(r.begin, r.end);
+  }, py::arg("n_tiles"), py::arg("num_splits"), py::arg("split"));
 }

@@ -1,10 +1,12 @@
 """The built CUDA extension, inspected without a GPU (runs in CI).
 
 Checks with cuobjdump (pip ``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm``) that ``_C`` holds
-machine code for every arch it was built for (sm_90a and sm_100a by default), that the attention
-kernels run on tensor cores (HMMA, from mma.sync) and that no hot kernel touches local memory
-(register spills or stack arrays), which would cost far more than their arithmetic. Also the
-host-side split-KV plan, which needs the extension's tile sizes but no GPU.
+machine code for every arch it was built for (by default sm_89, sm_90, the sm_100 family and
+sm_120) and PTX for the newest, that every kernel family's attention kernels run on tensor cores
+(HMMA, from mma.sync) on every arch, and that no hot kernel touches local memory (register
+spills or stack arrays), which would cost far more than their arithmetic. Also the C++ plan
+(split-KV, tiles, workspace sizes) and the availability rules (arch families, PTX JIT, driver
+version), which need no GPU.
 """
 
 import functools
@@ -13,14 +15,19 @@ import os
 import re
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
-DEFAULT_ARCHS = {"90a", "100a"}
-ATTENTION_KERNEL = "paged_attention_kernel"
-HOT_KERNELS = (ATTENTION_KERNEL, "merge_splits_kernel")
-# (head_dim, query dtype, cache dtype) instantiations per arch.
+from fp8_noncausal_attn import cuda_backend
+
+DEFAULT_ARCHS = ("89", "90", "100f", "120")
+DEFAULT_PTX = "120"
+# Kernel family -> (kernel name, its MMA instruction in SASS, its async copy instruction).
+FAMILIES = {"mma_sync": ("paged_attention_kernel", r"\bHMMA\.16816\.F32", "LDGSTS")}
+HOT_KERNELS = ("paged_attention_kernel", "merge_splits_kernel", "reshape_and_cache_kernel")
 # head dims x query dtypes x caches (e4m3, e5m2, the query's own 16-bit dtype)
 NUM_ATTENTION_KERNELS = 3 * 2 * 3
 
@@ -60,12 +67,12 @@ def cuobjdump(*args: str) -> str:
 def built_archs() -> list[str]:
     from fp8_noncausal_attn import _C
 
-    return [arch.removesuffix("-real") for arch in _C.CUDA_ARCHS.split(",")]
+    return _C.CUDA_ARCHS.split(",")
 
 
 @functools.cache
 def sass_functions(arch: str) -> dict[str, str]:
-    """Mangled kernel name -> its SASS text, for one arch's cubin."""
+    """Mangled kernel name -> its SASS text, for one arch's cubins."""
     sass = cuobjdump("-sass", "-arch", f"sm_{arch}")
     parts = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.MULTILINE)
     return dict(zip(parts[1::2], parts[2::2], strict=True))
@@ -81,40 +88,60 @@ def resource_usage(arch: str) -> dict[str, dict[str, int]]:
     return usage
 
 
-def test_cubin_for_every_built_arch():
-    listing = cuobjdump("-lelf")
-    cubins = set(re.findall(r"\.sm_(\w+)\.cubin", listing))
-    archs = set(built_archs())
-    assert archs <= cubins, listing
-    if not os.environ.get("FP8NCA_CUDA_ARCHS"):
-        assert DEFAULT_ARCHS <= archs, f"default build must hold {DEFAULT_ARCHS}, has {archs}"
-
-
-@pytest.mark.parametrize("arch", sorted(DEFAULT_ARCHS))
-def test_attention_kernels_use_tensor_cores(arch):
+def require_arch(arch: str) -> None:
+    _extension_path()
     if arch not in built_archs():
-        pytest.skip(f"sm_{arch} not in this build")
+        pytest.skip(f"sm_{arch} not in this build ({built_archs()})")
+
+
+def test_default_build_holds_every_arch_and_ptx_for_the_newest():
+    from fp8_noncausal_attn import _C
+
+    archs = built_archs()
+    headers = set(re.findall(r"^arch = sm_(\w+)$", cuobjdump("-sass"), flags=re.MULTILINE))
+    assert set(archs) <= headers, (archs, headers)
+    ptx = set(re.findall(r"\.sm_(\w+)\.ptx", cuobjdump("-lptx")))
+    assert ptx == {_C.PTX_ARCH}, ptx
+    assert _C.PTX_ARCH == archs[-1]
+    if not os.environ.get("FP8NCA_CUDA_ARCHS"):
+        assert tuple(archs) == DEFAULT_ARCHS
+        assert _C.PTX_ARCH == DEFAULT_PTX
+
+
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_attention_kernels_use_tensor_cores(family, arch):
+    require_arch(arch)
+    kernel, mma, copy = FAMILIES[family]
     functions = sass_functions(arch)
-    attention = {n: s for n, s in functions.items() if ATTENTION_KERNEL in n}
+    attention = {n: s for n, s in functions.items() if kernel in n}
     assert len(attention) == NUM_ATTENTION_KERNELS, sorted(functions)
     for name, sass in attention.items():
-        assert re.search(r"\bHMMA\.16816\.F32", sass), f"{name} on sm_{arch} has no HMMA"
-        assert "LDGSTS" in sass, f"{name} on sm_{arch} does not use cp.async"
+        assert re.search(mma, sass), f"{name} on sm_{arch} has no {mma}"
+        assert copy in sass, f"{name} on sm_{arch} does not use {copy}"
 
 
-@pytest.mark.parametrize("arch", sorted(DEFAULT_ARCHS))
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
 def test_hot_kernels_do_not_spill(arch):
-    if arch not in built_archs():
-        pytest.skip(f"sm_{arch} not in this build")
+    require_arch(arch)
     usage = resource_usage(arch)
     functions = sass_functions(arch)
     hot = sorted(n for n in usage if any(k in n for k in HOT_KERNELS))
-    assert hot, sorted(usage)
+    assert {k for k in HOT_KERNELS if any(k in n for n in hot)} == set(HOT_KERNELS), hot
     table = "\n".join(f"sm_{arch} {usage[n]['REG']:3d} regs  {n}" for n in hot)
     print(table)
     for name in hot:
         assert usage[name]["STACK"] == 0 and usage[name]["LOCAL"] == 0, (name, usage[name])
         assert not re.search(r"\b(LDL|STL)\b", functions[name]), f"{name} uses local memory"
+
+
+def drafter_problem(batch: int, kv_len: int, q_len: int = 8):
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    case = make_case([q_len] * batch, [32] * batch, num_q_heads=32, num_kv_heads=8, head_dim=128)
+    kwargs = case.kwargs() | {"max_seqlen_k": kv_len}
+    return validate_attention(*case.args(), **kwargs, softmax_scale=None, out=None, validate=False)
 
 
 @pytest.mark.parametrize(
@@ -128,19 +155,95 @@ def test_hot_kernels_do_not_spill(arch):
     ],
 )
 def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
-    """The split count for drafter shapes (batch x 8 tokens x 32/8 heads, d128)."""
+    """The C++ plan's split count for drafter shapes (batch x 8 tokens x 32/8 heads, d128)."""
     _extension_path()
-    from fp8_noncausal_attn import cuda_backend
-    from fp8_noncausal_attn.synthetic import make_case
-    from fp8_noncausal_attn.validation import validate_attention
+    from fp8_noncausal_attn import _C
 
-    case = make_case([8] * batch, [16] * batch, num_q_heads=32, num_kv_heads=8, head_dim=128)
-    kwargs = case.kwargs() | {"max_seqlen_k": kv_len}
-    problem = validate_attention(
-        *case.args(), **kwargs, softmax_scale=None, out=None, validate=False
-    )
-    splits = cuda_backend.num_splits_for(problem, resident)
+    splits = cuda_backend.num_splits_for(drafter_problem(batch, kv_len), resident)
     assert splits == expected
     ctas = batch * 8 * splits
-    if 1 < splits < cuda_backend.MAX_SPLITS:
-        assert ctas / (-(-ctas // resident) * resident) >= cuda_backend.WAVE_FILL
+    if 1 < splits < _C.MAX_SPLITS:
+        assert ctas / (-(-ctas // resident) * resident) >= _C.WAVE_FILL
+    assert cuda_backend.MAX_SPLITS == _C.MAX_SPLITS
+
+
+@pytest.mark.parametrize("forced", [None, 1, 5])
+def test_plan_reports_grid_and_workspace(forced):
+    """Grid (M tiles, KV heads, seqs x splits [+ the padded-rows slice when unsplit]) and the
+    split-KV workspace (fp32 partial O and LSE) that run() needs."""
+    _extension_path()
+    problem = drafter_problem(batch=3, kv_len=9000, q_len=24)
+    plan = cuda_backend.kernel_plan(problem, resident=396, num_splits=forced)
+    splits = plan["num_splits"]
+    assert splits == (forced or splits) and splits >= 1
+    m_tiles = -(-24 * 4 // plan["block_m"])
+    assert plan["m_tiles"] == m_tiles
+    assert plan["grid"] == (m_tiles, 8, 3 * splits + (1 if splits == 1 else 0))
+    rows = splits * problem.num_tokens * 32 if splits > 1 else 0
+    assert (plan["ws_lse_elems"], plan["ws_o_elems"]) == (rows, rows * 128)
+    assert plan["block_n"] == 64 and plan["threads"] == 128
+    assert plan["smem_bytes"] <= 99 * 1024  # fits sm_89 / sm_120 SMs
+
+
+def fake_extension(archs: str, ptx: str, driver: int, runtime: int = 13000):
+    return types.SimpleNamespace(
+        CUDA_ARCHS=archs, PTX_ARCH=ptx, CUDA_RUNTIME_VERSION=runtime,
+        driver_version=lambda: driver,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "capability,runs",
+    [
+        ((8, 9), True),  # L4 / L40S: sm_89 cubin
+        ((9, 0), True),  # H100 / H200: sm_90 cubin
+        ((10, 0), True),  # B200: sm_100f cubin
+        ((10, 3), True),  # B300: same family
+        ((12, 0), True),  # RTX Blackwell: sm_120 cubin
+        ((12, 1), True),  # sm_121 (DGX Spark): sm_120 cubin, same major
+        ((13, 0), True),  # a future GPU: PTX of compute_120, JIT
+        ((8, 0), False),  # A100: no FP8 conversion instructions (sm_89+)
+        ((8, 6), False),
+    ],
+)
+def test_availability_accepts_every_gpu_the_binary_runs_on(monkeypatch, capability, runs):
+    ext = fake_extension("89,90,100f,120", "120", driver=13000)
+    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    ok, why = cuda_backend.availability()
+    assert ok == runs, why
+    if not runs:
+        assert f"sm_{capability[0]}{capability[1]}" in why
+
+
+def test_arch_specific_cubins_run_only_on_their_gpu():
+    assert cuda_backend.runs_on((9, 0), ["90a"], None)
+    assert not cuda_backend.runs_on((10, 3), ["100a"], None)  # the old build on a B300
+    assert cuda_backend.runs_on((10, 3), ["100f"], None)
+    assert not cuda_backend.runs_on((11, 0), ["100f"], None)
+    assert not cuda_backend.runs_on((9, 0), ["89"], None)
+    assert cuda_backend.runs_on((9, 0), ["89"], "89")
+
+
+def test_old_driver_makes_the_backend_unavailable(monkeypatch):
+    """The extension links the CUDA 13 runtime statically: an older driver cannot run it."""
+    ext = fake_extension("89,90,100f,120", "120", driver=12040, runtime=13000)
+    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    ok, why = cuda_backend.availability()
+    assert not ok
+    assert "driver 12.4 found, 13.0 needed" in why
+    ext.driver_version = lambda: 13010
+    assert cuda_backend.availability()[0]
+
+
+def test_extension_reports_its_runtime_and_the_driver():
+    _extension_path()
+    from fp8_noncausal_attn import _C
+
+    assert _C.CUDA_RUNTIME_VERSION >= 12080
+    assert _C.driver_version() >= 0  # 0: no driver on this machine

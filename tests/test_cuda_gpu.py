@@ -1,5 +1,7 @@
 """The compiled CUDA backend against the reference (GPU only; skipped without one)."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import TOLERANCE
@@ -219,3 +221,105 @@ def test_16bit_cache_of_the_other_dtype_goes_to_triton(cache_dtype, query_dtype)
     assert torch.isfinite(check_auto.float()).all()
     reference = run(case, backend="reference")
     assert relative_error(check_auto, reference) <= TOLERANCE[query_dtype]
+
+
+def strided_on_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """1-D ``t`` as a stride-3 view into a larger buffer of garbage (vLLM's persistent slices)."""
+    buffer = torch.full((t.numel(), 3), 7, dtype=dtype or t.dtype, device=t.device)
+    buffer[:, 0] = t.to(buffer.dtype)
+    return buffer[:, 0]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("causal_dtype", [torch.int32, torch.bool])
+def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
+    """int32 (or bool) per-sequence causal flags, strided cu_seqlens_q / seq_lens, and rows past
+    cu_seqlens_q[-1] (vLLM's CUDA-graph padding) written as exact zeros, split and unsplit."""
+    causal = [True, False, True]
+    case = make_case(
+        [8, 5, 16], [300, 61, 140], num_q_heads=8, num_kv_heads=2, head_dim=128, causal=causal,
+        device="cuda", seed=31,
+    )  # fmt: skip
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    flags = torch.tensor([5 if c else 0 for c in causal], dtype=torch.int32, device="cuda")
+    tokens = case.query.shape[0]
+    padded = torch.cat([case.query, torch.randn_like(case.query[:7])])
+    vllm_like = dataclasses.replace(
+        problem,
+        query=padded,
+        cu_seqlens_q=strided_on_device(problem.cu_seqlens_q),
+        seq_lens=strided_on_device(problem.seq_lens),
+        causal_per_seq=strided_on_device(flags, causal_dtype),
+    )
+    out = torch.full_like(padded, float("nan"))
+    cuda_backend.paged_attention(vllm_like, out, num_splits=num_splits)
+    ref = run(case, backend="reference")
+    assert relative_error(out[:tokens], ref) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_unaligned_out_is_written_in_place(cache_dtype):
+    """An `out` at an odd element offset (2-byte aligned only): the kernels switch to element
+    stores; nothing outside `out` is touched and no temporary is copied over it."""
+    case = make_case(
+        [8, 3], [90, 40], num_q_heads=8, num_kv_heads=2, head_dim=64, cache_dtype=cache_dtype,
+        device="cuda", seed=17,
+    )  # fmt: skip
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    flat = torch.full((case.query.numel() + 2,), 3.0, dtype=torch.bfloat16, device="cuda")
+    out = flat[1:-1].view_as(case.query)
+    assert out.data_ptr() % 4 == 2
+    for splits in (1, 2):
+        out.fill_(float("nan"))
+        cuda_backend.paged_attention(problem, out, num_splits=splits)
+        assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
+        assert flat[0].item() == 3.0 and flat[-1].item() == 3.0
+
+
+@pytest.mark.parametrize(
+    "cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]
+)
+def test_cuda_cache_write_is_bit_exact(cache_dtype):
+    """The extension's reshape_and_cache writes the reference's bytes (values past the format's
+    max saturate), into strided caches, skipping slots < 0, through a strided slot_mapping."""
+    from fp8_noncausal_attn import reference
+    from fp8_noncausal_attn.scales import finite_max
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    tokens, heads, dim, blocks, block_size = 37, 4, 128, 12, 16
+    key = torch.randn(tokens, heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    value = torch.randn(tokens, heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    key[0, 0, :4] = torch.tensor([1e30, -1e30, 3e38, -3e38])  # past every format's max
+    value[1, 1, :2] = finite_max(cache_dtype) * 1.5 * torch.tensor([1.0, -1.0])
+    k_scale = torch.rand(heads, device="cuda", generator=gen) + 0.05
+    v_scale = torch.rand(heads, device="cuda", generator=gen) + 0.05
+    slots = torch.randperm(blocks * block_size, device="cuda", generator=gen)[:tokens]
+    slots[::5] = -1
+    slot_mapping = strided_on_device(slots.to(torch.int64))
+    # vLLM's combined layout: K and V side by side in the last dim, heads before block slots.
+    kv = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=cache_dtype, device="cuda")
+    key_cache, value_cache = kv[..., :dim].transpose(1, 2), kv[..., dim:].transpose(1, 2)
+    expected = kv.clone()
+    cuda_backend.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
+                                   v_scale)  # fmt: skip
+    reference.reshape_and_cache(
+        key, value, expected[..., :dim].transpose(1, 2), expected[..., dim:].transpose(1, 2),
+        slots.to(torch.int64), k_scale, v_scale,
+    )  # fmt: skip
+    storage = torch.uint8 if cache_dtype.itemsize == 1 else torch.int16
+    assert torch.equal(kv.view(storage), expected.view(storage))
+    assert torch.isfinite(kv.float()).all()
+
+
+def test_occupancy_query_restores_the_callers_device():
+    from fp8_noncausal_attn import _C
+
+    last = torch.cuda.device_count() - 1
+    torch.cuda.set_device(0)
+    assert _C.ctas_per_sm(last, 128, 0, 2) >= 1
+    assert torch.cuda.current_device() == 0

@@ -1,17 +1,20 @@
-"""Lane-level CPU emulation of the CUDA attention kernel's data movement (csrc/attention.cuh).
+"""Lane-level CPU emulation of the mma.sync CUDA kernels, driven by the kernels' own index maps.
 
-CI has no GPU, so the kernel's index maps are replayed here in float64, one lane at a time:
-the paged cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled
-keys past the range), the Q fragments in shared memory, the permuted k-dimension of S = Q K^T,
-the byte/half permutes feeding O = P V, the output dims each lane stores, the causal masks, the
-key groups of warps the rows leave idle and their merge, the split-KV ranges and the log-sum-exp
-merge. The mma.sync m16n8k16 fragment layouts are the PTX
-ISA's. A wrong index anywhere gives a visibly wrong answer against the reference backend.
-Keep this in step with attention.cuh and merge.cu when they change.
+CI has no GPU, so the kernels' data movement is replayed here in float64, one lane at a time. The
+index maps are not copied: ``fp8_noncausal_attn._C.host`` runs csrc/mma_sync/index_maps.h and
+csrc/common/index_tensors.h compiled for the CPU (the same ``__host__ __device__`` functions the
+kernels call), so a wrong map in the kernel source gives a visibly wrong answer here: the paged
+cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled keys past
+the range), the Q fragments, the permuted k-dimension of S = Q K^T, the byte/half permutes
+feeding O = P V, the output dims each lane stores, the index tensors read through their strides
+(int32 or bool causal flags included), the causal limits, the key groups of warps the rows leave
+idle and their merge, the split-KV ranges and the log-sum-exp merge. Only the mma.sync m16n8k16
+fragment layouts (the PTX ISA's), prmt and the FP8 decode are modelled in Python.
 """
 
+import dataclasses
+import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -22,50 +25,20 @@ import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
-BLOCK_M, THREADS = 64, 128  # params.h kBlockM, 4 warps
+
+@functools.cache
+def host():
+    """The kernels' maps compiled for the CPU (skips when the extension is not built)."""
+    try:
+        from fp8_noncausal_attn import _C
+    except ImportError:
+        pytest.skip("fp8_noncausal_attn._C was not built (no nvcc, or FP8NCA_BUILD_CUDA=0)")
+    return _C.host
 
 
-@dataclass(frozen=True)
-class Config:
-    """AttnConfig of attention.cuh."""
-
-    head_dim: int
-    elt: int  # bytes per cache element
-
-    @property
-    def block_n(self):
-        return 32 if self.head_dim == 256 else 64
-
-    @property
-    def units(self):
-        return self.head_dim * self.elt // 16
-
-    @property
-    def e(self):
-        return 16 // self.elt
-
-    @property
-    def steps_per_unit(self):
-        return self.e // 4
-
-    @property
-    def groups(self):
-        return self.head_dim // (4 * self.e)
-
-    @property
-    def epw(self):
-        return 4 // self.elt
-
-    @property
-    def k_row(self):
-        return self.head_dim * self.elt
-
-    @property
-    def v_row(self):
-        return self.head_dim * self.elt + 16
-
-    def swizzle(self, row):
-        return (row & 1) << 2 if self.units >= 8 else 0
+@functools.cache
+def tables(head_dim: int, elt: int) -> dict:
+    return host().mma_sync_tables(head_dim, elt)
 
 
 def raw_bytes(t: torch.Tensor) -> tuple[np.ndarray, int]:
@@ -109,29 +82,25 @@ def mma(acc, a, b0, b1):
         acc[lane] += [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
 
 
-def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
-    """paged_attention_kernel for one CTA; pb holds the problem's arrays."""
-    d, group, bn = cfg.head_dim, pb["group"], cfg.block_n
-    q_start, q_len = pb["cu"][seq], pb["cu"][seq + 1] - pb["cu"][seq]
-    rows, row0 = q_len * group, m_tile * BLOCK_M
+def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
+    """paged_attention_kernel for one CTA; pb holds the problem's arrays, T the kernel's maps."""
+    hk = host()
+    d, elt, group, bn = T["head_dim"], T["elt"], pb["group"], T["block_n"]
+    warps = T["warps"]
+    q_start, q_len, kv_len, causal = pb["seqs"][seq]
+    rows, row0 = q_len * group, m_tile * T["block_m"]
     if row0 >= rows:
         return
-    kv_len, causal = pb["seq_lens"][seq], pb["causal"][seq]
-    pos0 = kv_len - q_len
-    last_row = min(row0 + BLOCK_M, rows) - 1
-    n_keys = pos0 + last_row // group + 1 if causal else kv_len
-    min_limit = pos0 + row0 // group if causal else kv_len - 1
-    n_tiles = -(-n_keys // bn)
-    per_split = -(-n_tiles // num_splits)
-    t_begin, t_end = split * per_split, min(n_tiles, split * per_split + per_split)
+    rows_in_tile = min(T["block_m"], rows - row0)
+    n_keys, min_limit = hk.cta_keys(causal, kv_len, q_len, row0, row0 + rows_in_tile - 1, group)
+    t_begin, t_end = hk.split_tiles(-(-n_keys // bn), num_splits, split)
     # Key groups: warp -> (row warp wm, key group ng, its n-tiles).
-    row_warps = -(-min(BLOCK_M, rows - row0) // 16)
-    n_groups = {1: min(4, bn // 16), 2: 2}.get(row_warps, 1)
-    m_span = 4 // n_groups
-    wm = [warp % m_span for warp in range(4)]
-    ng = [warp // m_span for warp in range(4)]
-    n_per = bn // 8 // n_groups
-    jr = [range(ng[w] * n_per, ng[w] * n_per + n_per) for w in range(4)]
+    n_groups = hk.key_groups(d, elt, rows_in_tile)
+    m_span = warps // n_groups
+    wm = [warp % m_span for warp in range(warps)]
+    ng = [warp // m_span for warp in range(warps)]
+    n_per = T["nt"] // n_groups
+    jr = [range(ng[w] * n_per, ng[w] * n_per + n_per) for w in range(warps)]
 
     def active(warp):
         return row0 + 16 * wm[warp] < rows
@@ -142,34 +111,37 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     def row_ok(warp, g, h):
         return row0 + 16 * wm[warp] + g + 8 * h < rows
 
-    def limit(warp, g, h):
-        return pos0 + row_of(warp, g, h) // group if causal else kv_len - 1
+    limits = {
+        (w, g, h): hk.row_limit(causal, kv_len, q_len, row_of(w, g, h), group)
+        for w in range(warps)
+        for g in range(8)
+        for h in range(2)
+    }
 
     # Q fragments: per (warp, k-step, lane) four registers of two values each.
-    qf = np.zeros((4, d // 16, 32, 4, 2))
-    for warp in range(4):
+    qf = np.zeros((warps, d // 16, 32, 4, 2))
+    for warp in range(warps):
         for lane in range(32):
             g, t = lane >> 2, lane & 3
             for h in range(2):
+                if not row_ok(warp, g, h):
+                    continue
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
-                for c in range(cfg.groups):
-                    for kk in range(cfg.steps_per_unit):
-                        dim = c * 4 * cfg.e + cfg.e * t + 4 * kk
-                        v = pb["q"][tok, head, dim : dim + 4] if row_ok(warp, g, h) else 0.0
-                        ks = c * cfg.steps_per_unit + kk
-                        qf[warp, ks, lane, h] = v[:2] if row_ok(warp, g, h) else 0.0
-                        qf[warp, ks, lane, 2 + h] = v[2:] if row_ok(warp, g, h) else 0.0
+                for c in range(T["groups"]):
+                    for kk in range(T["steps_per_unit"]):
+                        dim = T["qk_dim"][c][kk][t]
+                        v = pb["q"][tok, head, dim : dim + 4]
+                        ks = c * T["steps_per_unit"] + kk
+                        qf[warp, ks, lane, h] = v[:2]
+                        qf[warp, ks, lane, 2 + h] = v[2:]
 
-    k_smem = np.zeros(bn * cfg.k_row, np.uint8)
-    v_smem = np.zeros(bn * cfg.v_row, np.uint8)
+    k_smem = np.zeros(bn * T["k_row"], np.uint8)
+    v_smem = np.zeros(bn * T["v_row"], np.uint8)
 
     def load_tile(tile):
-        for idx in range(bn * cfg.units):
-            r, u = idx // cfg.units, idx % cfg.units
+        for r, u, kdst, vdst in T["copy"]:
             key = tile * bn + r
-            kdst = r * cfg.k_row + (u ^ cfg.swizzle(r)) * 16
-            vdst = r * cfg.v_row + u * 16
             if key < n_keys:
                 page = pb["block_table"][seq, key // pb["block_size"]]
                 off = key % pb["block_size"]
@@ -177,7 +149,7 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     (k_smem, kdst, pb["k_raw"], pb["k_strides"]),
                     (v_smem, vdst, pb["v_raw"], pb["v_strides"]),
                 ):
-                    src = base + (page * st[0] + off * st[1] + kvh * st[2]) * cfg.elt + u * 16
+                    src = base + (page * st[0] + off * st[1] + kvh * st[2]) * elt + u * 16
                     smem[dst : dst + 16] = data[src : src + 16]
             else:
                 k_smem[kdst : kdst + 16] = 0
@@ -187,40 +159,39 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
         return int(smem[addr : addr + 4].view(np.uint32)[0])
 
     kv_dtype = pb["kv_dtype"]
+    epw = T["epw"]
     scale_log2 = pb["softmax_scale"] * pb["k_scale"][kvh] * 1.4426950408889634
-    o = np.zeros((4, 32, d // 8, 4))
-    m_i = np.full((4, 32, 2), -math.inf)
-    l_i = np.zeros((4, 32, 2))
+    o = np.zeros((warps, 32, T["ot"], 4))
+    m_i = np.full((warps, 32, 2), -math.inf)
+    l_i = np.zeros((warps, 32, 2))
     for tile in range(t_begin, t_end):
         load_tile(tile)
-        for warp in range(4):
+        for warp in range(warps):
             if not active(warp):
                 continue
-            s = np.zeros((32, bn // 8, 4))
-            for c in range(cfg.groups):
+            s = np.zeros((32, T["nt"], 4))
+            for c in range(T["groups"]):
                 for j in jr[warp]:
                     kw = []
                     for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        r = 8 * j + g
-                        addr = r * cfg.k_row + ((4 * c + t) ^ cfg.swizzle(r)) * 16
+                        addr = T["k_frag"][j][c][lane]
                         kw.append([word(k_smem, addr + 4 * i) for i in range(4)])
-                    for kk in range(cfg.steps_per_unit):
-                        if cfg.elt == 1:
+                    for kk in range(T["steps_per_unit"]):
+                        if elt == 1:
                             b0 = [pair(w[kk] & 0xFFFF, kv_dtype) for w in kw]
                             b1 = [pair(w[kk] >> 16, kv_dtype) for w in kw]
                         else:
                             b0 = [pair(w[2 * kk], kv_dtype) for w in kw]
                             b1 = [pair(w[2 * kk + 1], kv_dtype) for w in kw]
                         acc = s[:, j]
-                        mma(acc, qf[warp, c * cfg.steps_per_unit + kk], b0, b1)
+                        mma(acc, qf[warp, c * T["steps_per_unit"] + kk], b0, b1)
             n0 = tile * bn
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
                 if n0 + bn - 1 > min_limit:
                     for j in jr[warp]:
                         for e in range(4):
-                            if n0 + 8 * j + 2 * t + (e & 1) > limit(warp, g, e >> 1):
+                            if n0 + 8 * j + 2 * t + (e & 1) > limits[warp, g, e >> 1]:
                                 s[lane, j, e] = -math.inf
             for h in range(2):
                 cols = s[:, jr[warp].start : jr[warp].stop, 2 * h : 2 * h + 2]
@@ -239,15 +210,13 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                      s[ln, 2 * kk + 1, 2:4]]
                     for ln in range(32)
                 ]  # fmt: skip
-                for J in range(d // (8 * cfg.epw)):
-                    ws = []
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        base = (16 * kk + 2 * t) * cfg.v_row + (8 * J + g) * 4
-                        ws.append([word(v_smem, base + dr * cfg.v_row) for dr in (0, 1, 8, 9)])
-                    if cfg.elt == 1:
-                        for i in (0, 2):
-                            sel = i | ((4 + i) << 4) | ((i + 1) << 8) | ((5 + i) << 12)
+                for J in range(d // (8 * epw)):
+                    ws = [
+                        [word(v_smem, off) for off in T["v_frag"][kk][J][lane]]
+                        for lane in range(32)
+                    ]
+                    if elt == 1:
+                        for i, sel in zip((0, 2), T["fp8_pv_select"], strict=True):
                             x01 = [prmt(w[0], w[1], sel) for w in ws]
                             x23 = [prmt(w[2], w[3], sel) for w in ws]
                             for n, shift in ((4 * J + i, 0), (4 * J + i + 1, 16)):
@@ -255,10 +224,10 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                                 b1 = [pair((x >> shift) & 0xFFFF, kv_dtype) for x in x23]
                                 mma(o[warp, :, n], a, b0, b1)
                     else:
-                        for n, sel in ((2 * J, 0x5410), (2 * J + 1, 0x7632)):
+                        for n, sel in enumerate(T["half_pv_select"]):
                             b0 = [pair(prmt(w[0], w[1], sel), kv_dtype) for w in ws]
                             b1 = [pair(prmt(w[2], w[3], sel), kv_dtype) for w in ws]
-                            mma(o[warp, :, n], a, b0, b1)
+                            mma(o[warp, :, 2 * J + n], a, b0, b1)
     l_row = np.stack(
         [l_i[:, 4 * (lane >> 2) : 4 * (lane >> 2) + 4].sum(1) for lane in range(32)], 1
     )
@@ -274,7 +243,7 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
             )
             l_row[w0] = (l_row[members] * f).sum(0)
             m_i[w0] = m_tot
-    for warp in range(4):
+    for warp in range(warps):
         if not active(warp) or ng[warp] > 0:
             continue
         for lane in range(32):
@@ -286,12 +255,12 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
                 inv = pb["v_scale"][kvh] / total if total > 0 else 0.0
-                for J in range(d // (8 * cfg.epw)):
-                    dim = 8 * cfg.epw * J + 2 * cfg.epw * t
-                    vals = [o[warp, lane, cfg.epw * J + i, 2 * h] for i in range(cfg.epw)]
-                    vals += [o[warp, lane, cfg.epw * J + i, 2 * h + 1] for i in range(cfg.epw)]
+                for J in range(d // (8 * epw)):
+                    dim = T["out_dim"][J][t]
+                    vals = [o[warp, lane, epw * J + i, 2 * h] for i in range(epw)]
+                    vals += [o[warp, lane, epw * J + i, 2 * h + 1] for i in range(epw)]
                     target = out if num_splits == 1 else ws_o[split]
-                    target[tok, head, dim : dim + 2 * cfg.epw] = np.array(vals) * inv
+                    target[tok, head, dim : dim + 2 * epw] = np.array(vals) * inv
                 if num_splits > 1 and t == 0:
                     lse = (
                         m_i[warp, lane, h] * scale_log2 + math.log2(total)
@@ -301,20 +270,29 @@ def run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     ws_lse[split, tok, head] = lse
 
 
+def sequences(problem):
+    """Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, read from the
+    problem's own index tensors (any strides, bool or int32 flags) by the kernels' readers."""
+    flags = problem.causal_per_seq
+    seqs, padding_start = host().sequences(
+        problem.cu_seqlens_q.data_ptr(), problem.cu_seqlens_q.stride(0),
+        problem.seq_lens.data_ptr(), problem.seq_lens.stride(0),
+        0 if flags is None else flags.data_ptr(),
+        1 if flags is None else flags.element_size(),
+        0 if flags is None else flags.stride(0),
+        bool(problem.causal), problem.num_seqs,
+    )  # fmt: skip
+    return seqs, padding_start
+
+
 def emulate(problem, num_splits):
-    """The whole launch (attention kernel grid, then merge.cu when split) on the CPU."""
-    cfg = Config(problem.head_dim, problem.key_cache.element_size())
-    num_seqs = problem.num_seqs
-    causal = (
-        problem.causal_per_seq.tolist()
-        if problem.causal_per_seq is not None
-        else [problem.causal] * num_seqs
-    )
+    """The whole launch (attention kernel grid, then merge.cu when split) on the CPU. Every
+    output row starts as NaN, so a row no CTA writes shows up."""
+    T = tables(problem.head_dim, problem.key_cache.element_size())
+    seqs, padding_start = sequences(problem)
     pb = {
         "group": problem.group_size,
-        "cu": problem.cu_seqlens_q.tolist(),
-        "seq_lens": problem.seq_lens.tolist(),
-        "causal": causal,
+        "seqs": seqs,
         "q": problem.query.double().numpy(),
         "k_raw": raw_bytes(problem.key_cache),
         "v_raw": raw_bytes(problem.value_cache),
@@ -328,20 +306,22 @@ def emulate(problem, num_splits):
         "v_scale": problem.v_scale.double().numpy(),
     }
     shape = (problem.num_tokens, problem.num_q_heads, problem.head_dim)
-    out = np.zeros(shape)
+    out = np.full(shape, np.nan)
     ws_o = np.full((num_splits, *shape), np.nan)
     ws_lse = np.full((num_splits, *shape[:2]), np.nan)
-    m_tiles = -(-problem.max_seqlen_q * problem.group_size // BLOCK_M)
-    for z in range(num_seqs * num_splits):
+    m_tiles = -(-max(problem.max_seqlen_q, 1) * problem.group_size // T["block_m"])
+    for z in range(problem.num_seqs * num_splits):
         for kvh in range(problem.num_kv_heads):
             for m_tile in range(m_tiles):
                 seq, split = z // num_splits, z % num_splits
-                run_cta(pb, cfg, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
+                run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
     if num_splits > 1:
-        lse = ws_lse[:, : pb["cu"][-1]]
+        lse = ws_lse[:, :padding_start]
         weights = np.exp2(lse - lse.max(0))
-        merged = (weights[..., None] * ws_o[:, : pb["cu"][-1]]).sum(0)
-        out[: pb["cu"][-1]] = merged / weights.sum(0)[..., None]
+        merged = (weights[..., None] * ws_o[:, :padding_start]).sum(0)
+        out[:padding_start] = merged / weights.sum(0)[..., None]
+    # Padded rows: the zero slice of the grid (one split) or the merge kernel (several).
+    out[padding_start:] = 0.0
     return torch.from_numpy(out)
 
 
@@ -382,3 +362,113 @@ def test_emulated_kernel_matches_reference(name):
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     # Both are rounded to the query dtype once; an index error would be off by O(1).
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+def strided(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The values of 1-D ``t`` (as ``dtype``) in a view with stride 3 into a larger buffer whose
+    other elements are garbage, like vLLM's slices of persistent buffers."""
+    dtype = dtype or t.dtype
+    buffer = torch.full((t.numel(), 3), 7, dtype=dtype)
+    buffer[:, 0] = t.to(dtype)
+    return buffer[:, 0]
+
+
+@pytest.mark.parametrize("causal_dtype", [torch.int32, torch.bool])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_emulated_kernel_reads_vllm_index_tensors_in_place(causal_dtype, splits):
+    """Strided cu_seqlens_q / seq_lens / causal (int32 or bool) read where they lie, and padded
+    rows past cu_seqlens_q[-1] (vLLM under CUDA graphs) written as zeros."""
+    causal = [True, False, True]
+    case = make_case(
+        [4, 8, 2], [40, 70, 9], num_q_heads=8, num_kv_heads=2, head_dim=64, causal=causal,
+        seed=5,
+    )  # fmt: skip
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    padding = torch.randn(5, *case.query.shape[1:]).to(case.query.dtype)
+    flags = torch.tensor([7 if c else 0 for c in causal], dtype=torch.int32)  # nonzero = causal
+    vllm_like = dataclasses.replace(
+        problem,
+        query=torch.cat([problem.query, padding]),
+        cu_seqlens_q=strided(problem.cu_seqlens_q),
+        seq_lens=strided(problem.seq_lens),
+        causal_per_seq=strided(flags, causal_dtype),
+    )
+    out = emulate(vllm_like, splits).to(case.query.dtype)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    tokens = case.query.shape[0]
+    assert relative_error(out[:tokens], ref) <= TOLERANCE[case.query.dtype]
+    assert torch.equal(out[tokens:], torch.zeros_like(padding))
+
+
+def test_index_tensor_readers_follow_strides_and_flag_width():
+    """The kernels' readers on host tensors: int32 flags of any nonzero value are causal, bool
+    flags are read as bytes, and a stride skips the garbage between elements."""
+    cu = strided(torch.tensor([0, 3, 3, 9], dtype=torch.int32))
+    lens = strided(torch.tensor([5, 4, 12], dtype=torch.int32))
+    for flags in (strided(torch.tensor([-2, 0, 1], dtype=torch.int32)),
+                  strided(torch.tensor([True, False, True]), torch.bool)):  # fmt: skip
+        seqs, padding_start = host().sequences(
+            cu.data_ptr(), cu.stride(0), lens.data_ptr(), lens.stride(0), flags.data_ptr(),
+            flags.element_size(), flags.stride(0), False, 3,
+        )  # fmt: skip
+        assert seqs == [(0, 3, 5, True), (3, 0, 4, False), (3, 6, 12, True)]
+        assert padding_start == 9
+    seqs, _ = host().sequences(
+        cu.data_ptr(), cu.stride(0), lens.data_ptr(), lens.stride(0), 0, 1, 0, True, 3
+    )
+    assert [s[3] for s in seqs] == [True, True, True]
+
+
+CACHE_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3, torch.bfloat16: 0, torch.float16: 1}
+
+
+def spec_quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """SPEC section 4's store-side conversion, independently: divide in fp32, saturate to the
+    format's finite max (16-bit formats too), round to nearest even (torch's own casts)."""
+    fmax = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-fmax, fmax).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", list(CACHE_CODES), ids=str)
+def test_cache_write_quantisation_is_bit_exact(dtype):
+    """csrc/cache/quantize.h (the cache-write kernel's conversion, compiled for the CPU) gives
+    the bytes of fp8_noncausal_attn.scales.quantize and of the spec's rule, over the whole range:
+    subnormals, ties, values past the format's max (saturated, never inf)."""
+    from fp8_noncausal_attn.scales import quantize
+
+    gen = torch.Generator().manual_seed(int(CACHE_CODES[dtype]))
+    fmax = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).smallest_normal
+    magnitudes = torch.cat([
+        torch.rand(2000, generator=gen) * 4,
+        torch.exp2(torch.rand(2000, generator=gen) * 40 - 20),
+        torch.rand(500, generator=gen) * tiny * 2,  # the subnormal range
+        torch.tensor([fmax, fmax * 1.01, fmax * 4, 3e38, 0.0]),
+    ])  # fmt: skip
+    signs = torch.where(torch.rand(magnitudes.shape, generator=gen) < 0.5, -1.0, 1.0)
+    x = (magnitudes * signs).to(torch.bfloat16).float()  # what a bf16 key row holds
+    x = x[torch.isfinite(x)]
+    storage = torch.uint8 if dtype.itemsize == 1 else torch.int16
+    for scale in (1.0, 0.37, 3.5e-3):
+        codes = host().quantize(x.tolist(), scale, CACHE_CODES[dtype])
+        got = torch.tensor(codes, dtype=torch.int64)
+        expected = spec_quantize(x, scale, dtype).view(storage).to(torch.int64)
+        expected &= 0xFF if dtype.itemsize == 1 else 0xFFFF
+        assert torch.equal(got, expected), (scale, (got != expected).sum())
+        in_range = (x.abs() / scale) <= fmax
+        library = quantize(x[in_range][:, None, None], torch.tensor([scale]), dtype)
+        lib = library.flatten().view(storage).to(torch.int64)
+        lib &= 0xFF if dtype.itemsize == 1 else 0xFFFF
+        assert torch.equal(got[in_range], lib)
+    decoded = torch.tensor(codes, dtype=torch.int64).to(storage).view(dtype).float()
+    assert torch.isfinite(decoded).all()  # saturated, never inf
+
+
+def test_cache_write_quantisation_keeps_nan():
+    for code, dtype in ((2, torch.float8_e4m3fn), (3, torch.float8_e5m2), (0, torch.bfloat16),
+                        (1, torch.float16)):  # fmt: skip
+        (bits,) = host().quantize([math.nan], 1.0, code)
+        storage = torch.uint8 if dtype.itemsize == 1 else torch.int16
+        assert torch.tensor([bits]).to(storage).view(dtype).float().isnan().all()

@@ -1,11 +1,13 @@
 // Split-KV (flash decoding) merge: out = sum_s w_s O_s with w_s = 2^(lse_s - max) / sum of w.
 // Each split's O_s is already normalised and scaled by v_scale; lse is in the log2 domain.
+// Rows past cu_seqlens_q[num_seqs] (vLLM's padding under CUDA graphs) get zeros.
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "params.h"
+#include "../common/index_tensors.h"
+#include "merge.h"
 
 namespace fp8nca {
 
@@ -32,8 +34,11 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_splits_kernel(const At
   if (row >= static_cast<int64_t>(p.num_tokens) * p.num_q_heads) return;
   const int tok = static_cast<int>(row / p.num_q_heads);
   const int head = static_cast<int>(row % p.num_q_heads);
-  // Tokens past the last sequence (padding) were never computed: leave them alone.
-  if (tok >= p.cu_seqlens_q[p.num_seqs]) return;
+  QT* orow = static_cast<QT*>(p.out) + tok * p.o_stride_t + head * p.o_stride_h;
+  if (tok >= cu_seqlens_at(p, p.num_seqs)) {
+    for (int d = lane; d < p.head_dim; d += 32) orow[d] = from_float<QT>(0.f);
+    return;
+  }
 
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   float lse_max = -INFINITY;
@@ -43,7 +48,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_splits_kernel(const At
   for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.ws_lse[s * split_stride + row] - lse_max);
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
 
-  QT* orow = static_cast<QT*>(p.out) + tok * p.o_stride_t + head * p.o_stride_h;
   for (int d = lane; d < p.head_dim; d += 32) {
     float acc = 0.f;
     for (int s = 0; s < p.num_splits; ++s) {

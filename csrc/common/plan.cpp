@@ -1,0 +1,56 @@
+#include "plan.h"
+
+#include <algorithm>
+
+#include "../mma_sync/index_maps.h"
+
+namespace fp8nca {
+
+int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas) {
+  const int max_splits = std::min({key_tiles / kMinTilesPerSplit, kMaxSplits,
+                                   kMaxGridZ / std::max(num_seqs, 1)});
+  if (ctas >= resident_ctas || max_splits <= 1) return 1;
+  int best = 1;
+  double best_fill = 0.0;
+  for (int splits = 1; splits <= max_splits; ++splits) {
+    const int64_t total = ctas * splits;
+    const int64_t waves = (total + resident_ctas - 1) / resident_ctas;
+    const double fill = static_cast<double>(total) / static_cast<double>(waves * resident_ctas);
+    if (fill >= kWaveFill) return splits;
+    if (fill > best_fill) {
+      best = splits;
+      best_fill = fill;
+    }
+  }
+  return best;
+}
+
+Plan make_plan(const PlanInput& in) {
+  const mma_sync::TileShape shape = mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype));
+  Plan plan{};
+  plan.family = in.family;
+  plan.block_m = mma_sync::kBlockM;
+  plan.block_n = shape.block_n;
+  plan.threads = mma_sync::kThreads;
+  plan.smem_bytes = shape.smem;
+  const int group = in.num_kv_heads > 0 ? in.num_q_heads / in.num_kv_heads : 0;
+  const int64_t rows = static_cast<int64_t>(std::max(in.max_seqlen_q, 1)) * group;
+  plan.m_tiles = static_cast<int>((rows + plan.block_m - 1) / plan.block_m);
+  const int key_tiles = (std::max(in.max_seqlen_k, 1) + plan.block_n - 1) / plan.block_n;
+  const int64_t ctas = static_cast<int64_t>(in.num_seqs) * in.num_kv_heads * plan.m_tiles;
+  int splits = in.num_splits > 0 ? in.num_splits
+                                 : choose_splits(ctas, key_tiles, in.num_seqs, in.resident_ctas);
+  splits = std::max(1, std::min(splits, kMaxGridZ / std::max(in.num_seqs, 1)));
+  plan.num_splits = splits;
+  plan.grid_x = static_cast<unsigned>(plan.m_tiles);
+  plan.grid_y = static_cast<unsigned>(in.num_kv_heads);
+  // Unsplit, one more z slice zeroes the padded rows; split, the merge kernel does.
+  plan.grid_z = static_cast<unsigned>(in.num_seqs * splits + (splits == 1 ? 1 : 0));
+  if (splits > 1) {
+    plan.ws_lse_elems = static_cast<int64_t>(splits) * in.num_tokens * in.num_q_heads;
+    plan.ws_o_elems = plan.ws_lse_elems * in.head_dim;
+  }
+  return plan;
+}
+
+}  // namespace fp8nca

@@ -1,0 +1,50 @@
+// The plan: tiles, split-KV count, grid and workspace of one batch, decided on the host from
+// host-side sizes only (no device read), like FlashAttention-3's get_scheduler_metadata. The
+// CUDA backend (fp8_noncausal_attn/cuda_backend.py) calls it through python/bindings.cpp and
+// passes its num_splits back to the launch; each CTA still derives its own key range from the
+// device-side seq_lens, so a plan made for max_seqlen_k holds for any shorter real lengths.
+#pragma once
+
+#include <cstdint>
+
+#include "params.h"
+
+namespace fp8nca {
+
+// Grid z is sequences x splits (+ 1 slice for the padded rows when unsplit): at most 65535.
+constexpr int kMaxGridZ = 65535;
+constexpr int kMaxSeqs = kMaxGridZ - 1;
+constexpr int kMaxSplits = 32;
+// A split should stream at least this many key tiles, or the merge costs more than it saves.
+constexpr int kMinTilesPerSplit = 4;
+// Split-KV takes the fewest splits whose CTAs fill the resident slots (CTAs per SM x SMs) in
+// whole waves to at least this fraction: a last wave left mostly empty idles most SMs.
+constexpr double kWaveFill = 0.9;
+
+struct PlanInput {
+  Family family = Family::kMmaSync;
+  int num_seqs = 0, num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int kv_dtype = kE4M3;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  int64_t resident_ctas = 0;  // the kernel's CTAs resident on the whole GPU (occupancy x SMs)
+  int num_splits = 0;         // > 0 forces the split count (tests), clamped to what fits
+};
+
+struct Plan {
+  Family family;
+  int block_m, block_n;       // query rows and keys per tile
+  int threads, smem_bytes;    // per CTA
+  int m_tiles, num_splits;
+  unsigned grid_x, grid_y, grid_z;
+  int64_t ws_o_elems;    // fp32 partial O [num_splits, num_tokens, num_q_heads, head_dim]
+  int64_t ws_lse_elems;  // fp32 LSE [num_splits, num_tokens, num_q_heads]; both 0 unsplit
+};
+
+// The split count the planner picks: 1 unless (sequences x KV heads x M tiles) CTAs leave the
+// resident slots underused, else the fewest splits filling whole waves to kWaveFill.
+int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas);
+
+// The whole plan. Needs no GPU.
+Plan make_plan(const PlanInput& in);
+
+}  // namespace fp8nca

@@ -1,0 +1,104 @@
+// Epilogue of the mma.sync family: normalises O by the row sum and v_scale and writes it to
+// `out` (one split) or to the split-KV workspace with its log-sum-exp (several splits, merged by
+// csrc/cascade/merge.cu); and the padded rows past the last sequence, written as zeros.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "traits.cuh"
+
+namespace fp8nca::mma_sync {
+
+template <int D, typename QT, int KV>
+__device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile& w,
+                                             const WarpRole& role, const RowState& st,
+                                             const float (&o)[Traits<D, QT, KV>::kS.ot][4],
+                                             float scale_log2, int lane) {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr int kStoreBytes = 2 * S.epw * 2;  // this thread's 2 * epw adjacent dims of a column
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const float v_scale = p.v_scale[w.kvh];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = w.row0 + 16 * role.wm + g + 8 * h;
+    if (row >= w.rows) continue;
+    const int tok = w.q_start + row / p.group;
+    const int head = w.kvh * p.group + row % p.group;
+    const float l = st.l[h];
+    const float inv = l > 0.f ? v_scale / l : 0.f;
+    if (p.num_splits == 1) {
+      QT* orow = static_cast<QT*>(p.out) + tok * p.o_stride_t + head * p.o_stride_h;
+#pragma unroll
+      for (int J = 0; J < D / (8 * S.epw); ++J) {
+        // This thread's 2 * epw adjacent dims: accumulator columns 2h, then 2h + 1, of
+        // n-tiles epw * J .. epw * J + epw - 1 (index_maps.h).
+        float vals[2 * S.epw];
+#pragma unroll
+        for (int i = 0; i < S.epw; ++i) {
+          vals[i] = o[S.epw * J + i][2 * h] * inv;
+          vals[S.epw + i] = o[S.epw * J + i][2 * h + 1] * inv;
+        }
+        uint32_t packed[S.epw];
+#pragma unroll
+        for (int e = 0; e < S.epw; ++e) packed[e] = pack2<QT>(vals[2 * e], vals[2 * e + 1]);
+        QT* dst = orow + out_dim(S, J, t);
+        if (p.out_align >= kStoreBytes) {
+          if constexpr (S.epw == 4) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+          } else {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+          }
+        } else {
+          // An out tensor the caller allocated at an odd offset: element stores.
+#pragma unroll
+          for (int e = 0; e < S.epw; ++e) {
+            const uint32_t x = packed[e];
+            reinterpret_cast<uint16_t*>(dst)[2 * e] = static_cast<uint16_t>(x);
+            reinterpret_cast<uint16_t*>(dst)[2 * e + 1] = static_cast<uint16_t>(x >> 16);
+          }
+        }
+      }
+    } else {
+      const int64_t ws_row =
+          (static_cast<int64_t>(w.split) * p.num_tokens + tok) * p.num_q_heads + head;
+      float* wrow = p.ws_o + ws_row * D;
+#pragma unroll
+      for (int J = 0; J < D / (8 * S.epw); ++J) {
+        float* dst = wrow + out_dim(S, J, t);
+#pragma unroll
+        for (int i = 0; i < S.epw; ++i) {
+          dst[i] = o[S.epw * J + i][2 * h] * inv;
+          dst[S.epw + i] = o[S.epw * J + i][2 * h + 1] * inv;
+        }
+      }
+      if (t == 0) p.ws_lse[ws_row] = l > 0.f ? st.m[h] * scale_log2 + __log2f(l) : -INFINITY;
+    }
+  }
+}
+
+// Rows [cu_seqlens_q[num_seqs], num_tokens) belong to no sequence (vLLM pads the batch under
+// CUDA graphs): written as zeros, the bound read on the device. The CTAs of the grid's last z
+// slice share them; used when there is one split (the merge kernel does it otherwise).
+template <typename QT>
+__device__ __forceinline__ void zero_padded_rows(const AttnParams& p) {
+  const int first = cu_seqlens_at(p, p.num_seqs);
+  const int64_t count = static_cast<int64_t>(p.num_tokens - first) * p.num_q_heads * p.head_dim;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x +
+                   threadIdx.x;
+       i < count; i += step) {
+    const int d = static_cast<int>(i % p.head_dim);
+    const int64_t row = i / p.head_dim;
+    const int head = static_cast<int>(row % p.num_q_heads);
+    const int64_t tok = first + row / p.num_q_heads;
+    reinterpret_cast<uint16_t*>(p.out)[tok * p.o_stride_t + head * p.o_stride_h + d] = 0;
+  }
+}
+
+}  // namespace fp8nca::mma_sync

@@ -1,0 +1,172 @@
+// Tile shapes and index maps of the mma.sync family, as FP8NCA_HD functions: the kernels call
+// them, and so do the plan function and the CPU emulation test (through python/bindings.cpp),
+// so the host replays the kernels' own data movement rather than a copy of it.
+//
+// Layout (see kernel.cuh): one CTA = (M tile of query rows, KV head, sequence x KV split); row r
+// of the M tile is query token r / group, query head r % group of the KV head. kWarps warps own
+// 16 rows each and run mma.sync m16n8k16. FP8 tiles stay FP8 in shared memory and are read with
+// wide loads, which permutes reduction and output indices without changing the result:
+//  * S = Q K^T: thread t of a quad loads 16 bytes of one key row (e elements) and feeds them to
+//    e / 4 consecutive mma k-steps; in each step its four B values (logical k = 2t, 2t+1, 2t+8,
+//    2t+9) are four adjacent head dims. The Q fragment is loaded with the same map.
+//  * O = P V: thread (g, t) loads one 32-bit word (epw adjacent dims) from each of its four key
+//    rows; byte/half i of the word feeds output n-tile (epw * J + i), whose column g is head dim
+//    8 * epw * J + epw * g + i. Each thread thus ends up owning 2 * epw adjacent output dims.
+// K rows are XOR-swizzled in 16-byte units and V rows padded by 16 bytes so both read patterns
+// are free of bank conflicts.
+#pragma once
+
+#include "../common/host_device.h"
+
+namespace fp8nca::mma_sync {
+
+constexpr int kBlockM = 64;  // query rows per CTA
+constexpr int kWarps = kBlockM / 16;
+constexpr int kThreads = kWarps * 32;
+// A CTA's shared memory stays within this so that three CTAs fit an SM on sm_90/sm_100 with
+// three stages; larger tiles drop to two stages (two CTAs per SM there, one on sm_89/sm_120,
+// whose SMs hold 100 KB).
+constexpr int kSmemBudgetThreeStages = 72 * 1024;
+
+struct TileShape {
+  int head_dim;
+  int elt;             // bytes per cache element (1: FP8, 2: bf16/fp16)
+  int block_n;         // keys per tile
+  int units;           // 16-byte units per K/V row
+  int e;               // elements per unit
+  int steps_per_unit;  // mma k-steps fed by one unit
+  int groups;          // groups of 4 units (one per quad lane)
+  int epw;             // elements per 32-bit word
+  int k_row;           // bytes per K row in shared memory (swizzled, unpadded)
+  int v_row;           // bytes per V row in shared memory (padded by 16)
+  int nt;              // S n-tiles per key tile
+  int ot;              // O n-tiles
+  int max_key_groups;  // warps one row warp's keys can be shared among
+  int stage_bytes;
+  int stages;
+  int q_bytes;         // Q fragments of every warp
+  int smem;
+};
+
+constexpr int block_n_for(int head_dim) { return head_dim == 256 ? 32 : 64; }
+
+constexpr TileShape tile_shape(int head_dim, int elt) {
+  TileShape s{};
+  s.head_dim = head_dim;
+  s.elt = elt;
+  s.block_n = block_n_for(head_dim);
+  s.units = head_dim * elt / 16;
+  s.e = 16 / elt;
+  s.steps_per_unit = s.e / 4;
+  s.groups = head_dim / (4 * s.e);
+  s.epw = 4 / elt;
+  s.k_row = head_dim * elt;
+  s.v_row = head_dim * elt + 16;
+  s.nt = s.block_n / 8;
+  s.ot = head_dim / 8;
+  s.max_key_groups = s.block_n / 16 < kWarps ? s.block_n / 16 : kWarps;
+  s.stage_bytes = s.block_n * (s.k_row + s.v_row);
+  s.q_bytes = kBlockM * head_dim * 2;
+  s.stages = s.q_bytes + 3 * s.stage_bytes <= kSmemBudgetThreeStages ? 3 : 2;
+  s.smem = s.q_bytes + s.stages * s.stage_bytes;
+  return s;
+}
+
+// --- shared-memory tile maps -----------------------------------------------------------------
+
+FP8NCA_HD constexpr int k_swizzle(const TileShape& s, int row) {
+  return s.units >= 8 ? (row & 1) << 2 : 0;
+}
+
+// Byte offset of 16-byte unit u of key row r in a K stage.
+FP8NCA_HD constexpr int k_smem_offset(const TileShape& s, int r, int u) {
+  return r * s.k_row + ((u ^ k_swizzle(s, r)) * 16);
+}
+
+// Byte offset of 16-byte unit u of value row r in a V stage.
+FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
+  return r * s.v_row + u * 16;
+}
+
+// Copy slot `slot` (= thread + i * kThreads) of a tile copy moves unit slot % units of key row
+// slot / units.
+FP8NCA_HD constexpr int copy_row(const TileShape& s, int slot) { return slot / s.units; }
+FP8NCA_HD constexpr int copy_unit(const TileShape& s, int slot) { return slot % s.units; }
+
+// --- fragment maps ---------------------------------------------------------------------------
+
+// First of the four adjacent head dims quad lane t feeds to k-step kk of unit group c, in the
+// A (Q) and B (K) operands of S = Q K^T.
+FP8NCA_HD constexpr int qk_dim(const TileShape& s, int c, int kk, int t) {
+  return c * 4 * s.e + s.e * t + 4 * kk;
+}
+
+// Byte offset in a K stage of the 16 bytes lane (g, t) reads for S n-tile j, unit group c.
+FP8NCA_HD constexpr int k_frag_offset(const TileShape& s, int j, int c, int lane) {
+  return k_smem_offset(s, 8 * j + (lane >> 2), 4 * c + (lane & 3));
+}
+
+// Key row (within the tile) of the i-th (0..3) V word lane (g, t) reads for P V k-step kk.
+FP8NCA_HD constexpr int v_frag_row(int kk, int lane, int i) {
+  return 16 * kk + 2 * (lane & 3) + (i & 1) + 8 * (i >> 1);
+}
+
+// Byte offset in a V stage of that word, for output word column J.
+FP8NCA_HD constexpr int v_frag_offset(const TileShape& s, int kk, int J, int lane, int i) {
+  return v_frag_row(kk, lane, i) * s.v_row + (8 * J + (lane >> 2)) * 4;
+}
+
+// prmt selector gathering byte i of two V words (rows 2t, 2t+1) and byte i + 1 (FP8 path).
+FP8NCA_HD constexpr unsigned fp8_pv_select(int i) {
+  return static_cast<unsigned>(i | ((4 + i) << 4) | ((i + 1) << 8) | ((5 + i) << 12));
+}
+
+// prmt selectors gathering half n of two V words (16-bit path).
+FP8NCA_HD constexpr unsigned half_pv_select(int n) { return n == 0 ? 0x5410u : 0x7632u; }
+
+// First of the 2 * epw adjacent output dims quad lane t owns in output word column J.
+FP8NCA_HD constexpr int out_dim(const TileShape& s, int J, int t) {
+  return 8 * s.epw * J + 2 * s.epw * t;
+}
+
+// --- work decomposition ----------------------------------------------------------------------
+
+// Warps the rows leave idle share the keys instead: with row_warps warps holding rows, the
+// kWarps warps form this many key groups (each a set of row warps taking an equal share of every
+// key tile's n-tiles, at least one P V k-step of 16 keys).
+FP8NCA_HD constexpr int key_groups(const TileShape& s, int rows_in_tile) {
+  const int row_warps = (rows_in_tile + 15) / 16;
+  return row_warps == 1 ? s.max_key_groups : row_warps == 2 ? 2 : 1;
+}
+
+struct KeyRange {
+  int n_keys;     // keys any row of the CTA sees: [0, n_keys)
+  int min_limit;  // the smallest last visible key among its rows (masking below it is skipped)
+};
+
+// Keys seen by rows [row0, last_row] of a sequence (SPEC section 3): causal row r (token
+// r / group) sees keys up to kv_len - q_len + r / group.
+FP8NCA_HD constexpr KeyRange cta_keys(bool causal, int kv_len, int q_len, int row0, int last_row,
+                                      int group) {
+  return causal ? KeyRange{kv_len - q_len + last_row / group + 1, kv_len - q_len + row0 / group}
+                : KeyRange{kv_len, kv_len - 1};
+}
+
+// Last key row `row` may see.
+FP8NCA_HD constexpr int row_limit(bool causal, int kv_len, int q_len, int row, int group) {
+  return causal ? kv_len - q_len + row / group : kv_len - 1;
+}
+
+struct TileRange {
+  int begin, end;  // key tiles [begin, end) of one split (empty when begin >= end)
+};
+
+// Split `split` of `num_splits` takes an equal run of the sequence's key tiles, derived on the
+// device from its real length, so a plan made for a longer max_seqlen_k still splits evenly.
+FP8NCA_HD constexpr TileRange split_tiles(int n_tiles, int num_splits, int split) {
+  const int per_split = (n_tiles + num_splits - 1) / num_splits;
+  const int begin = split * per_split;
+  return TileRange{begin, begin + per_split < n_tiles ? begin + per_split : n_tiles};
+}
+
+}  // namespace fp8nca::mma_sync

@@ -1,0 +1,140 @@
+// The mma.sync kernel family (sm_89+): paged attention over an FP8 / BF16 / FP16 KV cache with a
+// BF16 / FP16 query (SPEC section 3), composed from its parts:
+//   tile_scheduler.cuh  which (sequence, KV head, M tile, split) a CTA computes, its key range
+//   mainloop.cuh        Q fragments, the paged cp.async K/V tile copy, S = Q K^T and O += P V
+//   mask.cuh            the causal mask on an S tile
+//   softmax.cuh         the online softmax and the merge of key groups
+//   epilogue.cuh        O normalised into `out` or the split-KV workspace; padded rows zeroed
+// index_maps.h holds every index map (host and device), traits.cuh the per-variant constants.
+// One CTA streams its split's KV range through shared memory, kStages deep; every warp runs
+// mma.sync m16n8k16 with fp32 accumulation (FlashAttention-2). Warps the rows leave idle (a
+// drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "epilogue.cuh"
+#include "mainloop.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "traits.cuh"
+
+namespace fp8nca::mma_sync {
+
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
+    paged_attention_kernel(const AttnParams p) {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  extern __shared__ __align__(128) uint8_t smem[];
+  if (blockIdx.z == p.num_seqs * p.num_splits) {
+    zero_padded_rows<QT>(p);
+    return;
+  }
+  WorkTile w;
+  if (!schedule_tile<S.block_n>(p, w)) return;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const WarpRole role = warp_role<S.nt>(S, w, warp);
+  // Last key each of this thread's two rows sees (rows past `rows` clamped; never stored).
+  const int g = lane >> 2;
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = min(w.row0 + 16 * role.wm + g + 8 * h, w.rows - 1);
+    limit[h] = row_limit(w.causal, w.kv_len, w.q_len, row, p.group);
+  }
+
+  uint4* q_frag = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32 + lane;
+  uint8_t* kv_smem = smem + S.q_bytes;
+  load_q_fragments<D, QT, KV>(p, w, role, lane, q_frag);
+
+  const KVSource src{
+      static_cast<const uint8_t*>(p.k) + w.kvh * p.k_stride_h * S.elt,
+      static_cast<const uint8_t*>(p.v) + w.kvh * p.v_stride_h * S.elt,
+      p.block_table + w.seq * p.bt_stride_s};
+
+  float o[S.ot][4];
+#pragma unroll
+  for (int n = 0; n < S.ot; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
+
+#pragma unroll
+  for (int stage = 0; stage < S.stages - 1; ++stage) {
+    if (w.tiles.begin + stage < w.tiles.end) {
+      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, w.tiles.begin + stage,
+                              kv_smem + stage * S.stage_bytes, tid);
+    }
+    cute::cp_async_fence();
+  }
+
+  for (int tile = w.tiles.begin; tile < w.tiles.end; ++tile) {
+    const int it = tile - w.tiles.begin;
+    cute::cp_async_wait<S.stages - 2>();
+    __syncthreads();
+    if (tile + S.stages - 1 < w.tiles.end) {
+      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, tile + S.stages - 1,
+                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
+    }
+    cute::cp_async_fence();
+    if (!role.active) continue;
+
+    const uint8_t* ks = kv_smem + (it % S.stages) * S.stage_bytes;
+    float s[S.nt][4];
+    qk_tile<D, QT, KV>(ks, q_frag, role, lane, s);
+    apply_mask(s, tile * S.block_n, S.block_n, w.keys, limit, role, lane);
+    softmax_update(s, st, o, scale_log2, role);
+    pv_tile<D, QT, KV>(ks + S.block_n * S.k_row, s, role, lane, o);
+  }
+  cute::cp_async_wait<0>();
+
+  reduce_row_sums(st);
+  if (role.n_groups > 1) {
+    static_assert((kWarps - 1) * 32 * S.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
+                  "key-group merge must fit in shared memory");
+    if (!merge_key_groups(o, st, scale_log2, role, smem, warp, lane)) return;
+  }
+  if (!role.active) return;
+  store_output<D, QT, KV>(p, w, role, st, o, scale_log2, lane);
+}
+
+// Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
+// so that graph capture sees only launches).
+template <int D, typename QT, int KV>
+cudaError_t prepare_kernel() {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  if (S.smem <= 48 * 1024) return cudaSuccess;
+  static std::atomic<uint64_t> raised{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  err = cudaFuncSetAttribute(paged_attention_kernel<D, QT, KV>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, S.smem);
+  if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
+// Launches the kernel on `grid` (from the plan, csrc/common/plan.h), or with `ctas_per_sm` set
+// only reports how many of its CTAs fit on one SM of the current device.
+template <int D, typename QT, int KV>
+cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  const cudaError_t err = prepare_kernel<D, QT, KV>();
+  if (err != cudaSuccess) return err;
+  if (ctas_per_sm != nullptr) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, paged_attention_kernel<D, QT, KV>, kThreads, S.smem);
+  }
+  paged_attention_kernel<D, QT, KV><<<grid, kThreads, S.smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fp8nca::mma_sync

@@ -1,0 +1,102 @@
+// Compile-time configuration of one mma.sync kernel (head dim, query dtype, cache dtype) and the
+// register-level primitives it is built from: the m16n8k16 MMA, exact cache -> operand
+// conversions, packing and byte permutes.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/arch/mma_sm80.hpp>
+
+#include "../common/params.h"
+#include "index_maps.h"
+
+namespace fp8nca::mma_sync {
+
+template <int D, typename QT, int KV>
+struct Traits {
+  static constexpr bool kFp8 = KV == kE4M3 || KV == kE5M2;
+  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2);
+  // CTAs per SM the register allocation must allow (several in flight hide HBM latency):
+  // 3 where ptxas fits that in 168 registers without spilling (sm_100's ptxas spills the d128
+  // FP8 kernels at 168 where sm_90's does not), else 2.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  static constexpr bool kTightD128 = false;
+#else
+  static constexpr bool kTightD128 = kFp8 && std::is_same_v<QT, __nv_bfloat16>;
+#endif
+  static constexpr int kMinBlocks = D == 64 || (D == 128 && kTightD128) ? 3 : 2;
+  static_assert(D % (4 * kS.e) == 0, "head_dim must be a multiple of 4 units");
+  static_assert(kS.block_n % 16 == 0, "key tile must hold whole mma k-steps");
+  static_assert(kS.block_n * kS.units % kThreads == 0, "tile copy must split evenly");
+};
+
+// Operand type of O += P V. fp16 wherever V is exact in it (FP8 and fp16 caches): P in [0, 1]
+// keeps 3 more mantissa bits than in bf16, and FP8 -> fp16 is one instruction where FP8 -> bf16
+// takes four. A bf16 cache stays bf16 under a bf16 query (no conversion at all).
+template <typename QT, int KV>
+using PVType = std::conditional_t<KV == kBF16 && std::is_same_v<QT, __nv_bfloat16>,
+                                  __nv_bfloat16, __half>;
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1, __nv_bfloat16) {
+  cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
+                                            b1, c[0], c[1], c[2], c[3]);
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1, __half) {
+  cute::SM80_16x8x16_F32F16F16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
+                                          b1, c[0], c[1], c[2], c[3]);
+}
+
+// Two FP8 values (low byte first) -> two values of the operand dtype, exactly: the hardware
+// conversion to f16x2 (sm_89+) is exact for e4m3 and e5m2, and every such value is a bf16 too.
+template <int KV, typename QT>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
+  uint32_t h2;
+  const uint16_t x = static_cast<uint16_t>(x16);
+  if constexpr (KV == kE4M3) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(x));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(x));
+  }
+  if constexpr (std::is_same_v<QT, __half>) {
+    return h2;
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// Two 16-bit cache values -> the operand dtype. The dispatch pairs a 16-bit cache only with a
+// query of its own dtype, so this is a no-op.
+template <int KV, typename QT>
+__device__ __forceinline__ uint32_t half2_to(uint32_t x) {
+  static_assert((KV == kBF16) == std::is_same_v<QT, __nv_bfloat16>,
+                "a 16-bit cache runs only under a query of its own dtype");
+  return x;
+}
+
+template <typename QT>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<QT, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+}  // namespace fp8nca::mma_sync
