@@ -63,6 +63,11 @@ def test_parser_reads_predicates_opcodes_and_targets():
     assert ins[8].predicate == "!P1" and ins[8].target == 0xC0
     assert ins[7].opcode == "HMMA.16816.F32" and pipes.tensor_macs(ins[7]) == 16 * 8 * 16
     assert ins[16].ends_flow and not ins[14].ends_flow
+    # A uniform-predicate operand makes a branch conditional (Triton's loops on sm_100).
+    (uniform,) = parse(sass_listing(["BRA.U !UP0, 0x0"]))
+    assert uniform.target == 0 and uniform.transfers and not uniform.ends_flow
+    (plain,) = parse(sass_listing(["BRA 0x0"]))
+    assert plain.ends_flow
 
 
 def test_loop_finder_and_steady_state_path_on_hand_listing():

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _PREDICATE = re.compile(r"^@(!?U?P[0-9T])\s+")
 _HEX = re.compile(r"\b0x([0-9a-f]+)\b")
+# A branch conditional on a predicate operand: "BRA.U !UP0, 0x1580", "BRA.DIV UR4, 0x...".
+_OPERAND_CONDITION = re.compile(r"^!?U?P[0-6T]\b|^UR\d+\s*,")
 
 # Opcodes that transfer control to an immediate target (the last hex operand).
 _BRANCHES = {"BRA", "JMP", "BRX", "JMX"}
@@ -46,7 +48,8 @@ class Instruction:
     @property
     def ends_flow(self) -> bool:
         """Control never falls through to the next instruction."""
-        return self.base in _TERMINATORS and self.always
+        conditional = bool(_OPERAND_CONDITION.match(self.operands))
+        return self.base in _TERMINATORS and self.always and not conditional
 
     @property
     def transfers(self) -> bool:
