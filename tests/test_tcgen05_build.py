@@ -52,7 +52,8 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
         cubin = out / entry["cubins"][0]
         assert sass_check.problems(cubin) == [], entry["symbol"]
         ops = sass_check.opcodes(cubin)
-        # One item per BMM: 128 x 128 fp16 in K steps of 16 -> 8 UTCHMMA each, two GEMMs.
-        assert sass_check.count(ops, "UTCHMMA") == 2 * 8
+        variant = next(v for v in build.VARIANTS if v.name == entry["variant"])
+        # Per 128-wide head-dim slice and GEMM: 128 x 128 fp16 in K steps of 16 -> 8 UTCHMMA.
+        assert sass_check.count(ops, "UTCHMMA") == 2 * 8 * variant.d_tiles
         usage = sass_check.resource_usage(cubin)
         assert usage["REG"] <= T.REGISTERS_PER_THREAD

@@ -227,10 +227,20 @@ CASES = {
         q_lens=[7, 12], kv_lens=[260, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
         causal=True, query_dtype=torch.float16, splits=3,
     ),
+    # the 64-row variant: R = 48 and 80 (one and two row tiles), causal, split in 2
+    "bf16_rows64_causal": dict(
+        q_lens=[12, 20], kv_lens=[200, 150], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, rows=64, splits=2,
+    ),
     # per-sequence int32 flags read through strided index tensors, page size 32, MHA
     "int32_flags_strided": dict(
         q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
         causal=[True, False, True], causal_dtype=torch.int32, index_step=2, splits=2,
+    ),
+    # head_dim 256: two K and two V items per key tile, two O^T M tiles; fp16 query, split 2
+    "f16_d256_split2": dict(
+        q_lens=[6, 3], kv_lens=[270, 129], num_q_heads=4, num_kv_heads=2, block_size=16,
+        causal=False, query_dtype=torch.float16, head_dim=256, splits=2,
     ),
     # bool flags, page size 256 (two key tiles per page), q_len == kv_len
     "bool_flags_page256": dict(
@@ -243,11 +253,13 @@ CASES = {
 def _run_case(name: str) -> float:
     spec = dict(CASES[name])
     splits = spec.pop("splits")
-    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=128, seed=5, **spec)
+    rows = spec.pop("rows", 32)
+    head_dim = spec.pop("head_dim", 128)
+    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=5, **spec)
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    variant = T.Variant(128, 32, problem.block_size, str(case.query.dtype).split(".")[1])
+    variant = T.Variant(head_dim, rows, problem.block_size, str(case.query.dtype).split(".")[1])
     out = emulate(problem, variant, splits).to(case.query.dtype)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     n = int(case.cu_seqlens_q[-1])
@@ -288,20 +300,29 @@ def _split_drops_last_tile(kv_len, num_splits, split, minimum):
 
 
 PLANTED_ORIGINALS = {"item_of": L.item_of, "split_tiles": L.split_tiles}
+
+
+def _head_dim_slices_reversed(i, iters, d_tiles, select):
+    is_v, tile, dslice = PLANTED_ORIGINALS["item_of"](i, iters, d_tiles, select)
+    return is_v, tile, d_tiles - 1 - dslice
+
+
+# name: (map in layouts.py, planted replacement, case it must break)
 PLANTED = {
-    "staged_offset": (_no_swizzle, "bf16_bidir_gqa4"),
-    "key_visible": (_causal_off_by_one, "f16_causal_split3"),
-    "item_of": (_k_and_v_swapped, "bf16_bidir_gqa4"),
-    "page_slot": (_slot_off_by_one, "int32_flags_strided"),
-    "row_head": (_head_from_token, "bf16_bidir_gqa4"),
-    "split_tiles": (_split_drops_last_tile, "f16_causal_split3"),
+    "staged_offset": ("staged_offset", _no_swizzle, "bf16_bidir_gqa4"),
+    "key_visible": ("key_visible", _causal_off_by_one, "f16_causal_split3"),
+    "item_of": ("item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
+    "item_of_d256": ("item_of", _head_dim_slices_reversed, "f16_d256_split2"),
+    "page_slot": ("page_slot", _slot_off_by_one, "int32_flags_strided"),
+    "row_head": ("row_head", _head_from_token, "bf16_bidir_gqa4"),
+    "split_tiles": ("split_tiles", _split_drops_last_tile, "f16_causal_split3"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_planted_index_bug_is_caught(name, monkeypatch):
-    bug, case = PLANTED[name]
-    monkeypatch.setattr(L, name, bug)
+    attr, bug, case = PLANTED[name]
+    monkeypatch.setattr(L, attr, bug)
     error, tolerance = _run_case(case)
     assert not error <= tolerance  # NaN counts as caught
 

@@ -180,7 +180,6 @@ class Tcgen05PagedAttention:
             block=[T.THREADS, 1, 1],
             cluster=[1, 1, 1],
             stream=stream,
-            min_blocks_per_mp=1,
         )
 
     @cute.kernel

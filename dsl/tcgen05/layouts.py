@@ -74,7 +74,8 @@ def item_of(i, iters, d_tiles, select):
 
 
 def page_slot(j, page_size):
-    """(block-table column, slot in the page) of key j; page_size is a power of two."""
+    """(block-table column, slot in the page) of key j; page_size is a power of two (a
+    compile-time constant in the kernel, so these are a shift and a mask)."""
     return j // page_size, j % page_size
 
 

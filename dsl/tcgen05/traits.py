@@ -87,13 +87,15 @@ class Variant:
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory: FP8 ring + Q (fp16, N x head_dim) + P stages (fp16, 128 x N) + row
-        vectors (max double buffer, per-warp sums, row scales) + mbarriers."""
+        """Upper bound of the kernel's shared memory: FP8 ring + Q (fp16, rows x head_dim) + P
+        stages (fp16, 128 x rows) + row vectors (max double buffer, 4 per-warp sums, row scale,
+        column scale, last key) + mbarriers, with up to 1 KiB of padding before each of the
+        three 1024-byte-aligned tiles."""
         ring = LOAD_STAGES * KEY_TILE * ITEM_BYTES
         q = self.rows * self.head_dim * 2
         p = self.s_stages * KEY_TILE * self.rows * 2
-        vectors = (2 + 4 + 1) * self.rows * 4
-        return ring + q + p + vectors + MBARRIER_BYTES
+        vectors = (2 + 4 + 3) * self.rows * 4
+        return ring + q + p + vectors + MBARRIER_BYTES + 3 * 1024
 
     def check(self) -> None:
         """Raise ValueError when the variant cannot be built."""
