@@ -263,3 +263,46 @@ def test_plan_with_max_lengths_reads_no_device_value():
     meta = [t.to("meta") for t in (case.query, case.key_cache, case.value_cache)]
     out = attn.run(*meta, case.k_scale.to("meta"), case.v_scale.to("meta"))
     assert out.shape == case.query.shape and out.device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_cuda_graph_replays_run_with_changing_lengths_like_eager(backend):
+    """A plan made at a large max_seqlen_k (vLLM captures at max_model_len), run() captured in a
+    CUDA graph, then the lengths, causal flags and query rewritten in place between replays:
+    each replay equals an eager run of the same plan bit for bit and the reference within
+    tolerance. (Written without a GPU at hand: it has not run yet.)"""
+    if not fna.available_backends()[backend]["available"]:
+        pytest.skip(fna.available_backends()[backend]["reason"])
+    q_lens, kv_lens = [8, 8, 8, 8], [300, 200, 130, 90]
+    case = make_case(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                     causal=[False, True, False, False], causal_dtype=torch.int32,
+                     device="cuda", seed=30)  # fmt: skip
+    seq_lens, causal, query = case.seq_lens.clone(), case.causal.clone(), case.query.clone()
+    out = torch.empty_like(query)
+    layer = (query, case.key_cache, case.value_cache, case.k_scale, case.v_scale)
+    attn = wrapper_for(case, max_num_seqs=4, max_num_tokens=32)
+    attn.plan(case.cu_seqlens_q, seq_lens, case.block_table, causal=causal, max_seqlen_q=8,
+              max_seqlen_k=8192, num_tokens=32, backend=backend)  # fmt: skip
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles the kernels, checks the caches
+        attn.run(*layer, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attn.run(*layer, out=out)
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    for lens, flags in [(kv_lens, [0, 1, 0, 0]), ([120, 64, 130, 9], [1, 1, 0, 1])]:
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        causal.copy_(torch.tensor(flags, dtype=torch.int32))
+        query.copy_(torch.randn(query.shape, generator=gen, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = attn.run(*layer, out=torch.empty_like(out))
+        assert torch.equal(out, eager)
+        ref = fna.paged_attention(query, case.key_cache, case.value_cache, case.block_table,
+                                  case.cu_seqlens_q, seq_lens, causal=causal,
+                                  k_scale=case.k_scale, v_scale=case.v_scale,
+                                  backend="reference")  # fmt: skip
+        assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
