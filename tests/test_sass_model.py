@@ -7,6 +7,7 @@ over the freshly built extension (skipped without ``_C``). All figures are PREDI
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -323,3 +324,25 @@ def test_role_loops_and_per_byte_sum():
     assert per_byte[pipes.LSU] == pytest.approx(2 * 4 * 2 / 1024)  # LDGSTS + STTM
     with pytest.raises(ValueError, match="no loop #2"):
         roles.role_counts(sass_listing(ROLE_LISTING), (roles.Role("x", 1, "UTCHMMA", 2, 1),))
+
+
+def test_tool_models_the_triton_drafter_kernel(tmp_path):
+    """The Triton kernel, compiled as launched for sm_90 and sm_100 (one shape: 2 compiles)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sass_model", "--out", str(tmp_path), "--no-cuda",
+         "--head-dim", "64", "--rows", "32", "--q-dtype", "bfloat16",
+         "--kv-dtype", "float8_e4m3fn"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    document = json.loads((tmp_path / "sass-model.json").read_text())
+    check_schema(document)
+    got = {(r["gpu"], r["arch"], r["family"], r["kernel"]) for r in document["rows"]}
+    assert got == {
+        ("H200", "sm_90a", "triton", "_paged_attention_kernel"),
+        ("B200", "sm_100a", "triton", "_paged_attention_kernel"),
+    }
+    for row in document["rows"]:
+        assert row["instr_per_kv_byte"][pipes.TENSOR] > 0 and row["ctas_per_sm"] >= 1
