@@ -306,3 +306,21 @@ def test_cuda_graph_replays_run_with_changing_lengths_like_eager(backend):
                                   k_scale=case.k_scale, v_scale=case.v_scale,
                                   backend="reference")  # fmt: skip
         assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
+
+
+def test_plan_and_run_inside_one_compiled_function():
+    """plan() under tracing only records the batch (the op plans when the graph runs), so a
+    whole step compiles with fullgraph=True and gives the eager answer."""
+    case = make_case([3, 8], [40, 8], causal=[True, False], causal_dtype=torch.int32, seed=24)
+    attn = wrapper_for(case, max_num_seqs=4, max_num_tokens=16)
+
+    def step(query, key_cache, value_cache, block_table, cu, seq_lens, causal, k_scale, v_scale):
+        attn.plan(cu, seq_lens, block_table, causal=causal, max_seqlen_q=8, max_seqlen_k=40)
+        return attn.run(query, key_cache, value_cache, k_scale, v_scale)
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    out = compiled(*case.args()[:3], case.block_table, case.cu_seqlens_q, case.seq_lens,
+                   case.causal, case.k_scale, case.v_scale)  # fmt: skip
+    assert attn.backend == "auto"  # deferred to the op
+    expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    assert torch.equal(out, expected)
