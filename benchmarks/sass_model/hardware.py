@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass
 from . import pipes
 
 PROGRAMMING_GUIDE = (
-    "CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table and 'Technical "
-    "Specifications per Compute Capability' (cc 9.0 / 10.0)"
+    "CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table (cc 9.0 / 10.0)"
+)
+TECH_SPECS = (
+    "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (cc 9.0 / 10.0)"
 )
 HOPPER_WHITEPAPER = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (SM: 4 partitions)"
 
@@ -65,11 +67,12 @@ _COMMON_SOURCES = {
     "fp32/integer/mufu/conversion/lsu rates": PROGRAMMING_GUIDE
     + "; conversions are slow on Hopper: triton-lang/triton PR #4563 ('Hopper has very low "
     "throughput of conversion instructions')",
-    "limits": PROGRAMMING_GUIDE + " (32 CTAs, 64 warps, 64K registers, 228 KB shared, "
+    "limits": TECH_SPECS + " (32 CTAs, 64 warps, 64K registers, 228 KB shared, "
     "227 KB per CTA, 1 KB reserved per CTA)",
-    "mma.sync rate": "half the SM's dense 16-bit tensor peak: mma.sync is the A100-rate path "
-    "(A100 whitepaper: 1024 dense FP16 FMA/clk/SM); FlashAttention-3 paper (Shah et al. 2024): "
-    "FlashAttention-2 on mma.sync reaches ~35% of H100 peak; issue 11",
+    "mma.sync rate": "1024 MAC/clk/SM, the A100 per-SM rate (A100 whitepaper: 1024 dense FP16 "
+    "FMA/clk/SM): half of Hopper's wgmma peak (FlashAttention-3 paper, Shah et al. 2024: "
+    "FlashAttention-2 on mma.sync reaches ~35% of H100 peak; issue 11); on sm_100 no public "
+    "figure, assumed the same per SM clock (a quarter of tcgen05's peak)",
 }
 
 H200 = Gpu(
@@ -106,8 +109,7 @@ B200 = Gpu(
     sources={
         **_COMMON_SOURCES,
         "sms/clock/tensor peak": "NVIDIA HGX B200 datasheet: 2.25 PFLOP/s dense FP16/BF16 per "
-        "GPU (4.5 with sparsity); 148 SMs; 4096 dense MAC/clk/SM -> 1.86 GHz. mma.sync on "
-        "sm_100: no public rate; assumed equal to Hopper's mma.sync per SM clock",
+        "GPU (4.5 with sparsity); 148 SMs; 4096 dense MAC/clk/SM -> 1.86 GHz",
         "hbm": "NVIDIA HGX B200 datasheet: 8 TB/s per GPU",
     },
 )
