@@ -167,11 +167,11 @@ def check_batch_lengths(
         # First the whole used width at C speed: when even that is in range (the usual case,
         # num_blocks known), every used page is. Otherwise (or at plan time) row by row, so
         # that entries past a sequence's pages, which are ignored, cannot fail the call.
-        dense = block_table[:, :needed]
-        if dense.device.type == "cpu":
-            values = dense.numpy()
-            dense_min, dense_max = int(values.min()), int(values.max())
+        if block_table.device.type == "cpu":
+            dense = block_table.numpy()[:, :needed]  # a view, sliced on numpy's cheaper path
+            dense_min, dense_max = int(dense.min()), int(dense.max())
         else:
+            dense = block_table[:, :needed]
             dense_min, dense_max = torch.stack(torch.aminmax(dense)).tolist()
         if num_blocks is not None and dense_min >= 0 and dense_max < num_blocks:
             max_page = dense_max
