@@ -190,7 +190,6 @@ class WgmmaPagedAttention:
             block=[v.threads, 1, 1],
             cluster=[1, 1, 1],
             stream=stream,
-            min_blocks_per_mp=1,
         )
 
     @cute.kernel
@@ -377,17 +376,19 @@ class WgmmaPagedAttention:
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
         for s in cutlass.range(iters):
             key0 = (first_tile + s) * self.v.key_tile
+            # K then V of the tile; each item's loads are issued before the wait for a free
+            # stage. One item in registers at a time: 32 of the producer's registers.
             raw_k = self.load_chunks(
                 k_ptr, block_table_ptr, k_stride_b, k_stride_s, k_stride_h, bt_stride_s,
-                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
-            )  # fmt: skip
-            raw_v = self.load_chunks(
-                v_ptr, block_table_ptr, v_stride_b, v_stride_s, v_stride_h, bt_stride_s,
                 bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
             )  # fmt: skip
             k_handle = kv_producer.acquire_and_advance()
             self.store_item(raw_k, ring16 + k_handle.index * (self.v.item_bytes // 2), wg_tidx)
             k_handle.commit()
+            raw_v = self.load_chunks(
+                v_ptr, block_table_ptr, v_stride_b, v_stride_s, v_stride_h, bt_stride_s,
+                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
+            )  # fmt: skip
             v_handle = kv_producer.acquire_and_advance()
             self.store_item(raw_v, ring16 + v_handle.index * (self.v.item_bytes // 2), wg_tidx)
             v_handle.commit()

@@ -1,0 +1,47 @@
+"""SASS facts the wgmma family's compiled kernels must show (cuobjdump on the kept cubins).
+
+Reuses dsl/sass_check.py's readers; counts are static instruction counts over the whole kernel
+(not per tile, not per byte): they show which instructions the kernel uses, never its speed.
+"""
+
+from pathlib import Path
+
+from dsl import sass_check
+from dsl.wgmma.layouts import loader_steps, q_steps
+from dsl.wgmma.traits import Variant
+
+# The MMA (HGMMA = wgmma), the load path (16-byte global loads of FP8 pages and of Q, 16-byte
+# shared stores of the dequantised operands), the exact FP8 -> 16-bit conversion and the
+# mbarrier pipeline between producer and consumers (SYNCS).
+REQUIRED = ("HGMMA", "LDG.E.128", "STS.128", "F2FP.F16.E4M3.UNPACK_B", "SYNCS")
+FORBIDDEN = sass_check.FORBIDDEN  # local memory: spills or stack arrays
+
+
+def expected_counts(variant: Variant) -> dict[str, int]:
+    """Static counts the kernel's structure fixes: one HGMMA per 16-deep k-step of each GEMM,
+    one 16-byte load per producer chunk (K and V) and per Q chunk, two 16-byte stores per FP8
+    chunk (one per 8 converted elements), one conversion per FP8 pair."""
+    steps = loader_steps(variant.key_tile, variant.head_dim)
+    return {
+        "HGMMA": variant.head_dim // 16 + variant.key_tile // 16,
+        "LDG.E.128": 2 * steps + q_steps(variant.head_dim),
+        "STS.128": 2 * 2 * steps + q_steps(variant.head_dim),
+        "F2FP.F16.E4M3.UNPACK_B": 2 * steps * 16 // 2,
+    }
+
+
+def problems(cubin: Path, variant: Variant) -> list[str]:
+    """What is wrong with a wgmma cubin (empty when every check passes)."""
+    ops = sass_check.opcodes(cubin)
+    usage = sass_check.resource_usage(cubin)
+    found = [f"missing {name}" for name in REQUIRED if sass_check.count(ops, name) == 0]
+    found += [f"{sass_check.count(ops, n)} x {n}" for n in FORBIDDEN if sass_check.count(ops, n)]
+    found += [f"{key} {usage[key]} bytes" for key in ("STACK", "LOCAL") if usage[key]]
+    for name, want in expected_counts(variant).items():
+        if sass_check.count(ops, name) != want:
+            found.append(f"{sass_check.count(ops, name)} x {name}, expected {want}")
+    if variant.set_max_registers and not sass_check.count(ops, "USETMAXREG"):
+        found.append("missing USETMAXREG (setmaxnreg between producer and consumers)")
+    if usage["REG"] > variant.registers_per_thread["consumer"]:
+        found.append(f"{usage['REG']} registers > {variant.registers_per_thread['consumer']}")
+    return found

@@ -1,0 +1,72 @@
+"""AOT build of the wgmma family's CI variants (skipped without ``nvidia-cutlass-dsl``): compile
+for sm_90a, export, link ``libfp8nca_wgmma.so``, load it on this CPU machine, and check the kept
+cubins' SASS. NEVER RUN ON A GPU: nothing here launches a kernel."""
+
+import ctypes
+import json
+
+import pytest
+
+from dsl import build, sass_check
+from dsl.wgmma import sass
+from dsl.wgmma import traits as T
+
+pytest.importorskip("cutlass")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wgmma")
+    record = build.build(out, list(T.ARCHS), list(build.WGMMA_CI_VARIANTS), "wgmma")
+    return out, record
+
+
+def test_build_record_lists_every_ci_variant(built):
+    out, record = built
+    assert record == json.loads((out / "build.json").read_text())
+    assert record["never_run_on_gpu"] is True
+    assert record["library"] == "libfp8nca_wgmma.so"
+    pairs = {(e["arch"], e["variant"]) for e in record["variants"]}
+    assert pairs == {("sm_90a", v.name) for v in build.WGMMA_CI_VARIANTS}
+    for entry in record["variants"]:
+        assert entry["compile_seconds"] > 0
+        assert len(entry["cubins"]) == 1 and entry["cubins"][0].endswith(".sm_90a.cubin")
+        assert (out / entry["header"]).exists()
+
+
+def test_library_loads_without_a_gpu_and_names_every_variant(built):
+    out, record = built
+    library = ctypes.CDLL(str(out / "libfp8nca_wgmma.so"))
+    library.fp8nca_wgmma_variant_name.restype = ctypes.c_char_p
+    assert library.fp8nca_wgmma_variant_count() == len(record["variants"])
+    for entry in record["variants"]:
+        name = library.fp8nca_wgmma_variant_name(entry["index"]).decode()
+        assert name == f"{entry['variant']}@{entry['arch']}"
+    assert library.fp8nca_wgmma_variant_name(len(record["variants"])) is None
+    # An unknown index is refused before anything touches CUDA (no GPU here).
+    library.fp8nca_wgmma_run.restype = ctypes.c_int
+    assert library.fp8nca_wgmma_run(len(record["variants"])) == -1
+
+
+def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):
+    out, record = built
+    by_name = {v.name: v for v in build.WGMMA_CI_VARIANTS}
+    for entry in record["variants"]:
+        variant = by_name[entry["variant"]]
+        cubin = out / entry["cubins"][0]
+        assert sass.problems(cubin, variant) == [], entry["symbol"]
+        assert sass_check.resource_usage(cubin)["REG"] <= variant.registers_per_thread["consumer"]
+
+
+def test_sass_checker_reports_a_missing_instruction_and_a_wrong_count(built, monkeypatch):
+    """The checker itself can fail: demand an instruction the kernel lacks, and a count off by
+    one."""
+    out, record = built
+    entry = record["variants"][0]
+    variant = {v.name: v for v in build.WGMMA_CI_VARIANTS}[entry["variant"]]
+    monkeypatch.setattr(sass, "REQUIRED", sass.REQUIRED + ("UTCHMMA",))
+    wrong = dict(sass.expected_counts(variant), HGMMA=sass.expected_counts(variant)["HGMMA"] + 1)
+    monkeypatch.setattr(sass, "expected_counts", lambda v: wrong)
+    found = sass.problems(out / entry["cubins"][0], variant)
+    assert "missing UTCHMMA" in found
+    assert any(p.endswith(f"HGMMA, expected {wrong['HGMMA']}") for p in found)

@@ -1,0 +1,356 @@
+"""CPU emulation of the wgmma kernel's data path (dsl/wgmma/kernel.py), in float64.
+
+The kernel has never run on a GPU. What can be checked without one is that its index maps, which
+it imports from dsl/wgmma/layouts.py and dsl/common/indexing.py (the same functions are called
+here, not a copy), put the right values in the right places: which CTA owns which query rows
+(token, head) and key tiles (split ranges); which pages, rows and 16-byte chunks each producer
+thread loads and where in the swizzled 16-bit ring they land; where each consumer thread puts
+its Q chunks; which (row, key) every accumulator register of every consumer thread holds, hence
+the mask predicate per register, the quad-shuffle row reductions and the online-softmax update
+order; the split state handed to the merge. Operands are read back the way wgmma reads them,
+through ``operand_offset``, which test_wgmma_host checks against the DSL's own wgmma layouts
+(as it checks the accumulator maps against the DSL's fragments). Planted bugs must make it fail.
+
+What this does not check: the DSL's MMA partitions themselves (CUTLASS's responsibility),
+pipelines and barriers (races, deadlocks), anything about speed.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import TOLERANCE
+
+import fp8_noncausal_attn as fna
+from dsl.common import indexing as X
+from dsl.wgmma import layouts as L
+from dsl.wgmma import traits as T
+from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.validation import validate_attention
+
+
+def _select(cond, a, b):
+    return np.where(cond, a, b)
+
+
+def _flat_bytes(cache: torch.Tensor) -> np.ndarray:
+    """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
+    raw = cache.view(torch.uint8)
+    return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
+
+
+def _fp8_to_float(b: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(b)).view(dtype).double().numpy()
+
+
+def _round(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """float64 -> the 16-bit MMA dtype -> float64 (what P is when wgmma multiplies it)."""
+    return torch.from_numpy(x).to(dtype).double().numpy()
+
+
+def wgmma_byte_offset(r, d, rows):
+    """Where the DSL's wgmma smem layouts (sm90 make_smem_layout_a/b, K-major SW128 for Q and K,
+    MN-major SW128 for V) read element (r, d) of a [rows x head_dim] 16-bit tile: 64-wide
+    column blocks, 128-byte rows, Swizzle<3,4,3> on byte addresses. Written out here, apart from
+    the kernel's writer map, so a writer bug cannot hide; test_wgmma_host ties the two to the DSL.
+    """
+    linear = 2 * ((d // 64) * rows * 64 + r * 64 + d % 64)
+    return linear ^ (((linear >> 7) & 7) << 4)
+
+
+def read_operand(buffer: np.ndarray, rows: int, head_dim: int) -> np.ndarray:
+    """A [rows x head_dim] 16-bit operand tile as wgmma reads it (``buffer``: one value per
+    2 bytes)."""
+    r = np.arange(rows)[:, None]
+    d = np.arange(head_dim)[None, :]
+    return buffer[wgmma_byte_offset(r, d, rows) // 2]
+
+
+@pytest.mark.parametrize(("rows", "head_dim"), [(64, 64), (64, 128), (128, 128), (64, 256)])
+def test_wgmma_reader_is_the_kernels_operand_map(rows, head_dim):
+    r = np.arange(rows)[:, None]
+    d = np.arange(head_dim)[None, :]
+    assert np.array_equal(wgmma_byte_offset(r, d, rows), L.operand_offset(r, d, rows))
+
+
+def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache):
+    """The producer warpgroup's stores of one staged item, replayed thread by thread."""
+    kt, d = variant.key_tile, variant.head_dim
+    stage = np.zeros(kt * d)
+    strides, base = cache.stride()[:3], cache.storage_offset()
+    thread = np.arange(L.WARPGROUP)
+    chunk = L.loader_chunk(thread, d)
+    for step in range(L.loader_steps(kt, d)):
+        row = L.loader_row(thread, step, d)
+        for t in range(L.WARPGROUP):
+            j = key0 + int(row[t])
+            values = np.zeros(L.CHUNK)  # rows past kv_len are stored as zeros
+            if j < kv_len:
+                col, slot = X.page_slot(j, variant.page_size)
+                page = int(problem.block_table[seq, col])
+                off = base + X.key_offset(page, slot, kv_head, *strides) + int(chunk[t]) * L.CHUNK
+                values = _fp8_to_float(cache_bytes[off : off + L.CHUNK], cache.dtype)
+            for half in range(2):
+                dim = int(chunk[t]) * L.CHUNK + half * (L.CHUNK // 2)
+                at = L.operand_offset(int(row[t]), dim, kt) // 2
+                stage[at : at + L.CHUNK // 2] = values[half * 8 : half * 8 + 8]
+    return read_operand(stage, kt, d)
+
+
+def load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start):
+    """One consumer warpgroup's Q tile, replayed thread by thread, read back as wgmma's A."""
+    d = variant.head_dim
+    tile = np.zeros(L.ROWS_PER_WARPGROUP * d)
+    for t in range(L.WARPGROUP):
+        for step in range(L.q_steps(d)):
+            r, c = L.q_row(t, step, d), L.q_chunk(t, step, d)
+            values = np.zeros(8)
+            if row0 + r < num_rows:
+                token = X.row_token(row0 + r, group)
+                head = X.row_head(row0 + r, group, kv_head)
+                values = problem.query[q_start + token, head, c * 8 : c * 8 + 8].double().numpy()
+            at = L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2
+            tile[at : at + 8] = values
+    return read_operand(tile, L.ROWS_PER_WARPGROUP, d)
+
+
+def quad_reduce(values: np.ndarray, op) -> np.ndarray:
+    """Butterfly shuffles across the lanes that share accumulator rows (axis 0 = thread)."""
+    thread = np.arange(L.WARPGROUP)
+    for offset in L.QUAD_SHUFFLES:
+        values = op(values, values[thread ^ offset])
+    return values
+
+
+def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
+    """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
+    kt, d = variant.key_tile, variant.head_dim
+    group = problem.num_q_heads // problem.num_kv_heads
+    q_start = int(problem.cu_seqlens_q[seq])
+    q_len = int(problem.cu_seqlens_q[seq + 1]) - q_start
+    kv_len = int(problem.seq_lens[seq])
+    row_base = row_tile * variant.rows
+    num_rows = X.rows_per_kv_head(q_len, group)
+    if not row_base < num_rows:
+        return {}
+    first, end = X.split_tiles(kv_len, num_splits, split, kt, min)
+    iters = end - first
+    causal = problem.causal
+    if problem.causal_per_seq is not None:
+        causal = int(problem.causal_per_seq[seq] != 0)
+    scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
+    v_scale = float(problem.v_scale[kv_head])
+    mma_dtype = problem.query.dtype
+
+    # Producer: K then V of every tile of the split, through the ring in pipeline order.
+    items = []
+    for s in range(iters):
+        key0 = (first + s) * kt
+        items.append(
+            (
+                produce_item(problem, variant, seq, kv_head, key0, kv_len, kbytes,
+                             problem.key_cache),
+                produce_item(problem, variant, seq, kv_head, key0, kv_len, vbytes,
+                             problem.value_cache),
+            )
+        )  # fmt: skip
+
+    thread = np.arange(L.WARPGROUP)[:, None]
+    rows_of = np.stack([L.acc_row(thread[:, 0], i) for i in range(2)], axis=1)  # [t, 2]
+    s_cols = L.acc_col(thread, np.arange(kt // 4)[None, :])  # [t, kt / 4]
+    o_cols = L.acc_col(thread, np.arange(d // 4)[None, :])  # [t, d / 4]
+    result = {}
+    for wg in range(variant.consumers):
+        row0 = row_base + wg * L.ROWS_PER_WARPGROUP
+        q = load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start)
+        tokens = X.row_token(row0 + rows_of, group)
+        last_key = X.last_visible_key(tokens, q_len, kv_len, causal, _select)  # [t, 2]
+        row_max = np.full((L.WARPGROUP, 2), -np.inf)
+        row_sum = np.zeros((L.WARPGROUP, 2))
+        o = np.zeros((L.WARPGROUP, 2, d // 4))
+        for s in range(iters):
+            k_item, v_item = items[s]
+            scores = q @ k_item.T  # S [row, key], as the accumulator holds it
+            key0 = (first + s) * kt
+            p_matrix = np.zeros((L.ROWS_PER_WARPGROUP, kt))
+            corrections = np.zeros((L.WARPGROUP, 2))
+            for i in range(2):
+                frag = scores[rows_of[:, i : i + 1], s_cols]  # [t, kt / 4]
+                visible = X.key_visible(key0 + s_cols, kv_len, last_key[:, i : i + 1])
+                frag = np.where(visible, frag, -np.inf)
+                m_tile = quad_reduce(frag.max(axis=1), np.maximum)
+                m_new = np.maximum(row_max[:, i], m_tile)
+                m_use = np.where(m_new == -np.inf, 0.0, m_new) * scale
+                with np.errstate(invalid="ignore"):
+                    corrections[:, i] = np.exp2(row_max[:, i] * scale - m_use)
+                    p = np.exp2(frag * scale - m_use[:, None])
+                row_sum[:, i] = row_sum[:, i] * corrections[:, i] + p.sum(axis=1)
+                p_matrix[rows_of[:, i : i + 1], s_cols] = _round(p, mma_dtype)
+                row_max[:, i] = m_new
+            pv = p_matrix @ v_item  # O += P V as wgmma RS computes it
+            for i in range(2):
+                o[:, i] = o[:, i] * corrections[:, i : i + 1] + pv[rows_of[:, i : i + 1], o_cols]
+        for i in range(2):
+            total = quad_reduce(row_sum[:, i], np.add)
+            for t in range(L.WARPGROUP):
+                r = row0 + int(rows_of[t, i])
+                if r < num_rows:
+                    key = (q_start + X.row_token(r, group), X.row_head(r, group, kv_head))
+                    inv = v_scale / total[t] if total[t] > 0 else 0.0
+                    lse = row_max[t, i] * scale + math.log2(total[t]) if total[t] > 0 else -math.inf
+                    out, lses = result.setdefault(key, (np.full(d, np.nan), []))
+                    out[o_cols[t]] = o[t, i] * inv
+                    if t % 4 == 0:
+                        lses.append(lse)
+    return {key: (out, lses[0]) for key, (out, lses) in result.items()}
+
+
+def emulate(problem, variant, num_splits: int) -> torch.Tensor:
+    """The whole launch (grid = row tiles x KV heads x sequences x splits) and the merge."""
+    group = problem.num_q_heads // problem.num_kv_heads
+    row_tiles = X.ceil_div(problem.max_seqlen_q * group, variant.rows)
+    kbytes, vbytes = _flat_bytes(problem.key_cache), _flat_bytes(problem.value_cache)
+    states = {}
+    for seq in range(problem.num_seqs):
+        for row_tile in range(row_tiles):
+            for kv_head in range(problem.num_kv_heads):
+                for split in range(num_splits):
+                    part = emulate_cta(
+                        problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes
+                    )
+                    for key, state in part.items():
+                        states.setdefault(key, []).append(state)
+    out = torch.zeros(problem.query.shape, dtype=torch.float64)
+    for (token, head), parts in states.items():
+        if num_splits == 1:
+            out[token, head] = torch.from_numpy(parts[0][0])
+            continue
+        # The existing merge kernel: weights 2^(lse - max), O already normalised.
+        lse = np.array([p[1] for p in parts])
+        top = lse.max() if np.isfinite(lse.max()) else 0.0
+        w = np.exp2(lse - top)
+        acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
+        out[token, head] = torch.from_numpy(acc / w.sum() if w.sum() > 0 else acc * 0)
+    return out
+
+
+CASES = {
+    # drafter block, GQA 4: R = 64 and 80 (two 64-row CTAs), bidirectional, bf16 query
+    "bf16_bidir_gqa4": dict(
+        q_lens=[16, 20], kv_lens=[300, 140], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, splits=1,
+    ),
+    # fp16 query, causal, page size 64, split into 3 (one split of the short sequence is empty)
+    "f16_causal_split3": dict(
+        q_lens=[7, 12], kv_lens=[300, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
+        causal=True, query_dtype=torch.float16, splits=3,
+    ),
+    # two consumer warpgroups (128 rows per CTA): R = 48 and 160, causal, split in 2
+    "bf16_m128_causal_split2": dict(
+        q_lens=[12, 40], kv_lens=[200, 290], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, consumers=2, splits=2,
+    ),
+    # per-sequence int32 flags read through strided index tensors, page size 32, MHA, vLLM cache
+    "int32_flags_strided_vllm": dict(
+        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
+        causal=[True, False, True], causal_dtype=torch.int32, index_step=2, layout="vllm",
+        splits=2,
+    ),
+    # bool flags, page size 256 (two key tiles per page), q_len == kv_len
+    "bool_flags_page256": dict(
+        q_lens=[16, 4], kv_lens=[16, 390], num_q_heads=4, num_kv_heads=2, block_size=256,
+        causal=[False, True], causal_dtype=torch.bool, splits=1,
+    ),
+    # head_dim 64 and 256 (key tile 64): the maps are generic, only head_dim 128 is compiled today
+    "f16_d64_gqa8": dict(
+        q_lens=[9], kv_lens=[200], num_q_heads=8, num_kv_heads=1, block_size=16, head_dim=64,
+        causal=False, query_dtype=torch.float16, splits=2,
+    ),
+    "bf16_d256_causal": dict(
+        q_lens=[6, 3], kv_lens=[150, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
+        head_dim=256, causal=True, splits=1,
+    ),
+}  # fmt: skip
+
+
+def _run_case(name: str) -> tuple[float, float]:
+    spec = dict(CASES[name])
+    splits = spec.pop("splits")
+    consumers = spec.pop("consumers", 1)
+    head_dim = spec.pop("head_dim", 128)
+    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=7, **spec)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    q_dtype = str(case.query.dtype).split(".")[1]
+    variant = T.Variant(head_dim, consumers, problem.block_size, q_dtype)
+    out = emulate(problem, variant, splits).to(case.query.dtype)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    n = int(case.cu_seqlens_q[-1])
+    assert out[:n].abs().sum() > 0
+    return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_wgmma_kernel_matches_reference(name):
+    error, tolerance = _run_case(name)
+    assert error <= tolerance
+
+
+def _no_swizzle(row, dim, rows):
+    block = dim // L.SW128_ELEMS
+    return 2 * (block * rows * L.SW128_ELEMS + row * L.SW128_ELEMS + dim % L.SW128_ELEMS)
+
+
+def _causal_off_by_one(j, kv_len, last_key):
+    return (j < kv_len) & (j < last_key)
+
+
+def _slot_in_half_page(j, page_size):
+    return j // page_size, j % (page_size // 2)
+
+
+def _head_from_token(r, group, kv_head):
+    return kv_head * group + r // group % group
+
+
+def _split_drops_last_tile(kv_len, num_splits, split, key_tile, minimum):
+    first, end = ORIGINAL["split_tiles"](kv_len, num_splits, split, key_tile, minimum)
+    return first, minimum(end, X.ceil_div(kv_len, key_tile) - 1)
+
+
+# Relabelings that the kernel applies consistently on both sides (a bijective change of which
+# thread loads which row, say) are harmless; the plants below break coverage or agreement.
+def _loader_steps_overlap(thread, step, head_dim):
+    return ORIGINAL["loader_row"](thread, step // 2 * 2, head_dim)
+
+
+def _acc_row_without_warp(thread, i):
+    return (thread % 32) // 4 + 8 * i
+
+
+def _q_rows_overlap(thread, step, head_dim):
+    return ORIGINAL["q_row"](thread, step // 2 * 2, head_dim)
+
+
+ORIGINAL = {"split_tiles": X.split_tiles, "loader_row": L.loader_row, "q_row": L.q_row}
+PLANTED = {
+    "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
+    "key_visible": (X, _causal_off_by_one, "f16_causal_split3"),
+    "page_slot": (X, _slot_in_half_page, "int32_flags_strided_vllm"),
+    "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
+    "split_tiles": (X, _split_drops_last_tile, "f16_causal_split3"),
+    "loader_row": (L, _loader_steps_overlap, "bf16_bidir_gqa4"),
+    "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
+    "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),
+    "QUAD_SHUFFLES": (L, (1,), "bf16_bidir_gqa4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_index_bug_is_caught(name, monkeypatch):
+    module, bug, case = PLANTED[name]
+    monkeypatch.setattr(module, name, bug)
+    error, tolerance = _run_case(case)
+    assert not error <= tolerance  # NaN counts as caught
