@@ -24,9 +24,11 @@ from .rows import (
     ROWS_PER_KV_HEAD,
     ShapeSet,
     cuda_rows,
+    load_extension,
     triton_rows,
 )
 from .tcgen05 import tcgen05_rows
+from .tiles import cuda_tiles
 
 
 def default_extension() -> Path | None:
@@ -70,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             print("no built fp8_noncausal_attn/_C*.so; pass --build PATH", file=sys.stderr)
             return 2
         builds = [("", str(built))]
-    rows = []
+    rows: list[dict] = []
+    tile_facts: dict[str, str] = {}
     for label, path in builds:
+        ext = load_extension(path)
+        tile_facts[label or str(path)] = cuda_tiles(
+            ext, 128, "bfloat16", "float8_e4m3fn", 64
+        ).source
         found = cuda_rows(path, label, shapes)
         if not found:
             print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
@@ -80,15 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     for entry in args.tcgen05:
         label, _, path = entry.rpartition("=")
         found = tcgen05_rows(path, label, shapes)
+        tile_facts[label or path] = "dsl/tcgen05 traits.py and layouts.py (roles, tiles)"
         if not found:
             print(f"no tcgen05 variant of {path} serves the shapes asked for", file=sys.stderr)
             return 1
         rows += found
     if not args.no_triton:
         rows += triton_rows(args.triton_label, shapes)
+        tile_facts[args.triton_label or "triton"] = "triton_attention.launch_plan (captured launch)"
     for earlier in args.include:
         rows += json.loads(Path(earlier).read_text())["rows"]
-    json_path, md_path = report.write(args.out, rows)
+    json_path, md_path = report.write(args.out, rows, tile_facts)
     print(f"wrote {json_path} and {md_path} ({len(rows)} rows, PREDICTIONS)")
     return 0
 

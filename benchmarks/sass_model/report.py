@@ -10,8 +10,9 @@ from . import hardware, pipes
 TITLE = "Static SASS model: PREDICTED fraction of HBM bandwidth (a model, not a measurement)"
 
 
-def write_json(path: Path, rows: list[dict]) -> None:
-    path.write_text(json.dumps({"assumptions": hardware.assumptions(), "rows": rows}, indent=1))
+def write_json(path: Path, rows: list[dict], tile_facts: dict[str, str]) -> None:
+    assumptions = {**hardware.assumptions(), "tile_facts": tile_facts}
+    path.write_text(json.dumps({"assumptions": assumptions, "rows": rows}, indent=1))
 
 
 def _short(kernel: str) -> str:
@@ -82,10 +83,14 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: str | Path, rows: list[dict]) -> tuple[Path, Path]:
+def write(
+    out_dir: str | Path, rows: list[dict], tile_facts: dict[str, str] | None = None
+) -> tuple[Path, Path]:
+    """Writes DIR/sass-model.json and DIR/sass-model.md; ``tile_facts`` names, per modelled
+    build, where its tile facts came from (recorded with the assumptions)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "sass-model.json", out / "sass-model.md"
-    write_json(json_path, rows)
+    write_json(json_path, rows, tile_facts or {})
     md_path.write_text(markdown(rows))
     return json_path, md_path

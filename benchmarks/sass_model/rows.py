@@ -138,7 +138,7 @@ def triton_facts(launch, shape: Shape, compiled) -> TileFacts:
         threads=32 * launch.kwargs["num_warps"],
         smem_bytes=compiled.compiled.metadata.shared,
         key_groups=1,
-        source="triton_attention.launch_plan via the captured launch",
+        source="triton_attention.launch_plan (captured launch)",
         cta_macs_per_iter=2 * block_m * block_n * shape.head_dim,
     )
 
