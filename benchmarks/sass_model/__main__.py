@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += triton_rows(args.triton_label, shapes)
         tile_facts[args.triton_label or "triton"] = "triton_attention.launch_plan (captured launch)"
     for earlier in args.include:
-        rows += json.loads(Path(earlier).read_text())["rows"]
+        document = json.loads(Path(earlier).read_text())
+        rows += document["rows"]
+        tile_facts.update(document["assumptions"].get("tile_facts", {}))
     json_path, md_path = report.write(args.out, rows, tile_facts)
     print(f"wrote {json_path} and {md_path} ({len(rows)} rows, PREDICTIONS)")
     return 0
