@@ -27,8 +27,8 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
@@ -254,7 +254,7 @@ class WgmmaPagedAttention:
         iters = end_tile - first_tile
 
         # ---------------------------------------------------------------- shared memory
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         stage_bars = smem.allocate_array(cutlass.Int64, 2 * v.stages)
         q_raw = smem.allocate_array(cutlass.Int8, v.q_bytes, byte_alignment=1024)
         ring = smem.allocate_array(cutlass.Int8, v.stages * v.item_bytes, byte_alignment=1024)
