@@ -70,3 +70,21 @@ def test_sass_checker_reports_a_missing_instruction_and_a_wrong_count(built, mon
     found = sass.problems(out / entry["cubins"][0], variant)
     assert "missing UTCHMMA" in found
     assert any(p.endswith(f"HGMMA, expected {wrong['HGMMA']}") for p in found)
+
+
+def test_sass_checker_reports_producer_registers_above_its_setmaxnreg_limit(built, monkeypatch):
+    """The 128-row variants hand registers from the producer to the consumers; code that
+    touched more than the producer keeps would lose them at run time. Lower the limit the
+    checker holds the producer to below what it uses: the checker must say so."""
+    out, record = built
+    by_name = {v.name: v for v in build.WGMMA_CI_VARIANTS}
+    entries = [e for e in record["variants"] if by_name[e["variant"]].set_max_registers]
+    assert entries
+    for entry in entries:
+        cubin = out / entry["cubins"][0]
+        used = sass.producer_registers(cubin)
+        assert 0 < used <= T.PRODUCER_REGISTERS
+        monkeypatch.setattr(sass, "PRODUCER_REGISTERS", used - 1)
+        assert f"producer touches {used} registers > {used - 1}" in sass.problems(
+            cubin, by_name[entry["variant"]]
+        )

@@ -4,11 +4,13 @@ Reuses dsl/sass_check.py's readers; counts are static instruction counts over th
 (not per tile, not per byte): they show which instructions the kernel uses, never its speed.
 """
 
+import re
+import subprocess
 from pathlib import Path
 
 from dsl import sass_check
 from dsl.wgmma.layouts import loader_steps, q_steps
-from dsl.wgmma.traits import Variant
+from dsl.wgmma.traits import PRODUCER_REGISTERS, Variant
 
 # The MMA (HGMMA = wgmma), the load path (16-byte global loads of FP8 pages and of Q, 16-byte
 # shared stores of the dequantised operands), the exact FP8 -> 16-bit conversion and the
@@ -30,6 +32,23 @@ def expected_counts(variant: Variant) -> dict[str, int]:
     }
 
 
+def producer_registers(cubin: Path) -> int | None:
+    """Registers the code between ``setmaxnreg.dec`` and ``setmaxnreg.inc`` touches (1 + the
+    highest Rn). ptxas lays the producer's branch out there; registers above the decreased
+    limit would be lost at run time, so they must stay under it. None without setmaxnreg."""
+    text = subprocess.run(
+        [str(sass_check.cuobjdump_path()), "-sass", str(cubin)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    start, end = text.find("USETMAXREG.DEALLOC"), text.find("USETMAXREG.TRY_ALLOC")
+    if start < 0 or end < start:
+        return None
+    used = [int(n) for n in re.findall(r"\bR(\d+)\b", text[start:end])]
+    return max(used) + 1 if used else 0
+
+
 def problems(cubin: Path, variant: Variant) -> list[str]:
     """What is wrong with a wgmma cubin (empty when every check passes)."""
     ops = sass_check.opcodes(cubin)
@@ -40,8 +59,12 @@ def problems(cubin: Path, variant: Variant) -> list[str]:
     for name, want in expected_counts(variant).items():
         if sass_check.count(ops, name) != want:
             found.append(f"{sass_check.count(ops, name)} x {name}, expected {want}")
-    if variant.set_max_registers and not sass_check.count(ops, "USETMAXREG"):
-        found.append("missing USETMAXREG (setmaxnreg between producer and consumers)")
+    if variant.set_max_registers:
+        producer = producer_registers(cubin)
+        if producer is None:
+            found.append("missing USETMAXREG (setmaxnreg between producer and consumers)")
+        elif producer > PRODUCER_REGISTERS:
+            found.append(f"producer touches {producer} registers > {PRODUCER_REGISTERS}")
     if usage["REG"] > variant.registers_per_thread["consumer"]:
         found.append(f"{usage['REG']} registers > {variant.registers_per_thread['consumer']}")
     return found
