@@ -169,9 +169,10 @@ def paged_attention(
         return out
     if query.device.type == "meta":  # shapes only: checked above, nothing to launch
         return out
-    module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
     if problem.num_tokens:
-        module.run(problem, module.plan(problem, None), out)
+        run_one_shot(problem, out, backend)
+    else:
+        dispatch.resolve_backend(backend, problem)  # an unusable backend still fails by name
     return out
 
 
