@@ -281,7 +281,7 @@ py::dict mma_sync_tables(int head_dim, int elt) {
         {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups}, {"epw", s.epw},
         {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
         {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
-        {"stages", s.stages}, {"smem", s.smem}}) {
+        {"stages", s.stages}, {"wide_bytes", s.wide_bytes}, {"smem", s.smem}}) {
     d[name] = value;
   }
   // Tile copy: slot -> (key row, unit) and the unit's K / V stage offsets.
@@ -291,6 +291,19 @@ py::dict mma_sync_tables(int head_dim, int elt) {
     copy.push_back({r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)});
   }
   d["copy"] = copy;
+  // FP8 tiles: slot -> (K, V unit offsets in the FP8 stage, then the two 16-bit units of the
+  // dequantised tile each lands in: K unit 0, K unit 1, V unit 0, V unit 1).
+  std::vector<std::vector<int>> dequant;
+  const m::TileShape c = m::compute_shape(head_dim);
+  for (int slot = 0; elt == 1 && slot < s.block_n * s.units; ++slot) {
+    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
+    dequant.push_back({m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
+                       m::k_smem_offset(c, r, m::wide_unit(u, 0)),
+                       m::k_smem_offset(c, r, m::wide_unit(u, 1)),
+                       m::v_smem_offset(c, r, m::wide_unit(u, 0)),
+                       m::v_smem_offset(c, r, m::wide_unit(u, 1))});
+  }
+  d["dequant"] = dequant;
   // qk_dim[c][kk][t]
   std::vector<std::vector<std::vector<int>>> qk(s.groups);
   for (int c = 0; c < s.groups; ++c) {
@@ -322,7 +335,6 @@ py::dict mma_sync_tables(int head_dim, int elt) {
     }
   }
   d["v_frag"] = vf;
-  d["fp8_pv_select"] = std::vector<unsigned>{m::fp8_pv_select(0), m::fp8_pv_select(2)};
   d["half_pv_select"] = std::vector<unsigned>{m::half_pv_select(0), m::half_pv_select(1)};
   std::vector<std::vector<int>> od(words);
   for (int J = 0; J < words; ++J) {

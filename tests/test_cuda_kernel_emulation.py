@@ -5,11 +5,13 @@ index maps are not copied: ``fp8_noncausal_attn._C.host`` runs csrc/mma_sync/ind
 csrc/common/index_tensors.h compiled for the CPU (the same ``__host__ __device__`` functions the
 kernels call), so a wrong map in the kernel source gives a visibly wrong answer here: the paged
 cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled keys past
-the range), the Q fragments, the permuted k-dimension of S = Q K^T, the byte/half permutes
-feeding O = P V, the output dims each lane stores, the index tensors read through their strides
+the range), the once-per-CTA dequantisation of FP8 tiles into 16-bit tiles, the Q fragments,
+the permuted k-dimension of S = Q K^T, the half permutes feeding O = P V, the output dims each
+lane stores, the index tensors read through their strides
 (int32 or bool causal flags included), the causal limits, the key groups of warps the rows leave
 idle and their merge, the split-KV ranges and the log-sum-exp merge. Only the mma.sync m16n8k16
-fragment layouts (the PTX ISA's), prmt and the FP8 decode are modelled in Python.
+fragment layouts (the PTX ISA's), prmt and the (exact) FP8 -> 16-bit conversion are modelled in
+Python.
 """
 
 import dataclasses
@@ -53,9 +55,8 @@ def decode(words: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 
 def pair(word: int, dtype: torch.dtype) -> tuple[float, float]:
-    """A register holding two values (two FP8 bytes in its low 16 bits, or two halves)."""
-    nbytes = 2 if dtype.itemsize == 1 else 4
-    raw = bytearray(int(word).to_bytes(4, "little")[:nbytes])
+    """A register holding two 16-bit values of ``dtype``."""
+    raw = bytearray(int(word).to_bytes(4, "little"))
     lo, hi = decode(np.frombuffer(raw, np.uint8), dtype)
     return float(lo), float(hi)
 
@@ -83,9 +84,11 @@ def mma(acc, a, b0, b1):
 
 
 def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
-    """paged_attention_kernel for one CTA; pb holds the problem's arrays, T the kernel's maps."""
+    """paged_attention_kernel for one CTA; pb holds the problem's arrays, T the kernel's maps
+    for tiles as copied (the cache's format)."""
     hk = host()
     d, elt, group, bn = T["head_dim"], T["elt"], pb["group"], T["block_n"]
+    C = tables(d, 2)  # the 16-bit tiles the MMAs read
     warps = T["warps"]
     q_start, q_len, kv_len, causal = pb["seqs"][seq]
     rows, row0 = q_len * group, m_tile * T["block_m"]
@@ -128,11 +131,11 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     continue
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
-                for c in range(T["groups"]):
-                    for kk in range(T["steps_per_unit"]):
-                        dim = T["qk_dim"][c][kk][t]
+                for c in range(C["groups"]):
+                    for kk in range(C["steps_per_unit"]):
+                        dim = C["qk_dim"][c][kk][t]
                         v = pb["q"][tok, head, dim : dim + 4]
-                        ks = c * T["steps_per_unit"] + kk
+                        ks = c * C["steps_per_unit"] + kk
                         qf[warp, ks, lane, h] = v[:2]
                         qf[warp, ks, lane, 2 + h] = v[2:]
 
@@ -158,33 +161,50 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     def word(smem, addr):
         return int(smem[addr : addr + 4].view(np.uint32)[0])
 
+    # An FP8 tile is dequantised once per CTA into a 16-bit tile: K to the query dtype, V to
+    # fp16 (the P V operand dtype); a 16-bit cache's tile is read as copied.
     kv_dtype = pb["kv_dtype"]
-    epw = T["epw"]
+    fp8 = elt == 1
+    k_dtype = pb["q_dtype"] if fp8 else kv_dtype
+    v_dtype = torch.float16 if fp8 else kv_dtype
+    k16 = np.zeros(bn * C["k_row"], np.uint8) if fp8 else k_smem
+    v16 = np.zeros(bn * C["v_row"], np.uint8) if fp8 else v_smem
+
+    def widen(src, src_off, dst, dst_offs, dtype):
+        values = decode(src[src_off : src_off + 16], kv_dtype)
+        wide = torch.from_numpy(values).to(dtype).view(torch.uint8).numpy()
+        for half, off in enumerate(dst_offs):
+            dst[off : off + 16] = wide[16 * half : 16 * half + 16]
+
+    def dequantize_tile():
+        for k8, v8, k0, k1, v0, v1 in T["dequant"]:
+            widen(k_smem, k8, k16, (k0, k1), k_dtype)
+            widen(v_smem, v8, v16, (v0, v1), v_dtype)
+
+    epw = C["epw"]
     scale_log2 = pb["softmax_scale"] * pb["k_scale"][kvh] * 1.4426950408889634
-    o = np.zeros((warps, 32, T["ot"], 4))
+    o = np.zeros((warps, 32, C["ot"], 4))
     m_i = np.full((warps, 32, 2), -math.inf)
     l_i = np.zeros((warps, 32, 2))
     for tile in range(t_begin, t_end):
         load_tile(tile)
+        if fp8:
+            dequantize_tile()
         for warp in range(warps):
             if not active(warp):
                 continue
-            s = np.zeros((32, T["nt"], 4))
-            for c in range(T["groups"]):
+            s = np.zeros((32, C["nt"], 4))
+            for c in range(C["groups"]):
                 for j in jr[warp]:
                     kw = []
                     for lane in range(32):
-                        addr = T["k_frag"][j][c][lane]
-                        kw.append([word(k_smem, addr + 4 * i) for i in range(4)])
-                    for kk in range(T["steps_per_unit"]):
-                        if elt == 1:
-                            b0 = [pair(w[kk] & 0xFFFF, kv_dtype) for w in kw]
-                            b1 = [pair(w[kk] >> 16, kv_dtype) for w in kw]
-                        else:
-                            b0 = [pair(w[2 * kk], kv_dtype) for w in kw]
-                            b1 = [pair(w[2 * kk + 1], kv_dtype) for w in kw]
+                        addr = C["k_frag"][j][c][lane]
+                        kw.append([word(k16, addr + 4 * i) for i in range(4)])
+                    for kk in range(C["steps_per_unit"]):
+                        b0 = [pair(w[2 * kk], k_dtype) for w in kw]
+                        b1 = [pair(w[2 * kk + 1], k_dtype) for w in kw]
                         acc = s[:, j]
-                        mma(acc, qf[warp, c * T["steps_per_unit"] + kk], b0, b1)
+                        mma(acc, qf[warp, c * C["steps_per_unit"] + kk], b0, b1)
             n0 = tile * bn
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
@@ -212,22 +232,12 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 ]  # fmt: skip
                 for J in range(d // (8 * epw)):
                     ws = [
-                        [word(v_smem, off) for off in T["v_frag"][kk][J][lane]]
-                        for lane in range(32)
+                        [word(v16, off) for off in C["v_frag"][kk][J][lane]] for lane in range(32)
                     ]
-                    if elt == 1:
-                        for i, sel in zip((0, 2), T["fp8_pv_select"], strict=True):
-                            x01 = [prmt(w[0], w[1], sel) for w in ws]
-                            x23 = [prmt(w[2], w[3], sel) for w in ws]
-                            for n, shift in ((4 * J + i, 0), (4 * J + i + 1, 16)):
-                                b0 = [pair((x >> shift) & 0xFFFF, kv_dtype) for x in x01]
-                                b1 = [pair((x >> shift) & 0xFFFF, kv_dtype) for x in x23]
-                                mma(o[warp, :, n], a, b0, b1)
-                    else:
-                        for n, sel in enumerate(T["half_pv_select"]):
-                            b0 = [pair(prmt(w[0], w[1], sel), kv_dtype) for w in ws]
-                            b1 = [pair(prmt(w[2], w[3], sel), kv_dtype) for w in ws]
-                            mma(o[warp, :, 2 * J + n], a, b0, b1)
+                    for n, sel in enumerate(C["half_pv_select"]):
+                        b0 = [pair(prmt(w[0], w[1], sel), v_dtype) for w in ws]
+                        b1 = [pair(prmt(w[2], w[3], sel), v_dtype) for w in ws]
+                        mma(o[warp, :, 2 * J + n], a, b0, b1)
     l_row = np.stack(
         [l_i[:, 4 * (lane >> 2) : 4 * (lane >> 2) + 4].sum(1) for lane in range(32)], 1
     )
@@ -256,7 +266,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 head = kvh * group + row_of(warp, g, h) % group
                 inv = pb["v_scale"][kvh] / total if total > 0 else 0.0
                 for J in range(d // (8 * epw)):
-                    dim = T["out_dim"][J][t]
+                    dim = C["out_dim"][J][t]
                     vals = [o[warp, lane, epw * J + i, 2 * h] for i in range(epw)]
                     vals += [o[warp, lane, epw * J + i, 2 * h + 1] for i in range(epw)]
                     target = out if num_splits == 1 else ws_o[split]
@@ -301,6 +311,7 @@ def emulate(problem, num_splits):
         "block_table": problem.block_table.numpy(),
         "block_size": problem.block_size,
         "kv_dtype": problem.key_cache.dtype,
+        "q_dtype": problem.query.dtype,
         "softmax_scale": problem.softmax_scale,
         "k_scale": problem.k_scale.double().numpy(),
         "v_scale": problem.v_scale.double().numpy(),

@@ -14,12 +14,12 @@
 
 namespace fp8nca::mma_sync {
 
-template <int D, typename QT, int KV>
+template <int D, typename QT>
 __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile& w,
                                              const WarpRole& role, const RowState& st,
-                                             const float (&o)[Traits<D, QT, KV>::kS.ot][4],
+                                             const float (&o)[compute_shape(D).ot][4],
                                              float scale_log2, int lane) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape S = compute_shape(D);
   constexpr int kStoreBytes = 2 * S.epw * 2;  // this thread's 2 * epw adjacent dims of a column
   const int g = lane >> 2;
   const int t = lane & 3;

@@ -4,13 +4,15 @@
 //
 // Layout (see kernel.cuh): one CTA = (M tile of query rows, KV head, sequence x KV split); row r
 // of the M tile is query token r / group, query head r % group of the KV head. kWarps warps own
-// 16 rows each and run mma.sync m16n8k16. FP8 tiles stay FP8 in shared memory and are read with
-// wide loads, which permutes reduction and output indices without changing the result:
-//  * S = Q K^T: thread t of a quad loads 16 bytes of one key row (e elements) and feeds them to
-//    e / 4 consecutive mma k-steps; in each step its four B values (logical k = 2t, 2t+1, 2t+8,
+// 16 rows each and run mma.sync m16n8k16. Tiles are copied to shared memory in the cache's own
+// format; an FP8 tile is then dequantised once per CTA, by every thread, into a 16-bit tile (16
+// bytes of FP8 = units 2u, 2u + 1 of the 16-bit row), and the MMAs read 16-bit tiles only, with
+// wide loads that permute reduction and output indices without changing the result:
+//  * S = Q K^T: thread t of a quad loads 16 bytes of one key row (e = 8 elements) and feeds them
+//    to 2 consecutive mma k-steps; in each step its four B values (logical k = 2t, 2t+1, 2t+8,
 //    2t+9) are four adjacent head dims. The Q fragment is loaded with the same map.
-//  * O = P V: thread (g, t) loads one 32-bit word (epw adjacent dims) from each of its four key
-//    rows; byte/half i of the word feeds output n-tile (epw * J + i), whose column g is head dim
+//  * O = P V: thread (g, t) loads one 32-bit word (epw = 2 adjacent dims) from each of its four
+//    key rows; half i of the word feeds output n-tile (epw * J + i), whose column g is head dim
 //    8 * epw * J + epw * g + i. Each thread thus ends up owning 2 * epw adjacent output dims.
 // K rows are XOR-swizzled in 16-byte units and V rows padded by 16 bytes so both read patterns
 // are free of bank conflicts.
@@ -30,7 +32,7 @@ constexpr int kSmemBudgetThreeStages = 72 * 1024;
 
 struct TileShape {
   int head_dim;
-  int elt;             // bytes per cache element (1: FP8, 2: bf16/fp16)
+  int elt;             // bytes per element of the tile as copied (1: FP8, 2: bf16/fp16)
   int block_n;         // keys per tile
   int units;           // 16-byte units per K/V row
   int e;               // elements per unit
@@ -45,7 +47,8 @@ struct TileShape {
   int stage_bytes;
   int stages;
   int q_bytes;         // Q fragments of every warp
-  int smem;
+  int wide_bytes;      // the dequantised 16-bit K and V tile (FP8 caches; 0 for 16-bit ones)
+  int smem;            // Q fragments, the stages, then the 16-bit tile
 };
 
 constexpr int block_n_for(int head_dim) { return head_dim == 256 ? 32 : 64; }
@@ -67,10 +70,15 @@ constexpr TileShape tile_shape(int head_dim, int elt) {
   s.max_key_groups = s.block_n / 16 < kWarps ? s.block_n / 16 : kWarps;
   s.stage_bytes = s.block_n * (s.k_row + s.v_row);
   s.q_bytes = kBlockM * head_dim * 2;
-  s.stages = s.q_bytes + 3 * s.stage_bytes <= kSmemBudgetThreeStages ? 3 : 2;
-  s.smem = s.q_bytes + s.stages * s.stage_bytes;
+  s.wide_bytes = elt == 1 ? s.block_n * (2 * head_dim * 2 + 16) : 0;
+  s.stages = s.q_bytes + s.wide_bytes + 3 * s.stage_bytes <= kSmemBudgetThreeStages ? 3 : 2;
+  s.smem = s.q_bytes + s.stages * s.stage_bytes + s.wide_bytes;
   return s;
 }
+
+// The 16-bit shape the MMAs of a tile with `head_dim` read (the dequantised tile of an FP8
+// cache, or the 16-bit cache's own tile).
+constexpr TileShape compute_shape(int head_dim) { return tile_shape(head_dim, 2); }
 
 // --- shared-memory tile maps -----------------------------------------------------------------
 
@@ -93,6 +101,9 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
 FP8NCA_HD constexpr int copy_row(const TileShape& s, int slot) { return slot / s.units; }
 FP8NCA_HD constexpr int copy_unit(const TileShape& s, int slot) { return slot % s.units; }
 
+// Unit i (0, 1) of the 16-bit row that FP8 unit u of the same row dequantises into.
+FP8NCA_HD constexpr int wide_unit(int u, int i) { return 2 * u + i; }
+
 // --- fragment maps ---------------------------------------------------------------------------
 
 // First of the four adjacent head dims quad lane t feeds to k-step kk of unit group c, in the
@@ -114,11 +125,6 @@ FP8NCA_HD constexpr int v_frag_row(int kk, int lane, int i) {
 // Byte offset in a V stage of that word, for output word column J.
 FP8NCA_HD constexpr int v_frag_offset(const TileShape& s, int kk, int J, int lane, int i) {
   return v_frag_row(kk, lane, i) * s.v_row + (8 * J + (lane >> 2)) * 4;
-}
-
-// prmt selector gathering byte i of two V words (rows 2t, 2t+1) and byte i + 1 (FP8 path).
-FP8NCA_HD constexpr unsigned fp8_pv_select(int i) {
-  return static_cast<unsigned>(i | ((4 + i) << 4) | ((i + 1) << 8) | ((5 + i) << 12));
 }
 
 // prmt selectors gathering half n of two V words (16-bit path).

@@ -1,7 +1,8 @@
 // The mma.sync kernel family (sm_89+): paged attention over an FP8 / BF16 / FP16 KV cache with a
 // BF16 / FP16 query (SPEC section 3), composed from its parts:
 //   tile_scheduler.cuh  which (sequence, KV head, M tile, split) a CTA computes, its key range
-//   mainloop.cuh        Q fragments, the paged cp.async K/V tile copy, S = Q K^T and O += P V
+//   mainloop.cuh        Q fragments, the paged cp.async K/V tile copy, the once-per-CTA
+//                       dequantisation of FP8 tiles to 16 bits, S = Q K^T and O += P V
 //   mask.cuh            the causal mask on an S tile
 //   softmax.cuh         the online softmax and the merge of key groups
 //   epilogue.cuh        O normalised into `out` or the split-KV workspace; padded rows zeroed
@@ -28,19 +29,21 @@ namespace fp8nca::mma_sync {
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  using T = Traits<D, QT, KV>;
+  constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
+  constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
   extern __shared__ __align__(128) uint8_t smem[];
   if (blockIdx.z == p.num_seqs * p.num_splits) {
     zero_padded_rows<QT>(p);
     return;
   }
   WorkTile w;
-  if (!schedule_tile<S.block_n>(p, w)) return;
+  if (!schedule_tile<C.block_n>(p, w)) return;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const WarpRole role = warp_role<S.nt>(S, w, warp);
+  const WarpRole role = warp_role<C.nt>(C, w, warp);
   // Last key each of this thread's two rows sees (rows past `rows` clamped; never stored).
   const int g = lane >> 2;
   int limit[2];
@@ -52,16 +55,17 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
 
   uint4* q_frag = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32 + lane;
   uint8_t* kv_smem = smem + S.q_bytes;
-  load_q_fragments<D, QT, KV>(p, w, role, lane, q_frag);
+  uint8_t* wide = kv_smem + S.stages * S.stage_bytes;  // the dequantised tile (FP8 caches)
+  load_q_fragments<D, QT>(p, w, role, lane, q_frag);
 
   const KVSource src{
       static_cast<const uint8_t*>(p.k) + w.kvh * p.k_stride_h * S.elt,
       static_cast<const uint8_t*>(p.v) + w.kvh * p.v_stride_h * S.elt,
       p.block_table + w.seq * p.bt_stride_s};
 
-  float o[S.ot][4];
+  float o[C.ot][4];
 #pragma unroll
-  for (int n = 0; n < S.ot; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < C.ot; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
 
@@ -83,25 +87,32 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
                               kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
     }
     cute::cp_async_fence();
-    if (!role.active) continue;
 
     const uint8_t* ks = kv_smem + (it % S.stages) * S.stage_bytes;
-    float s[S.nt][4];
-    qk_tile<D, QT, KV>(ks, q_frag, role, lane, s);
-    apply_mask(s, tile * S.block_n, S.block_n, w.keys, limit, role, lane);
+    if constexpr (T::kFp8) {
+      // Every warp, idle rows or not, dequantises its share once for the whole CTA; the
+      // barrier at the loop's top keeps the 16-bit tile until every warp has used it.
+      dequantize_tile<D, QT, KV>(ks, wide, tid);
+      __syncthreads();
+      ks = wide;
+    }
+    if (!role.active) continue;
+    float s[C.nt][4];
+    qk_tile<D, QT>(ks, q_frag, role, lane, s);
+    apply_mask(s, tile * C.block_n, C.block_n, w.keys, limit, role, lane);
     softmax_update(s, st, o, scale_log2, role);
-    pv_tile<D, QT, KV>(ks + S.block_n * S.k_row, s, role, lane, o);
+    pv_tile<D, PVType<QT, KV>>(ks + C.block_n * C.k_row, s, role, lane, o);
   }
   cute::cp_async_wait<0>();
 
   reduce_row_sums(st);
   if (role.n_groups > 1) {
-    static_assert((kWarps - 1) * 32 * S.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
+    static_assert((kWarps - 1) * 32 * C.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
                   "key-group merge must fit in shared memory");
     if (!merge_key_groups(o, st, scale_log2, role, smem, warp, lane)) return;
   }
   if (!role.active) return;
-  store_output<D, QT, KV>(p, w, role, st, o, scale_log2, lane);
+  store_output<D, QT>(p, w, role, st, o, scale_log2, lane);
 }
 
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,

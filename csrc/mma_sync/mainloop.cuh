@@ -1,6 +1,6 @@
 // Mainloop of the mma.sync family: the Q fragments, the paged K/V tile copy (cp.async, 16-byte
-// units, page ids read once per page and shared across the warp), and the two MMAs of a key
-// tile, S = Q K^T and O += P V, on FP8 or 16-bit tiles dequantised in registers.
+// units, page ids read once per page and shared across the warp), the once-per-CTA dequantisation
+// of an FP8 tile to 16 bits, and the two MMAs of a key tile, S = Q K^T and O += P V.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +15,10 @@ namespace fp8nca::mma_sync {
 // Q fragments for all D / 16 k-steps, permuted as the K fragments are (index_maps.h). They live
 // in shared memory in fragment order (one 16-byte slot per lane and k-step, conflict-free
 // reads); each thread reads back only what it wrote, so no barrier.
-template <int D, typename QT, int KV>
+template <int D, typename QT>
 __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const WorkTile& w,
                                                  const WarpRole& role, int lane, uint4* q_frag) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape S = compute_shape(D);
   const int g = lane >> 2;
   const int t = lane & 3;
 #pragma unroll
@@ -91,85 +91,100 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
   }
 }
 
-// S = Q K^T for this warp's 16 rows and its key group's n-tiles of one key tile.
+// Dequantises the FP8 K and V tile of one stage, once for the whole CTA (every thread converts
+// its share: one 16-byte FP8 unit of K and of V per copy slot), into the 16-bit tile the MMAs
+// read: K to the query dtype, V to the P V operand dtype. Exact (fp8x2_to).
 template <int D, typename QT, int KV>
+__device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16, int tid) {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape C = Traits<D, QT, KV>::kC;
+  using VT = PVType<QT, KV>;
+  const uint8_t* vs8 = ks8 + S.block_n * S.k_row;
+  uint8_t* v16 = k16 + C.block_n * C.k_row;
+#pragma unroll
+  for (int i = 0; i < S.block_n * S.units / kThreads; ++i) {
+    const int slot = tid + i * kThreads;
+    const int r = copy_row(S, slot);
+    const int u = copy_unit(S, slot);
+    const uint4 k = *reinterpret_cast<const uint4*>(ks8 + k_smem_offset(S, r, u));
+    const uint4 v = *reinterpret_cast<const uint4*>(vs8 + v_smem_offset(S, r, u));
+    const uint32_t kw[4] = {k.x, k.y, k.z, k.w};
+    const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+    uint32_t kx[8], vx[8];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      kx[2 * w] = fp8x2_to<KV, QT>(kw[w] & 0xffffu);
+      kx[2 * w + 1] = fp8x2_to<KV, QT>(kw[w] >> 16);
+      vx[2 * w] = fp8x2_to<KV, VT>(vw[w] & 0xffffu);
+      vx[2 * w + 1] = fp8x2_to<KV, VT>(vw[w] >> 16);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint4*>(k16 + k_smem_offset(C, r, wide_unit(u, h))) =
+          make_uint4(kx[4 * h], kx[4 * h + 1], kx[4 * h + 2], kx[4 * h + 3]);
+      *reinterpret_cast<uint4*>(v16 + v_smem_offset(C, r, wide_unit(u, h))) =
+          make_uint4(vx[4 * h], vx[4 * h + 1], vx[4 * h + 2], vx[4 * h + 3]);
+    }
+  }
+}
+
+// S = Q K^T for this warp's 16 rows and its key group's n-tiles of one 16-bit key tile (QT).
+template <int D, typename QT>
 __device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag,
                                         const WarpRole& role, int lane,
-                                        float (&s)[Traits<D, QT, KV>::kS.nt][4]) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+                                        float (&s)[compute_shape(D).nt][4]) {
+  constexpr TileShape C = compute_shape(D);
 #pragma unroll
-  for (int j = 0; j < S.nt; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  for (int j = 0; j < C.nt; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-  for (int c = 0; c < S.groups; ++c) {
-    uint32_t qf[S.steps_per_unit][4];
+  for (int c = 0; c < C.groups; ++c) {
+    uint32_t qf[C.steps_per_unit][4];
 #pragma unroll
-    for (int kk = 0; kk < S.steps_per_unit; ++kk) {
-      const uint4 q = q_frag[(c * S.steps_per_unit + kk) * 32];
+    for (int kk = 0; kk < C.steps_per_unit; ++kk) {
+      const uint4 q = q_frag[(c * C.steps_per_unit + kk) * 32];
       qf[kk][0] = q.x;
       qf[kk][1] = q.y;
       qf[kk][2] = q.z;
       qf[kk][3] = q.w;
     }
 #pragma unroll
-    for (int j = 0; j < S.nt; ++j) {
+    for (int j = 0; j < C.nt; ++j) {
       if (j < role.j_lo || j >= role.j_hi) continue;
-      const uint4 kr = *reinterpret_cast<const uint4*>(ks + k_frag_offset(S, j, c, lane));
+      const uint4 kr = *reinterpret_cast<const uint4*>(ks + k_frag_offset(C, j, c, lane));
       const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w};
 #pragma unroll
-      for (int kk = 0; kk < S.steps_per_unit; ++kk) {
-        uint32_t b0, b1;
-        if constexpr (Traits<D, QT, KV>::kFp8) {
-          b0 = fp8x2_to<KV, QT>(kw[kk] & 0xffffu);
-          b1 = fp8x2_to<KV, QT>(kw[kk] >> 16);
-        } else {
-          b0 = half2_to<KV, QT>(kw[2 * kk]);
-          b1 = half2_to<KV, QT>(kw[2 * kk + 1]);
-        }
-        mma16816(s[j], qf[kk], b0, b1, QT());
+      for (int kk = 0; kk < C.steps_per_unit; ++kk) {
+        mma16816(s[j], qf[kk], kw[2 * kk], kw[2 * kk + 1], QT());
       }
     }
   }
 }
 
-// O += P V; P (already exponentiated in s) is the A operand: the S accumulators of n-tiles
-// 2kk, 2kk+1 are the A fragment of k-step kk.
-template <int D, typename QT, int KV>
-__device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[Traits<D, QT, KV>::kS.nt][4],
+// O += P V on one 16-bit value tile (VT); P (already exponentiated in s) is the A operand: the
+// S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
+template <int D, typename VT>
+__device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[compute_shape(D).nt][4],
                                         const WarpRole& role, int lane,
-                                        float (&o)[Traits<D, QT, KV>::kS.ot][4]) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
-  using VT = PVType<QT, KV>;
+                                        float (&o)[compute_shape(D).ot][4]) {
+  constexpr TileShape C = compute_shape(D);
 #pragma unroll
-  for (int kk = 0; kk < S.block_n / 16; ++kk) {
+  for (int kk = 0; kk < C.block_n / 16; ++kk) {
     if (2 * kk < role.j_lo || 2 * kk >= role.j_hi) continue;
     const uint32_t a[4] = {pack2<VT>(s[2 * kk][0], s[2 * kk][1]),
                            pack2<VT>(s[2 * kk][2], s[2 * kk][3]),
                            pack2<VT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                            pack2<VT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-    for (int J = 0; J < D / (8 * S.epw); ++J) {
+    for (int J = 0; J < D / (8 * C.epw); ++J) {
       uint32_t w[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        w[i] = *reinterpret_cast<const uint32_t*>(vs + v_frag_offset(S, kk, J, lane, i));
+        w[i] = *reinterpret_cast<const uint32_t*>(vs + v_frag_offset(C, kk, J, lane, i));
       }
-      if constexpr (Traits<D, QT, KV>::kFp8) {
 #pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-          // Bytes i of (w0, w1) and of (w2, w3) for n-tile i, bytes i+1 for n-tile i+1.
-          const uint32_t x01 = prmt(w[0], w[1], fp8_pv_select(i));
-          const uint32_t x23 = prmt(w[2], w[3], fp8_pv_select(i));
-          mma16816(o[4 * J + i], a, fp8x2_to<KV, VT>(x01 & 0xffffu),
-                   fp8x2_to<KV, VT>(x23 & 0xffffu), VT());
-          mma16816(o[4 * J + i + 1], a, fp8x2_to<KV, VT>(x01 >> 16), fp8x2_to<KV, VT>(x23 >> 16),
-                   VT());
-        }
-      } else {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          mma16816(o[2 * J + n], a, half2_to<KV, VT>(prmt(w[0], w[1], half_pv_select(n))),
-                   half2_to<KV, VT>(prmt(w[2], w[3], half_pv_select(n))), VT());
-        }
+      for (int n = 0; n < 2; ++n) {
+        mma16816(o[2 * J + n], a, prmt(w[0], w[1], half_pv_select(n)),
+                 prmt(w[2], w[3], half_pv_select(n)), VT());
       }
     }
   }

@@ -19,7 +19,8 @@ namespace fp8nca::mma_sync {
 template <int D, typename QT, int KV>
 struct Traits {
   static constexpr bool kFp8 = KV == kE4M3 || KV == kE5M2;
-  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2);
+  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2);  // tiles as copied
+  static constexpr TileShape kC = compute_shape(D);              // tiles the MMAs read
   // CTAs per SM the register allocation must allow (several in flight hide HBM latency):
   // 3 where ptxas fits that in 168 registers without spilling (sm_100's ptxas spills the d128
   // FP8 kernels at 168 where sm_90's does not), else 2.
@@ -54,7 +55,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 // Two FP8 values (low byte first) -> two values of the operand dtype, exactly: the hardware
-// conversion to f16x2 (sm_89+) is exact for e4m3 and e5m2, and every such value is a bf16 too.
+// conversion to f16x2 (sm_89+) is exact for e4m3 and e5m2, and every such value is a bf16 too
+// (done once per CTA and tile, in dequantize_tile).
 template <int KV, typename QT>
 __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
   uint32_t h2;
@@ -71,15 +73,6 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
     const __nv_bfloat162 b = __float22bfloat162_rn(f);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
-}
-
-// Two 16-bit cache values -> the operand dtype. The dispatch pairs a 16-bit cache only with a
-// query of its own dtype, so this is a no-op.
-template <int KV, typename QT>
-__device__ __forceinline__ uint32_t half2_to(uint32_t x) {
-  static_assert((KV == kBF16) == std::is_same_v<QT, __nv_bfloat16>,
-                "a 16-bit cache runs only under a query of its own dtype");
-  return x;
 }
 
 template <typename QT>
