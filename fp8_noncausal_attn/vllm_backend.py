@@ -184,9 +184,14 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
                 f"{BACKEND_NAME} runs bfloat16/float16 activations, got model dtype {query_dtype}"
             )
         scheduler = vllm_config.scheduler_config
+        # The most query rows a batch can hand us: a scheduler step, a padded CUDA-graph size,
+        # or a drafter's step (every request with its block of draft tokens).
+        speculative = vllm_config.speculative_config
+        draft_rows = 1 + (getattr(speculative, "num_speculative_tokens", None) or 0)
         max_tokens = max(
             scheduler.max_num_batched_tokens,
             vllm_config.compilation_config.max_cudagraph_capture_size or 0,
+            scheduler.max_num_seqs * draft_rows,
         )
         self.kernel_backend = kernel_backend_from_env()
         self.attention = PagedAttention(
