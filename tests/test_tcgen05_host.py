@@ -157,3 +157,65 @@ def test_q_prologue_index_fills_the_b_operand_once(dsl_layouts):
     """Every (row, head dim) the Q prologue writes lands on its own fp16 slot of the B tile."""
     offsets = dsl_layouts["q"]
     assert sorted(offsets) == list(range(len(offsets)))
+
+
+@pytest.fixture(scope="module")
+def softmax_maps():
+    """The softmax warps' 32-column chunk maps at 64 rows, evaluated while tracing."""
+    pytest.importorskip("cutlass")
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.blackwell_helpers as sm100_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+
+    rows, stages = 64, 2
+    found = {}
+
+    def mma(b_major):
+        return sm100_utils.make_trivial_tiled_mma(
+            cutlass.Float16,
+            cutlass.Float16,
+            OperandMajorMode.K,
+            b_major,
+            cutlass.Float32,
+            tcgen05.CtaGroup.ONE,
+            (L.KEY_TILE, rows),
+            tcgen05.OperandSource.TMEM,
+        )
+
+    @cute.jit
+    def probe():
+        kq, vp = mma(OperandMajorMode.K), mma(OperandMajorMode.MN)
+        shape = kq.partition_shape_C((L.KEY_TILE, rows, stages))
+        tCtS = kq.get_slice(0).make_fragment_C(shape)
+        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(32)), cutlass.Float32)
+        load = tcgen05.make_tmem_copy(atom, tCtS[(None, None, None, 0)])
+        coords = kq.get_slice(0).partition_C(cute.make_identity_tensor((128, rows, stages)))
+        found["c"] = {
+            (t, c, i): load.get_slice(t).partition_D(coords)[((i, 0), c, 0, 0, 1)]
+            for t in (0, 37, 127)
+            for c in range(rows // 32)
+            for i in range(32)
+        }
+        # kernel.py's tCsP: P written through BMM1's C view, read as BMM2's B operand.
+        b = sm100_utils.make_smem_layout_b(vp, (None, rows, L.KEY_TILE), cutlass.Float16, stages)
+        c_view = cute.composition(b.outer, cute.make_ordered_layout(shape, order=((2, 0), 3, 1, 4)))
+        found["p"] = [
+            (c_view(((k, n), 0, 0, 1)), b.outer(((n, k % 16), 0, k // 16, 1)))
+            for k in range(L.KEY_TILE)
+            for n in range(rows)
+        ]
+
+    cute.compile(probe)
+    return found
+
+
+def test_softmax_chunk_c_register_i_is_key_lane_row_32c_plus_i(softmax_maps):
+    """Thread t's register i of chunk c holds S^T[key t, row 32 c + i] (stage 1)."""
+    for (t, c, i), coord in softmax_maps["c"].items():
+        assert coord == (t, 32 * c + i, 1)
+
+
+def test_p_written_as_c_tile_lands_where_bmm2_reads_b(softmax_maps):
+    for written, read in softmax_maps["p"]:
+        assert written == read

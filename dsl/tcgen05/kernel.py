@@ -901,24 +901,31 @@ class Tcgen05PagedAttention:
         acc_dtype = self.acc_dtype
         lane_slots = (rows + 31) // 32  # columns whose shared max/sum this lane publishes
 
-        load_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(rows)), acc_dtype)
+        # S, P and O are handled 32 columns (rows) at a time, so a thread holds one chunk of
+        # scores / probabilities / O at once whatever ``rows`` is: chunk c of the TMEM copy
+        # partition is columns 32 c .. 32 c + 31 (test_tcgen05_host checks it on the DSL).
+        chunk = min(rows, 32)
+        chunks = rows // chunk
+        load_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(chunk)), acc_dtype)
         load_s = tcgen05.make_tmem_copy(load_atom, tCtS[MMA + (0,)])
         thr_load = load_s.get_slice(wg_tidx)
         store_o = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition(rows)), acc_dtype),
+            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition(chunk)), acc_dtype),
             tCtO[MMA + (0,)],
         )
         thr_store_o = store_o.get_slice(wg_tidx)
-        tStS = thr_load.partition_S(tCtS)
-        tSsP = thr_load.partition_D(tCsP)
-        tStO = thr_load.partition_S(tCtO)
+        tStS = thr_load.partition_S(tCtS)  # (CPY, chunks, 1, 1, s_stages)
+        tSsP = thr_load.partition_D(tCsP)  # (CPY, chunks, 1, 1, s_stages)
+        tStO = thr_load.partition_S(tCtO)  # (CPY, chunks, 1, 1, d_tiles)
         tStO_dst = thr_store_o.partition_D(tCtO)
+        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
 
         # Zero O (BMM2 always accumulates) and the shared row state.
-        zero_o = cute.make_rmem_tensor(tSsP.shape[:-1], acc_dtype)
+        zero_o = cute.make_rmem_tensor(chunk_shape, acc_dtype)
         zero_o.fill(0.0)
         for dm in cutlass.range_constexpr(d_tiles):
-            cute.copy(thr_store_o, zero_o, tStO_dst[CPY + (dm,)])
+            for c in cutlass.range_constexpr(chunks):
+                cute.copy(thr_store_o, zero_o, tStO_dst[(None, c, 0, 0, dm)])
         cute.arch.fence_view_async_tmem_store()
         for k in cutlass.range_constexpr(lane_slots):
             c = k * 32 + lane
@@ -962,19 +969,20 @@ class Tcgen05PagedAttention:
         for s in cutlass.range(iters):
             parity = s % 2
             s_handle = s_consumer.wait_and_advance()
-            scores = cute.make_rmem_tensor(tSsP.shape[:-1], acc_dtype)
-            cute.copy(load_s, tStS[CPY + (s_handle.index,)], scores)
-            cute.arch.fence_view_async_tmem_load()
-            s_handle.release()
-
             j = (first_tile + s) * L.KEY_TILE + wg_tidx
+            # Pass 1: masked column maxima, chunk by chunk.
             mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-            for n in cutlass.range_constexpr(rows):
-                visible = L.key_visible(j, kv_len, s_last_key[n], 1)
-                scores[n] = cutlass.select_(visible, scores[n], -acc_dtype.inf)
-                col_max = cute.arch.warp_redux_sync(scores[n], kind="fmax", nan=True)
-                if n % 32 == lane:
-                    mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
+            for c in cutlass.range_constexpr(chunks):
+                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
+                cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    masked = cutlass.select_(visible, scores[i], -acc_dtype.inf)
+                    col_max = cute.arch.warp_redux_sync(masked, kind="fmax", nan=True)
+                    if n % 32 == lane:
+                        mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
             for k in cutlass.range_constexpr(lane_slots):
                 c = k * 32 + lane
                 if c < rows:
@@ -993,35 +1001,47 @@ class Tcgen05PagedAttention:
                 m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
                 correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
                 m_prev[k] = m_new
-            probs = cute.make_rmem_tensor(tSsP.shape[:-1], self.mma_dtype)
-            for n in cutlass.range_constexpr(rows):
-                m_new = s_max[n, parity]
-                m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
-                probs[n] = _exp2((scores[n] - m_use) * s_col_scale[n]).to(self.mma_dtype)
-            # Column sums of P as BMM2 multiplies it (fp16): lane c of each warp gets its 32
-            # keys' sum for column 32 k + c, so each thread keeps lane_slots sums, not rows.
-            for k in cutlass.range_constexpr(lane_slots):
+            # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
+            # memory, and the column sums of P as BMM2 multiplies it: lane c of each warp gets
+            # its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
+            p_handle = p_producer.acquire_and_advance()
+            for c in cutlass.range_constexpr(chunks):
+                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
+                cute.arch.fence_view_async_tmem_load()
+                probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    m_new = s_max[n, parity]
+                    m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
+                    p = _exp2((scores[i] - m_use) * s_col_scale[n])
+                    probs[i] = cutlass.Float32(
+                        cutlass.select_(visible, p, cutlass.Float32(0.0))
+                    ).to(self.mma_dtype)
+                cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_handle.index)])
                 part = _warp_column_sums(
                     [
-                        probs[n].to(acc_dtype) if n < rows else cutlass.Float32(0.0)
-                        for n in range(32 * k, 32 * k + 32)
+                        probs[i].to(acc_dtype) if i < chunk else cutlass.Float32(0.0)
+                        for i in range(32)
                     ],
                     lane,
                 )
-                l_mine[k] = l_mine[k] * correction[k] + part
-            p_handle = p_producer.acquire_and_advance()
-            cute.autovec_copy(probs, tSsP[CPY + (p_handle.index,)])
+                l_mine[c] = l_mine[c] * correction[c] + part
             cute.arch.fence_view_async_shared()
             p_handle.commit()
+            s_handle.release()  # after the second read of S
 
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
                 for dm in cutlass.range_constexpr(d_tiles):
-                    acc = cute.make_rmem_tensor(tSsP.shape[:-1], acc_dtype)
-                    cute.copy(load_s, tStO[CPY + (dm,)], acc)
-                    for n in cutlass.range_constexpr(rows):
-                        acc[n] = acc[n] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
-                    cute.copy(thr_store_o, acc, tStO_dst[CPY + (dm,)])
+                    for c in cutlass.range_constexpr(chunks):
+                        acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                        cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                        for i in cutlass.range_constexpr(chunk):
+                            n = c * chunk + i
+                            acc[i] = acc[i] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
+                        cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
                 cute.arch.fence_view_async_tmem_store()
                 o_handle.release()
 
@@ -1050,37 +1070,42 @@ class Tcgen05PagedAttention:
                 idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
                 cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
 
-        accs = [cute.make_rmem_tensor(tSsP.shape[:-1], acc_dtype) for _ in range(d_tiles)]
-        for dm in cutlass.range_constexpr(d_tiles):
-            accs[dm].fill(0.0)
+        # The last O: wait without advancing, read chunk by chunk, release at the end (which
+        # lets the MMA warp free TMEM). An empty split writes zeros.
+        o_last = o_consumer.current_handle()
         if iters > 0:
-            o_handle = o_consumer.wait_and_advance()
-            for dm in cutlass.range_constexpr(d_tiles):
-                cute.copy(load_s, tStO[CPY + (dm,)], accs[dm])
-            cute.arch.fence_view_async_tmem_load()
-            o_handle.release()  # the last release lets the MMA warp free TMEM
+            o_consumer.wait()
         for dm in cutlass.range_constexpr(d_tiles):
             d = dm * L.KEY_TILE + wg_tidx
-            for n in cutlass.range_constexpr(rows):
-                r = row_base + n
-                if r < num_rows:
-                    l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
-                    inv = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
-                    value = accs[dm][n] * inv
-                    token = L.row_token(r, group)
-                    head = L.row_head(r, group, kv_head)
-                    if split_mode:
-                        idx = (
-                            (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads
-                            + head
-                        ) * self.v.head_dim + d
-                        cute.make_tensor(ws_o_ptr + idx, cute.make_layout(1))[0] = value
-                    else:
-                        off = (
-                            cutlass.Int64(q_start + token) * o_stride_t
-                            + cutlass.Int64(head) * o_stride_h
-                            + d
-                        )
-                        cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = value.to(
-                            self.q_dtype
-                        )
+            for c in cutlass.range_constexpr(chunks):
+                acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                acc.fill(0.0)
+                if iters > 0:
+                    cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                    cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    r = row_base + n
+                    if r < num_rows:
+                        l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
+                        inv = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
+                        value = acc[i] * inv
+                        token = L.row_token(r, group)
+                        head = L.row_head(r, group, kv_head)
+                        if split_mode:
+                            idx = (
+                                (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads
+                                + head
+                            ) * self.v.head_dim + d
+                            cute.make_tensor(ws_o_ptr + idx, cute.make_layout(1))[0] = value
+                        else:
+                            off = (
+                                cutlass.Int64(q_start + token) * o_stride_t
+                                + cutlass.Int64(head) * o_stride_h
+                                + d
+                            )
+                            cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = value.to(
+                                self.q_dtype
+                            )
+        if iters > 0:
+            o_last.release()

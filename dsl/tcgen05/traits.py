@@ -103,6 +103,8 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds 128 and 256")
         if self.rows % 8 or not 8 <= self.rows <= 256:
             raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
+        if self.rows > 32 and self.rows % 32:
+            raise ValueError(f"rows {self.rows}: above 32, whole 32-column softmax chunks")
         if self.page_size & (self.page_size - 1) or not 16 <= self.page_size <= 256:
             raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
         if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
