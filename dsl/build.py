@@ -40,10 +40,16 @@ CI_VARIANTS = tuple(
 )
 
 
-# The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): head_dim 128, e4m3,
-# page size 16, 64 or 128 query rows per CTA (one or two consumer warpgroups), both query dtypes.
-# Same C interface as tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
-WGMMA_VARIANTS = tuple(wgmma_traits.Variant(128, c, 16, q) for c in (1, 2) for q in Q_DTYPES)
+# The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): e4m3, page size 16,
+# both query dtypes; head_dim 64 and 128 with 64 or 128 query rows per CTA (one or two consumer
+# warpgroups), head_dim 256 with 64 (two consumers would spill). Same C interface as tcgen05,
+# in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
+WGMMA_VARIANTS = tuple(
+    wgmma_traits.Variant(d, c, 16, q)
+    for d, consumers in ((64, (1, 2)), (128, (1, 2)), (256, (1,)))
+    for c in consumers
+    for q in Q_DTYPES
+)
 WGMMA_CI_VARIANTS = WGMMA_VARIANTS
 FAMILIES = {
     "tcgen05": (ARCHS, lambda: VARIANTS, lambda: CI_VARIANTS),

@@ -25,7 +25,7 @@ def test_variant_table_covers_both_query_dtypes_and_is_buildable():
         (64, 1, 128, 4, 1024 + 8192 + 4 * 16384, 255),
         (128, 1, 128, 4, 1024 + 16384 + 4 * 32768, 255),
         (128, 2, 128, 4, 1024 + 32768 + 4 * 32768, 224),  # setmaxnreg: producer 56, 2 x 224
-        (256, 2, 64, 4, 1024 + 65536 + 4 * 32768, 224),
+        (256, 1, 64, 4, 1024 + 32768 + 4 * 32768, 255),
     ],
 )
 def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages, smem, regs):
@@ -43,6 +43,7 @@ def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages
     [
         (dict(head_dim=96), "head_dim 96"),
         (dict(consumers=3), "consumers 3"),
+        (dict(head_dim=256, consumers=2), "spills"),
         (dict(page_size=8), "page_size 8"),
         (dict(page_size=48), "page_size 48"),
         (dict(q_dtype="float32"), "dtypes"),

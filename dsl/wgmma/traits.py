@@ -101,6 +101,11 @@ class Variant:
             raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
         if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"dtypes {self.q_dtype}/{self.kv_dtype} not built")
+        if self.head_dim == 256 and self.consumers == 2:
+            raise ValueError(
+                f"{self.name}: O takes 128 of a consumer's 224 registers at head_dim 256 and "
+                "the kernel spills; R > 64 takes several 64-row CTAs"
+            )
         if self.stages < 2:
             raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
         regs = self.registers_per_thread
