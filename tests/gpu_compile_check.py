@@ -26,28 +26,32 @@ SIXTEEN = (torch.bfloat16, torch.float16)
 
 
 def attention_variants():
-    """(cache dtype, query dtype, head_dim, causal, split) covering every value of each, and the
-    IEEE fp32-dot variant (a 16-bit cache of the other dtype than the query) at every head dim.
+    """(cache dtype, query dtype, head_dim, causal, split, tokens) covering every value of each,
+    the IEEE fp32-dot variant (a 16-bit cache of the other dtype than the query) at every head
+    dim, and every query tile (BLOCK_M 16 / 32 / 64 / 128: tokens x GQA group 4 rows).
 
     ``causal``: False / True, or a list (per-sequence flags, bool or int32 as vLLM passes them).
     """
     for cache_dtype in FP8 + SIXTEEN:
         for query_dtype in SIXTEEN:
-            yield cache_dtype, query_dtype, 128, [True, False], True
+            yield cache_dtype, query_dtype, 128, [True, False], True, 8
     for head_dim in (64, 256):
-        yield torch.float8_e4m3fn, torch.bfloat16, head_dim, False, False
-        yield torch.bfloat16, torch.float16, head_dim, False, False
-        yield torch.float16, torch.bfloat16, head_dim, True, True
-    yield torch.float8_e4m3fn, torch.float16, 128, True, False
-    yield torch.float8_e5m2, torch.bfloat16, 128, [1, 0], False
+        yield torch.float8_e4m3fn, torch.bfloat16, head_dim, False, False, 8
+        yield torch.bfloat16, torch.float16, head_dim, False, False, 8
+        yield torch.float16, torch.bfloat16, head_dim, True, True, 8
+    yield torch.float8_e4m3fn, torch.float16, 128, True, False, 8
+    yield torch.float8_e5m2, torch.bfloat16, 128, [1, 0], False, 8
+    for head_dim in (64, 128, 256):
+        for tokens in (4, 16, 32):
+            yield torch.float8_e4m3fn, torch.bfloat16, head_dim, False, False, tokens
 
 
 def attention_launches():
     """(label, launch) for every attention variant: the kernel and, when split, the merge."""
-    for cache_dtype, query_dtype, head_dim, causal, split in attention_variants():
+    for cache_dtype, query_dtype, head_dim, causal, split, tokens in attention_variants():
         flags = isinstance(causal, list)
         case = make_case(
-            [8, 8], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
+            [tokens, tokens], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
             cache_dtype=cache_dtype, query_dtype=query_dtype, scales="none",
             causal=[bool(c) for c in causal] if flags else causal,
             causal_dtype=torch.int32 if flags and isinstance(causal[0], int) else torch.bool,
@@ -60,7 +64,10 @@ def attention_launches():
         with captured_launches(triton_attention, *names) as launches:
             triton_attention.paged_attention(problem, out, num_splits=4 if split else 1)
         assert len(launches) == (2 if split else 1), launches
-        label = f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split}"
+        label = (
+            f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split} "
+            f"block_m={launches[0].kwargs['BLOCK_M']}"
+        )
         for launch in launches:
             yield f"attention {launch.fn.__name__} {label}", launch
 

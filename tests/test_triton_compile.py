@@ -24,7 +24,7 @@ def expected_kernels() -> int:
         sys.path.remove(str(TESTS))
     from fp8_noncausal_attn import triton_cache
 
-    attention = sum(2 if split else 1 for *_, split in check.attention_variants())
+    attention = sum(2 if split else 1 for *_, split, _ in check.attention_variants())
     return attention + 2 * len(triton_cache._FORMATS)
 
 
@@ -44,5 +44,9 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     assert all(f": {arch} " in line for line in lines)
     # The JIT's specialisation is applied: aligned pointers are marked 16-byte divisible.
     assert all(int(re.search(r"div16=(\d+)", line).group(1)) >= 3 for line in lines)
-    # The IEEE fp32-dot variants (a 16-bit cache of the other dtype) are among them.
+    # The IEEE fp32-dot variants (a 16-bit cache of the other dtype) are among them, and every
+    # query tile size.
     assert sum("torch.bfloat16 torch.float16" in line for line in lines) >= 3
+    assert {re.search(r"block_m=(\d+)", line).group(1) for line in lines if "block_m" in line} == {
+        "16", "32", "64", "128",
+    }  # fmt: skip
