@@ -4,8 +4,8 @@ Models the attention kernels of the built extension (default: the package's ``_C
 Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
 writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` (repeatable) models
 other builds of ``_C`` under a label (e.g. ``before=/path/_C.so``); labelled rows carry
-``[LABEL]`` in their ``kernel`` field. ``--tcgen05 DIR`` models the tcgen05 family's AOT build
-role by role. ``--include JSON`` adds the rows of an earlier output.
+``[LABEL]`` in their ``kernel`` field. ``--dsl DIR`` models a wgmma / tcgen05 AOT build
+(``python -m dsl.build``) role by role. ``--include JSON`` adds the rows of an earlier output.
 Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
 """
 
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from . import report
+from .dsl_families import dsl_rows
 from .rows import (
     HEAD_DIMS,
     KV_DTYPES,
@@ -27,7 +28,6 @@ from .rows import (
     load_extension,
     triton_rows,
 )
-from .tcgen05 import tcgen05_rows
 from .tiles import cuda_tiles
 
 
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA extension")
     parser.add_argument(
-        "--tcgen05", action="append", default=[], metavar="[LABEL=]DIR",
-        help="a tcgen05 build directory (python -m dsl.build --out DIR) to model role by role",
+        "--dsl", action="append", default=[], metavar="[LABEL=]DIR",
+        help="a wgmma / tcgen05 build directory (python -m dsl.build) to model role by role",
     )  # fmt: skip
     parser.add_argument(
         "--include", action="append", default=[], metavar="JSON",
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
             return 1
         rows += found
-    for entry in args.tcgen05:
+    for entry in args.dsl:
         label, _, path = entry.rpartition("=")
-        found = tcgen05_rows(path, label, shapes)
-        tile_facts[label or path] = "dsl/tcgen05 traits.py and layouts.py (roles, tiles)"
+        found = dsl_rows(path, label, shapes)
+        tile_facts[label or path] = "dsl/<family>/traits.py and layouts.py (roles, tiles)"
         if not found:
-            print(f"no tcgen05 variant of {path} serves the shapes asked for", file=sys.stderr)
+            print(f"no DSL variant of {path} serves the shapes asked for", file=sys.stderr)
             return 1
         rows += found
     if not args.no_triton:

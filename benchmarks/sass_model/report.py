@@ -21,7 +21,7 @@ def _short(kernel: str) -> str:
     if kernel.startswith("["):
         label, _, kernel = kernel.partition("] ")
         label += "] "
-    head, sep, args = kernel.removeprefix("void ").split("(")[0].partition("<")
+    head, sep, args = kernel.removeprefix("void ").split("(")[0].strip().partition("<")
     return label + head.split("::")[-1] + sep + args
 
 

@@ -1,0 +1,140 @@
+"""The CUTLASS-DSL families (dsl/wgmma for sm_90a, dsl/tcgen05 for sm_100a), role by role.
+
+``python -m dsl.build --out DIR`` (per family) keeps each variant's cubin under
+``DIR/<arch>/<variant>/`` and lists them in ``DIR/build.json``. Warp roles and tile sizes come
+from each family's own compile-time configuration (``dsl/<family>/traits.py``, ``layouts.py``;
+plain Python): which warps run which loop, and how many KV bytes one iteration of that loop
+covers. Tensor work is the tile's, 2 x rows x head_dim multiply-accumulates per key (rows = the
+variant's query rows per CTA; tcgen05 shapes live in instruction descriptors, not in SASS).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import hardware, occupancy, pipes
+from .cubins import read_cubin
+from .model import bound
+from .roles import Role, instr_per_kv_byte, role_counts
+from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for
+
+_NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)_p(\d+)_(bf16|f16)_(e4m3|e5m2)")
+_Q = {"bf16": "bfloat16", "f16": "float16"}
+_KV = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+@dataclass(frozen=True)
+class Built:
+    """One built variant: its family, arch, cubin and the family's own Variant object."""
+
+    family: str
+    arch: str
+    cubin: Path
+    variant: Any  # dsl.<family>.traits.Variant
+
+    @property
+    def rows(self) -> int:
+        return self.variant.rows
+
+
+def _variant(family: str, head_dim: int, rows: int, page: int, q: str, kv: str):
+    if family == "wgmma":
+        from dsl.wgmma.layouts import ROWS_PER_WARPGROUP
+        from dsl.wgmma.traits import Variant
+
+        return Variant(head_dim, rows // ROWS_PER_WARPGROUP, page, q, kv)
+    from dsl.tcgen05.traits import Variant
+
+    return Variant(head_dim, rows, page, q, kv)
+
+
+def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:
+    """(roles, threads per CTA, tensor opcode) of one variant, from the family's traits."""
+    d = variant.head_dim
+    if family == "wgmma":
+        from dsl.wgmma.layouts import WARPGROUP
+
+        consumers = variant.threads // WARPGROUP - 1
+        roles = (
+            # The producer warpgroup stages one K or V item (key_tile x head_dim) per iteration.
+            Role("producer", WARPGROUP // 32, "STS", 0, variant.key_tile * d),
+            # Each consumer warpgroup: both GEMMs and the softmax of one key tile (K and V).
+            Role("consumer", consumers * WARPGROUP // 32, "HGMMA", 0, 2 * variant.key_tile * d),
+        )
+        return roles, variant.threads, "HGMMA"
+    from dsl.tcgen05 import layouts, traits
+
+    per_tile = 2 * layouts.KEY_TILE * d  # K and V bytes of one key tile (FP8)
+    roles = (
+        Role("softmax", 4, "MUFU", 0, per_tile),
+        Role("convert", 4, "LDGSTS", 0, layouts.KEY_TILE * layouts.ITEM_BYTES),
+        Role("mma_kq", 1, "UTCHMMA", 0, per_tile),
+        Role("mma_vp", 1, "UTCHMMA", 1, per_tile),
+    )
+    return roles, traits.THREADS, "UTCHMMA"
+
+
+def read_build(build_dir: str | Path) -> list[Built]:
+    """The variants a DSL build directory holds."""
+    build = json.loads((Path(build_dir) / "build.json").read_text())
+    found = []
+    for entry in build["variants"]:
+        family, d, rows, page, q, kv = _NAME.search(entry["variant"]).groups()
+        variant = _variant(family, int(d), int(rows), int(page), _Q[q], _KV[kv])
+        cubin = Path(build_dir) / entry["cubins"][0]
+        found.append(Built(family, entry["arch"], cubin, variant))
+    return found
+
+
+def dsl_rows(build_dir: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list:
+    """Rows for the drafter shapes a built variant serves: per arch, the smallest rows-per-CTA
+    >= R, else the largest, with ceil(R / rows) CTAs each streaming the KV."""
+    built = read_build(build_dir)
+    rows = []
+    for shape in shapes:
+        for arch in sorted({b.arch for b in built}):
+            gpu = gpu_for(arch)
+            fits = [
+                b
+                for b in built
+                if b.arch == arch
+                and (b.variant.head_dim, b.variant.q_dtype, b.variant.kv_dtype)
+                == (shape.head_dim, shape.q_dtype, shape.kv_dtype)
+            ]
+            if gpu is None or not fits:
+                continue
+            wide = [b for b in fits if b.rows >= shape.rows]
+            chosen = min(wide, key=lambda b: b.rows) if wide else max(fits, key=lambda b: b.rows)
+            rows.append(_row(gpu, chosen, shape, label))
+    return rows
+
+
+def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
+    (kernel,) = read_cubin(built.cubin)
+    roles, threads, tensor_op = family_roles(built.family, built.variant)
+    ctas = -(-shape.rows // built.rows)
+    instr = instr_per_kv_byte(role_counts(kernel.sass, roles), roles, ctas)
+    # 2 x rows x head_dim MACs per key over 2 x head_dim FP8 bytes per key.
+    prediction = bound(gpu, instr, {tensor_op: float(built.rows * ctas)})
+    smem = built.variant.smem_bytes
+    name = f"{built.variant.name} ({', '.join(f'{r.name} {r.warps}w' for r in roles)})"
+    return {
+        "gpu": gpu.name,
+        "arch": kernel.arch,
+        "family": built.family,
+        "kernel": f"[{label}] {name}" if label else name,
+        "head_dim": shape.head_dim,
+        "q_dtype": shape.q_dtype,
+        "kv_dtype": shape.kv_dtype,
+        "rows_per_kv_head": shape.rows,
+        "instr_per_kv_byte": {p: round(instr[p], 5) for p in pipes.PIPES},
+        "regs": kernel.regs,
+        "smem_bytes": smem,
+        "ctas_per_sm": occupancy.ctas_per_sm(gpu.limits, threads, kernel.regs, smem),
+        "binding": prediction.binding,
+        "predicted_hbm_fraction": round(prediction.predicted_hbm_fraction, 4),
+    }
