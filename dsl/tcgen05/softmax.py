@@ -1,0 +1,303 @@
+"""Softmax warpgroup of the tcgen05 kernel: masked column maxima across the 128 key lanes of
+S^T, P in fp16, column sums, O rescale in TMEM, and the epilogue (output, or the split's fp32
+partial O and log2 LSE for the merge kernel).
+
+NEVER RUN ON A GPU. A mixin of dsl/tcgen05/kernel.Tcgen05PagedAttention; index maps from
+dsl/tcgen05/layouts.py.
+"""
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import tcgen05
+
+from dsl.tcgen05 import layouts as L
+
+MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
+
+
+def _exp2(x):
+    return cute.math.exp2(x, fastmath=True)
+
+
+def _warp_column_sums(values, lane):
+    """Butterfly transpose-reduce: ``values`` are this lane's 32 column entries (Python list of
+    Float32); returns, on lane c, the sum over the warp's 32 lanes of column c. 31 shuffles in
+    5 stages: at each, a lane keeps the half of its columns selected by its lane bit and sends
+    the other half to its partner, so column index bits end up equal to the lane bits."""
+    width = 16
+    while width >= 1:
+        upper = (lane & width) != 0
+        halved = []
+        for i in range(width):
+            send = cutlass.select_(upper, values[i], values[i + width])
+            keep = cutlass.select_(upper, values[i + width], values[i])
+            halved.append(keep + cute.arch.shuffle_sync_bfly(send, offset=width))
+        values = halved
+        width //= 2
+    return values[0]
+
+
+class SoftmaxRole:
+    """Warps 0-3 (traits.SOFTMAX_WARPGROUP)."""
+
+    @cute.jit
+    def softmax_role(
+        self,
+        tCtS: cute.Tensor,
+        tCtO: cute.Tensor,
+        tCsP: cute.Tensor,
+        s_max: cute.Tensor,
+        s_sum: cute.Tensor,
+        s_row_scale: cute.Tensor,
+        s_col_scale: cute.Tensor,
+        s_last_key: cute.Tensor,
+        out_ptr: cute.Pointer,
+        ws_o_ptr: cute.Pointer,
+        ws_lse_ptr: cute.Pointer,
+        o_stride_t: cutlass.Int64,
+        o_stride_h: cutlass.Int64,
+        kv_head: cutlass.Int32,
+        group: cutlass.Int32,
+        q_start: cutlass.Int32,
+        q_len: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        num_rows: cutlass.Int32,
+        row_base: cutlass.Int32,
+        first_tile: cutlass.Int32,
+        iters: cutlass.Int32,
+        seq: cutlass.Int32,
+        causal_ptr: cute.Pointer,
+        causal_stride: cutlass.Int64,
+        causal_width: cutlass.Int32,
+        causal_global: cutlass.Int32,
+        k_scale_ptr: cute.Pointer,
+        v_scale_ptr: cute.Pointer,
+        scale_log2: cutlass.Float32,
+        split: cutlass.Int32,
+        num_splits: cutlass.Int32,
+        num_tokens: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        wg_warp: cutlass.Int32,
+        lane: cutlass.Int32,
+        s_consumer: pipeline.PipelineConsumer,
+        p_producer: pipeline.PipelineProducer,
+        o_consumer: pipeline.PipelineConsumer,
+        softmax_bar: pipeline.NamedBarrier,
+        row_scale_bar: pipeline.NamedBarrier,
+    ):
+        """Online softmax down the key (lane) axis of S^T, one column per query row."""
+        rows = self.v.rows
+        d_tiles = self.v.d_tiles
+        acc_dtype = self.acc_dtype
+        lane_slots = (rows + 31) // 32  # columns whose shared max/sum this lane publishes
+
+        # S, P and O are handled 32 columns (rows) at a time, so a thread holds one chunk of
+        # scores / probabilities / O at once whatever ``rows`` is: chunk c of the TMEM copy
+        # partition is columns 32 c .. 32 c + 31 (test_tcgen05_host checks it on the DSL).
+        chunk = min(rows, 32)
+        chunks = rows // chunk
+        load_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(chunk)), acc_dtype)
+        load_s = tcgen05.make_tmem_copy(load_atom, tCtS[MMA + (0,)])
+        thr_load = load_s.get_slice(wg_tidx)
+        store_o = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition(chunk)), acc_dtype),
+            tCtO[MMA + (0,)],
+        )
+        thr_store_o = store_o.get_slice(wg_tidx)
+        tStS = thr_load.partition_S(tCtS)  # (CPY, chunks, 1, 1, s_stages)
+        tSsP = thr_load.partition_D(tCsP)  # (CPY, chunks, 1, 1, s_stages)
+        tStO = thr_load.partition_S(tCtO)  # (CPY, chunks, 1, 1, d_tiles)
+        tStO_dst = thr_store_o.partition_D(tCtO)
+        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
+
+        # Zero O (BMM2 always accumulates) and the shared row state.
+        zero_o = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+        zero_o.fill(0.0)
+        for dm in cutlass.range_constexpr(d_tiles):
+            for c in cutlass.range_constexpr(chunks):
+                cute.copy(thr_store_o, zero_o, tStO_dst[(None, c, 0, 0, dm)])
+        cute.arch.fence_view_async_tmem_store()
+        for k in cutlass.range_constexpr(lane_slots):
+            c = k * 32 + lane
+            if c < rows:
+                if wg_warp == 0:
+                    s_max[c, 0] = -acc_dtype.inf
+                    s_max[c, 1] = -acc_dtype.inf
+        row_scale_bar.arrive_and_wait()  # row scales from the converter's Q prologue
+        softmax_bar.arrive_and_wait()
+
+        # Per-column constants in shared memory (read as broadcasts every tile, so they cost no
+        # registers): log2-domain score scale and the last key the column's query may see.
+        causal = causal_global
+        if causal_width == 1:
+            causal = cute.make_tensor(
+                causal_ptr + cutlass.Int64(seq) * causal_stride, cute.make_layout(1)
+            )[0].to(cutlass.Int32)
+        if causal_width == 4:
+            flag = cute.make_tensor(
+                cute.recast_ptr(causal_ptr, dtype=cutlass.Int32)
+                + cutlass.Int64(seq) * causal_stride,
+                cute.make_layout(1),
+            )[0]
+            causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
+        k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
+        for k in cutlass.range_constexpr((rows + 127) // 128):
+            n = k * 128 + wg_tidx
+            if n < rows:
+                s_col_scale[n] = scale_log2 * k_scale * s_row_scale[n]
+                position = L.query_position(L.row_token(row_base + n, group), q_len, kv_len)
+                s_last_key[n] = cutlass.select_(causal != 0, position, kv_len - 1)
+        softmax_bar.arrive_and_wait()
+        # Column state is the same in every thread, so lane c % 32 of each warp keeps the
+        # running maximum of column c and computes its correction; the other lanes fetch it
+        # with one shuffle per column (cheaper than holding all columns in every thread).
+        m_prev = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+        m_prev.fill(-acc_dtype.inf)
+        l_mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+        l_mine.fill(0.0)
+
+        for s in cutlass.range(iters):
+            parity = s % 2
+            s_handle = s_consumer.wait_and_advance()
+            j = (first_tile + s) * L.KEY_TILE + wg_tidx
+            # Pass 1: masked column maxima, chunk by chunk.
+            mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+            for c in cutlass.range_constexpr(chunks):
+                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
+                cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    masked = cutlass.select_(visible, scores[i], -acc_dtype.inf)
+                    col_max = cute.arch.warp_redux_sync(masked, kind="fmax", nan=True)
+                    if n % 32 == lane:
+                        mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
+            for k in cutlass.range_constexpr(lane_slots):
+                c = k * 32 + lane
+                if c < rows:
+                    cute.arch.atomic_fmax(
+                        s_max.iterator + s_max.layout((c, parity)),
+                        mine[k],
+                        sem="relaxed",
+                        scope="cta",
+                    )
+            softmax_bar.arrive_and_wait()
+
+            correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+            for k in cutlass.range_constexpr(lane_slots):
+                c = cutlass.min(k * 32 + lane, rows - 1)
+                m_new = s_max[c, parity]
+                m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
+                correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
+                m_prev[k] = m_new
+            # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
+            # memory, and the column sums of P as BMM2 multiplies it: lane c of each warp gets
+            # its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
+            p_handle = p_producer.acquire_and_advance()
+            for c in cutlass.range_constexpr(chunks):
+                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
+                cute.arch.fence_view_async_tmem_load()
+                probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    m_new = s_max[n, parity]
+                    m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
+                    p = _exp2((scores[i] - m_use) * s_col_scale[n])
+                    probs[i] = cutlass.Float32(
+                        cutlass.select_(visible, p, cutlass.Float32(0.0))
+                    ).to(self.mma_dtype)
+                cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_handle.index)])
+                part = _warp_column_sums(
+                    [
+                        probs[i].to(acc_dtype) if i < chunk else cutlass.Float32(0.0)
+                        for i in range(32)
+                    ],
+                    lane,
+                )
+                l_mine[c] = l_mine[c] * correction[c] + part
+            cute.arch.fence_view_async_shared()
+            p_handle.commit()
+            s_handle.release()  # after the second read of S
+
+            if s > 0:
+                o_handle = o_consumer.wait_and_advance()
+                for dm in cutlass.range_constexpr(d_tiles):
+                    for c in cutlass.range_constexpr(chunks):
+                        acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                        cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                        for i in cutlass.range_constexpr(chunk):
+                            n = c * chunk + i
+                            acc[i] = acc[i] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
+                        cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
+                cute.arch.fence_view_async_tmem_store()
+                o_handle.release()
+
+        # ---- epilogue: column sums across the 128 key lanes, then O / l, or the split state.
+        for k in cutlass.range_constexpr(lane_slots):
+            c = k * 32 + lane
+            if c < rows:
+                s_sum[c, wg_warp] = l_mine[k]
+        softmax_bar.arrive_and_wait()
+
+        final = (iters + 1) % 2  # parity of the last tile's maximum
+        v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
+        split_mode = num_splits > 1
+        if wg_tidx < rows:
+            n = wg_tidx
+            r = row_base + n
+            if split_mode and r < num_rows:
+                l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
+                m_fin = s_max[n, final]
+                scale_n = s_col_scale[n]
+                lse = -acc_dtype.inf
+                if l_sum > 0.0:
+                    lse = m_fin * scale_n + cute.math.log2(l_sum, fastmath=False)
+                token = L.row_token(r, group)
+                head = L.row_head(r, group, kv_head)
+                idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
+                cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
+
+        # The last O: wait without advancing, read chunk by chunk, release at the end (which
+        # lets the MMA warp free TMEM). An empty split writes zeros.
+        o_last = o_consumer.current_handle()
+        if iters > 0:
+            o_consumer.wait()
+        for dm in cutlass.range_constexpr(d_tiles):
+            d = dm * L.KEY_TILE + wg_tidx
+            for c in cutlass.range_constexpr(chunks):
+                acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                acc.fill(0.0)
+                if iters > 0:
+                    cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                    cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    r = row_base + n
+                    if r < num_rows:
+                        l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
+                        inv = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
+                        value = acc[i] * inv
+                        token = L.row_token(r, group)
+                        head = L.row_head(r, group, kv_head)
+                        if split_mode:
+                            idx = (
+                                (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads
+                                + head
+                            ) * self.v.head_dim + d
+                            cute.make_tensor(ws_o_ptr + idx, cute.make_layout(1))[0] = value
+                        else:
+                            off = (
+                                cutlass.Int64(q_start + token) * o_stride_t
+                                + cutlass.Int64(head) * o_stride_h
+                                + d
+                            )
+                            cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = value.to(
+                                self.q_dtype
+                            )
+        if iters > 0:
+            o_last.release()
