@@ -2,7 +2,9 @@
 
 Every sequence of a shape has the same ``q_len`` and ``kv_len`` (``kv_len`` counts the new query
 tokens, SPEC §3), so a padded batch is exact for the peers that need one. Byte and FLOP counts are
-the problem's minimum: each KV byte read once, the query read once, the output written once.
+the problem's minimum: each KV byte read once, the query read once, the output written once. With a
+sliding window only the keys some query of a sequence can see count, so a windowed shape's bytes
+and FLOPs scale with the window, not the context.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Shape:
     kv_dtype: str  # a KV_DTYPES key
     query_dtype: str = "bfloat16"
     block_size: int = 16
+    # (left, right) sliding window, FlashAttention's convention (-1 = unbounded; SPEC §3).
+    window: tuple[int, int] = (-1, -1)
 
     @property
     def torch_kv_dtype(self) -> torch.dtype:
@@ -59,10 +63,28 @@ class Shape:
     def blocks_per_seq(self) -> int:
         return -(-self.kv_len // self.block_size)
 
+    def _visible_range(self, token: int) -> tuple[int, int]:
+        """Keys ``[start, end)`` query ``token`` of a sequence sees (masking.visible_range)."""
+        position = self.kv_len - self.q_len + token
+        end = position + 1 if self.causal else self.kv_len
+        left, right = self.window
+        if right >= 0:
+            end = min(end, position + right + 1)
+        return (max(position - left, 0) if left >= 0 else 0), end
+
+    @property
+    def keys_read(self) -> int:
+        """Keys of one sequence that some query sees: the window's span, at most ``kv_len``.
+
+        The last query sees key ``kv_len - 1`` under either mask, so the span ends there.
+        """
+        return self.kv_len - min(self._visible_range(0)[0], self.kv_len)
+
     def kv_bytes(self, itemsize: int | None = None) -> int:
-        """Bytes of K and V the problem reads once (in the cache dtype unless ``itemsize``)."""
+        """Bytes of K and V the problem reads once (in the cache dtype unless ``itemsize``):
+        only the keys inside some query's window (:attr:`keys_read`)."""
         size = self.torch_kv_dtype.itemsize if itemsize is None else itemsize
-        return 2 * self.batch * self.kv_len * self.num_kv_heads * self.head_dim * size
+        return 2 * self.batch * self.keys_read * self.num_kv_heads * self.head_dim * size
 
     @property
     def bytes(self) -> int:
@@ -73,7 +95,11 @@ class Shape:
     @property
     def flops(self) -> int:
         """2 FLOP per multiply-add of QK^T and of PV, over the keys each query attends to."""
-        if self.causal:
+        if self.window != (-1, -1):
+            keys_per_seq = sum(
+                end - start for start, end in map(self._visible_range, range(self.q_len))
+            )
+        elif self.causal:
             first = self.kv_len - self.q_len + 1
             keys_per_seq = self.q_len * first + self.q_len * (self.q_len - 1) // 2
         else:
@@ -82,6 +108,8 @@ class Shape:
 
     def label(self) -> str:
         mask = "causal" if self.causal else "bidir"
+        if self.window != (-1, -1):
+            mask += f" window{self.window[0]},{self.window[1]}"
         return (
             f"{self.kind} b{self.batch} q{self.q_len} kv{self.kv_len} "
             f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_dim} {mask} {self.kv_dtype}"
@@ -106,6 +134,17 @@ def _drafter(**overrides: object) -> Shape:
         kv_dtype="fp8_e4m3",
     )
     return replace(base, **overrides)
+
+
+def windowed_drafter() -> Shape:
+    """A drafter for a sliding-window target: vLLM's ``sliding_window=4096`` made symmetric for
+    the bidirectional drafter, ``(4095, 4095)``, over a 128k context. Its bytes and FLOPs are the
+    window's (~4k keys per sequence), a 32nd of the context's.
+
+    Not in a preset yet: the timing runners (attention.py, peers) do not pass ``window`` to the
+    kernels, so timing it there would measure the full context against the window's bytes.
+    """
+    return _drafter(kv_len=131072, window=(4095, 4095))
 
 
 def _prefill(length: int, **overrides: object) -> Shape:

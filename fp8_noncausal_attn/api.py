@@ -59,6 +59,9 @@ def _paged_attention_op(
     max_seqlen_q: int,
     max_seqlen_k: int,
     backend: str,
+    window_left: int = -1,
+    window_right: int = -1,
+    sinks: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
     problem = AttentionProblem(
         query=query,
@@ -74,6 +77,8 @@ def _paged_attention_op(
         softmax_scale=softmax_scale,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        window=(window_left, window_right),
+        sinks=sinks,
     )
     run_one_shot(problem, out, backend)
 
@@ -120,6 +125,8 @@ def paged_attention(
     out: torch.Tensor | None = None,
     backend: str = "auto",
     validate: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged attention over a (possibly FP8) KV cache with per-KV-head scales.
 
@@ -143,6 +150,14 @@ def paged_attention(
         out: written in place when given (``query``'s shape and dtype).
         backend: ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
         validate: also run the checks that need device values on the host (a sync).
+        window: ``(left, right)`` sliding window, FlashAttention's convention (``-1`` =
+            unbounded): token ``i`` at ``p = kv_len - q_len + i`` also sees only keys
+            ``p - left <= j <= p + right`` (causal caps ``right`` at 0). Reference and Triton
+            run it (Triton reads only the key tiles inside the window); the CUDA kernels do not
+            yet, so ``auto`` picks Triton on a GPU.
+        sinks: float32 ``[num_q_heads]`` attention-sink logits (gpt-oss / vLLM ``sinks``): each
+            joins its head's softmax denominator with no value,
+            ``out = sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``. Backends as for window.
     Returns:
         ``[num_tokens, num_q_heads, head_dim]`` in ``query``'s dtype (``out`` when given).
     """
@@ -150,6 +165,7 @@ def paged_attention(
         query, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens,
         causal=causal, k_scale=k_scale, v_scale=v_scale, softmax_scale=softmax_scale,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, out=out, validate=validate,
+        window=window, sinks=sinks,
     )  # fmt: skip
     if out is None:
         out = torch.empty_like(query)
@@ -164,7 +180,8 @@ def paged_attention(
                 out, problem.query, problem.key_cache, problem.value_cache, problem.block_table,
                 problem.cu_seqlens_q, problem.seq_lens, problem.k_scale, problem.v_scale,
                 problem.causal_per_seq, problem.causal, problem.softmax_scale,
-                problem.max_seqlen_q, problem.max_seqlen_k, backend,
+                problem.max_seqlen_q, problem.max_seqlen_k, backend, *problem.window,
+                problem.sinks,
             )  # fmt: skip
         return out
     if query.device.type == "meta":  # shapes only: checked above, nothing to launch

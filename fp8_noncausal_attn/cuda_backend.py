@@ -128,6 +128,12 @@ def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
 def unsupported_reason(problem: AttentionProblem) -> str | None:
     """None when the CUDA kernels can run ``problem``, else the reason."""
     q, k = problem.query, problem.key_cache
+    if problem.has_window or problem.sinks is not None:
+        return (
+            "the CUDA kernels do not run a sliding window or attention sinks yet "
+            f"(window={problem.window}, sinks {'given' if problem.sinks is not None else 'none'}):"
+            " Triton and the reference do"
+        )
     if not q.is_cuda:
         return "the CUDA kernels need CUDA tensors"
     ext, why = _load()

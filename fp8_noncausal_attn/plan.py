@@ -32,7 +32,9 @@ from .validation import (
     check_index_tensors,
     check_out,
     check_query,
+    check_sinks,
     check_softmax_scale,
+    check_window,
     optional_host_int,
 )
 
@@ -89,7 +91,7 @@ class BatchPlan:
     __slots__ = (
         "backend", "module", "backend_plan", "run_check", "block_table", "cu_seqlens_q",
         "seq_lens", "causal", "causal_per_seq", "causal_arg", "softmax_scale", "max_seqlen_q",
-        "max_seqlen_k", "num_tokens", "max_page", "check_values", "traced", "requested",
+        "max_seqlen_k", "num_tokens", "max_page", "check_values", "traced", "requested", "window",
     )  # fmt: skip
 
 
@@ -190,7 +192,7 @@ class PagedAttention:
         return AttentionProblem(
             query, cache, cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             self._unit_scale, self._unit_scale, plan.causal, plan.causal_per_seq,
-            plan.softmax_scale, plan.max_seqlen_q, plan.max_seqlen_k,
+            plan.softmax_scale, plan.max_seqlen_q, plan.max_seqlen_k, plan.window,
         )  # fmt: skip
 
     def plan(
@@ -206,6 +208,7 @@ class PagedAttention:
         num_tokens: int | None = None,
         backend: str = "auto",
         validate: bool = False,
+        window: tuple[int, int] = (-1, -1),
     ) -> BatchPlan:
         """Plan one batch: backend, tiles, splits. Once per batch, before :meth:`run`.
 
@@ -222,6 +225,11 @@ class PagedAttention:
                 ``min(max_num_tokens, num_seqs * max_seqlen_q)``.
             backend: ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
             validate: also run the checks that need device values on the host (a sync).
+            window: ``(left, right)`` sliding window (FlashAttention's convention, ``-1`` =
+                unbounded; see :func:`fp8_noncausal_attn.paged_attention`). A plan property, as
+                in vLLM where it is a layer property and layers of one KV-cache group share it:
+                layers with different windows take one plan each. The CUDA kernels do not run
+                windows yet, so ``auto`` plans Triton for a windowed batch on a GPU.
 
         Returns:
             The plan, also kept as the current one that :meth:`run` uses by default.
@@ -245,6 +253,7 @@ class PagedAttention:
                 f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
             )
         causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
+        window = check_window(window)
         compiling = torch.compiler.is_compiling()
         if compiling and (max_seqlen_q is None or max_seqlen_k is None):
             raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
@@ -268,7 +277,7 @@ class PagedAttention:
         plan = BatchPlan()
         plan.block_table, plan.cu_seqlens_q, plan.seq_lens = block_table, cu_seqlens_q, seq_lens
         plan.causal, plan.causal_per_seq, plan.causal_arg = causal_flag, causal_per_seq, causal
-        plan.softmax_scale = softmax_scale
+        plan.softmax_scale, plan.window = softmax_scale, window
         plan.max_seqlen_q, plan.max_seqlen_k = max_seqlen_q, max_seqlen_k
         plan.num_tokens, plan.max_page, plan.check_values = num_tokens, max_page, check_values
         plan.traced = compiling
@@ -306,6 +315,7 @@ class PagedAttention:
         out: torch.Tensor | None = None,
         *,
         plan: BatchPlan | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention for one layer of the planned batch.
 
@@ -318,6 +328,10 @@ class PagedAttention:
                 ``[num_kv_heads]`` float32 tensor (passed through as is, with no copy).
             out: written in place when given (``query``'s shape and dtype).
             plan: a plan this object returned; default the latest.
+            sinks: float32 ``[num_q_heads]`` attention-sink logits of this layer (a layer
+                property, hence here and not in :meth:`plan`), or None. Reference and Triton
+                run them; a plan on the CUDA kernels refuses them (plan with ``auto`` and the
+                run goes to Triton).
         Returns:
             ``out``, or a new tensor like ``query``.
         """
@@ -329,7 +343,9 @@ class PagedAttention:
             if plan is None:
                 raise RuntimeError("PagedAttention.run() needs a plan: call plan() once per batch")
         if plan.traced or torch.compiler.is_compiling():
-            return self._run_through_op(plan, query, key_cache, value_cache, k_scale, v_scale, out)
+            return self._run_through_op(
+                plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks
+            )
         if not isinstance(query, torch.Tensor) or query.dtype is not self.query_dtype:
             self._query_error(query, plan)
         shape = query.shape
@@ -371,13 +387,17 @@ class PagedAttention:
             or out.device != query.device
         ):
             check_out(out, query)
+        if sinks is not None:
+            sinks = check_sinks(sinks, self.num_q_heads, self.device, plan.check_values)
         if plan.module is None:  # meta tensors
             return out
         problem = AttentionProblem(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             k_scale, v_scale, plan.causal, plan.causal_per_seq, plan.softmax_scale,
-            plan.max_seqlen_q, plan.max_seqlen_k,
+            plan.max_seqlen_q, plan.max_seqlen_k, plan.window, sinks,
         )  # fmt: skip
+        if sinks is not None and plan.backend == "cuda":
+            return self._run_elsewhere(plan, problem, out, "the CUDA kernels do not run sinks yet")
         if plan.run_check is not None:
             why = plan.run_check(problem, out)
             if why is not None:
@@ -455,10 +475,11 @@ class PagedAttention:
         run_one_shot(problem, out, "auto")
         return out
 
-    def _run_through_op(self, plan, query, key_cache, value_cache, k_scale, v_scale, out):
+    def _run_through_op(self, plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks):
         return paged_attention(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
             softmax_scale=plan.softmax_scale, max_seqlen_q=plan.max_seqlen_q,
-            max_seqlen_k=plan.max_seqlen_k, out=out, backend=plan.requested,
+            max_seqlen_k=plan.max_seqlen_k, out=out, backend=plan.requested, window=plan.window,
+            sinks=sinks,
         )  # fmt: skip

@@ -38,6 +38,11 @@ class AttentionProblem:
       softmax_scale:  multiplier of q.k before the softmax (default head_dim ** -0.5).
       max_seqlen_q/k: host-side upper bounds of q_len / kv_len, used to size grids without a
                     device-to-host sync.
+      window:       ``(left, right)`` sliding window (masking.visible_range), each -1 (unbounded)
+                    or >= 0; default ``(-1, -1)``, no window.
+    Tensors (optional):
+      sinks:        [num_q_heads] float32 attention-sink logits joining every row's softmax
+                    denominator (no value), or None (the default).
     """
 
     query: torch.Tensor
@@ -53,6 +58,12 @@ class AttentionProblem:
     softmax_scale: float
     max_seqlen_q: int
     max_seqlen_k: int
+    window: tuple[int, int] = (-1, -1)
+    sinks: torch.Tensor | None = None
+
+    @property
+    def has_window(self) -> bool:
+        return self.window[0] >= 0 or self.window[1] >= 0
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .masking import visible_keys
+from .masking import visible_range
 from .problem import AttentionProblem
 from .scales import dequantize, quantize
 
@@ -38,6 +38,10 @@ def gather_sequence_kv(
 def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
     """Write ``softmax(q K^T * softmax_scale) V`` for every query token into ``out``.
 
+    With ``problem.window`` each token sees only the keys of :func:`masking.visible_range`; with
+    ``problem.sinks`` the sink logit of the row's query head joins the softmax denominator:
+    ``sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``, shifted by ``max(sink_h, max_j s_j)``.
+
     Rows past ``cu_seqlens_q[-1]`` (padding) are written as zeros. The index tensors are read
     as given (any strides; per-sequence causal flags bool or int32, nonzero = causal).
     """
@@ -56,10 +60,20 @@ def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
         q = q.view(q_len, problem.num_kv_heads, group, -1).permute(1, 2, 0, 3)
         scores = torch.einsum("hgqd,khd->hgqk", q, keys) * problem.softmax_scale
         causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
-        limit = visible_keys(torch.arange(q_len, device=q.device), q_len, kv_len, causal)
-        hidden = torch.arange(kv_len, device=q.device)[None, :] >= limit[:, None]
+        start, end = visible_range(
+            torch.arange(q_len, device=q.device), q_len, kv_len, causal, problem.window
+        )
+        keys_at = torch.arange(kv_len, device=q.device)[None, :]
+        hidden = (keys_at < start[:, None]) | (keys_at >= end[:, None])
         scores = scores.masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if problem.sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            # [num_kv_heads, group, 1, 1]: q head h = kv_head * group + g.
+            sink = problem.sinks.float().view(problem.num_kv_heads, group, 1, 1)
+            shift = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
+            weights = torch.exp(scores - shift)
+            probs = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - shift))
         result = torch.einsum("hgqk,khd->qhgd", probs, values)
         out[q_start:q_end] = result.reshape(q_len, problem.num_q_heads, -1).to(out.dtype)
 

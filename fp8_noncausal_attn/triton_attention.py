@@ -37,6 +37,9 @@ except ImportError:  # triton is an optional dependency
     triton = None
 
 MAX_SPLITS = 64
+# An unbounded window side as the kernel gets it: past any position, so the window's clamps
+# reduce to the plain mask, and p + WINDOW_UNBOUNDED + 1 stays within int32 for p < 2^30.
+WINDOW_UNBOUNDED = 1 << 30
 
 
 def interpreting() -> bool:
@@ -68,8 +71,8 @@ if triton is not None:
     def _paged_attention_kernel(
         out_ptr, part_out_ptr, part_lse_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
-        k_scale_ptr, v_scale_ptr, causal_ptr,
-        softmax_scale_log2,
+        k_scale_ptr, v_scale_ptr, causal_ptr, sinks_ptr,
+        softmax_scale_log2, window_left, window_right,
         stride_qt, stride_qh,
         stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh,
@@ -86,6 +89,8 @@ if triton is not None:
         MASK_MODE: tl.constexpr,  # 0 bidirectional, 1 causal, 2 per-sequence flags
         SPLIT: tl.constexpr,
         DOT_FP32: tl.constexpr,
+        WINDOW: tl.constexpr,  # a sliding window (window_left/right, -1 = unbounded) applies
+        SINKS: tl.constexpr,  # sink logits join the denominator here (unsplit launch only)
     ):  # fmt: skip
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -120,7 +125,8 @@ if triton is not None:
         q_head = kv_head * GROUP + rows % GROUP
         row_valid = token < q_len
 
-        # The mask (masking.visible_keys): causal rows see keys j <= kv_len - q_len + token.
+        # The mask (masking.visible_range): causal rows see keys j <= kv_len - q_len + token; a
+        # window limits each row to [p - left, p + right] (p = kv_len - q_len + token).
         if MASK_MODE == 2:
             is_causal = tl.load(causal_ptr + seq * stride_causal) != 0  # bool or int32 flags
         else:
@@ -130,12 +136,22 @@ if triton is not None:
         if is_causal:
             tile_kv_end = kv_len - q_len + last_token + 1
         row_limit = tl.where(is_causal, kv_len - q_len + token + 1, kv_len)
+        tile_kv_start = 0
+        if WINDOW:
+            # The tile's key range is the union of its rows' windows: the loop below starts and
+            # ends there, so keys (and pages) outside it are never read. An unbounded side comes
+            # as WINDOW_UNBOUNDED, which clamps to the plain mask's range.
+            position = kv_len - q_len + token
+            row_start = tl.maximum(position - window_left, 0)
+            row_limit = tl.minimum(row_limit, position + window_right + 1)
+            tile_kv_start = tl.maximum(kv_len - q_len + first_row // GROUP - window_left, 0)
+            tile_kv_end = tl.minimum(tile_kv_end, kv_len - q_len + last_token + window_right + 1)
 
         # The split count is the grid, fixed on the host from max_seqlen_k; each split's key range
         # comes from the real length, so a CUDA graph captured at max_model_len still spreads short
         # sequences over every split. Splits past the keys run no iteration and report lse = -inf.
-        tiles_per_split = tl.cdiv(tl.cdiv(tile_kv_end, BLOCK_N), num_splits)
-        kv_start = split * tiles_per_split * BLOCK_N
+        tiles_per_split = tl.cdiv(tl.cdiv(tile_kv_end - tile_kv_start, BLOCK_N), num_splits)
+        kv_start = tile_kv_start + split * tiles_per_split * BLOCK_N
         kv_end = tl.minimum(kv_start + tiles_per_split * BLOCK_N, tile_kv_end)
 
         q = tl.load(
@@ -169,6 +185,8 @@ if triton is not None:
             else:
                 scores = tl.dot(q, k) * qk_scale
             visible = key_valid[None, :] & (keys[None, :] < row_limit[:, None])
+            if WINDOW:
+                visible = visible & (keys[None, :] >= row_start[:, None])
             scores = tl.where(visible, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
@@ -189,6 +207,14 @@ if triton is not None:
             m_i = m_new
 
         v_scale = tl.load(v_scale_ptr + kv_head)
+        if SINKS:
+            # The sink joins the denominator, shifted by max(m, sink) (log2 units): every valid
+            # row has a key (its own position), so m is finite here.
+            sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0) * 1.4426950408889634
+            m_sink = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_sink)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_sink)
         has_keys = l_i > 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
@@ -217,7 +243,7 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr,
+        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr, sinks_ptr,
         stride_ot, stride_oh,
         stride_pos, stride_pot, stride_poh,
         stride_pls, stride_plt, stride_plh,
@@ -225,6 +251,7 @@ if triton is not None:
         num_seqs, num_splits,
         HEAD_DIM: tl.constexpr,
         SPLITS_POW2: tl.constexpr,
+        SINKS: tl.constexpr,  # the sink logit joins the merged denominator (exactly once, here)
     ):  # fmt: skip
         token = tl.program_id(0)
         head = tl.program_id(1)
@@ -243,6 +270,9 @@ if triton is not None:
         # A split with no keys (lse = -inf) has weight 0; its partial is not read at all.
         has_keys = lse > float("-inf")
         lse_max = tl.max(lse, 0)
+        if SINKS:
+            sink = tl.load(sinks_ptr + head) * 1.4426950408889634  # log2 units, as lse
+            lse_max = tl.maximum(lse_max, sink)
         lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
         weight = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
         parts = tl.load(
@@ -251,6 +281,8 @@ if triton is not None:
             mask=has_keys[:, None], other=0.0,
         )  # fmt: skip
         total = tl.sum(weight, 0)
+        if SINKS:
+            total += tl.exp2(sink - lse_max)
         merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
         tl.store(out_row, merged.to(out_ptr.dtype.element_ty))
 
@@ -310,7 +342,12 @@ def launch_plan(
         block_m = min(block_m, 64)
     block_n = 128 if interpreting() else (64 if problem.head_dim <= 128 else 32)
     num_q_tiles = triton.cdiv(rows, block_m)
-    key_tiles = max(triton.cdiv(problem.max_seqlen_k, block_n), 1)
+    key_span = problem.max_seqlen_k
+    left, right = problem.window
+    if left >= 0 and (right >= 0 or problem.causal_per_seq is None and problem.causal):
+        # A query tile reads at most left + (its tokens - 1) + right + 1 keys (right 0 if causal).
+        key_span = min(key_span, left + problem.max_seqlen_q + max(right, 0))
+    key_tiles = max(triton.cdiv(key_span, block_n), 1)
     if num_splits is None:
         programs = problem.num_seqs * problem.num_kv_heads * num_q_tiles
         num_splits = 1
@@ -396,6 +433,11 @@ def launch(
         part_strides = (0,) * 6
     # Without a per-sequence tensor the flag pointer is unused: any int32 tensor will do.
     causal_flags = problem.causal_per_seq if plan.mask_mode == 2 else seq_lens
+    # Likewise the sinks pointer without sinks (a float32 tensor keeps the signature stable).
+    has_sinks = problem.sinks is not None
+    sinks = problem.sinks if has_sinks else problem.k_scale
+    has_window = problem.has_window
+    window_left, window_right = (WINDOW_UNBOUNDED if side < 0 else side for side in problem.window)
     q_st, o_st, kc_st, vc_st, bt_st = (
         query.stride(),
         out.stride(),
@@ -407,8 +449,8 @@ def launch(
     _paged_attention_kernel[plan.grid](
         out, part_out, part_lse,
         query, kc, vc, bt, cu, seq_lens,
-        problem.k_scale, problem.v_scale, causal_flags,
-        problem.softmax_scale * LOG2E,
+        problem.k_scale, problem.v_scale, causal_flags, sinks,
+        problem.softmax_scale * LOG2E, window_left, window_right,
         q_st[0], q_st[1],
         o_st[0], o_st[1],
         kc_st[0], kc_st[1], kc_st[2],
@@ -424,18 +466,21 @@ def launch(
         MASK_MODE=plan.mask_mode,
         SPLIT=split,
         DOT_FP32=plan.dot_fp32,
+        WINDOW=has_window,
+        SINKS=has_sinks and not split,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_lse, cu,
+            out, part_out, part_lse, cu, sinks,
             o_st[0], o_st[1],
             *part_strides,
             cu_stride,
             num_seqs, plan.num_splits,
             HEAD_DIM=head_dim,
             SPLITS_POW2=1 << (plan.num_splits - 1).bit_length(),
+            SINKS=has_sinks,
         )  # fmt: skip
 
 

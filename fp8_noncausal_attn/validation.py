@@ -8,6 +8,7 @@ needs them on the host anyway (``max_seqlen_q/k`` not given), or when ``validate
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -250,6 +251,44 @@ def check_softmax_scale(softmax_scale: object, head_dim: int) -> float:
     return check_host_float(softmax_scale, "softmax_scale")
 
 
+def check_window(window: object) -> tuple[int, int]:
+    """``window``: ``(left, right)`` ints, each ``-1`` (unbounded) or ``>= 0``; returned as a
+    tuple of Python ints (a list is accepted)."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            f"window must be a (left, right) tuple of two ints (-1 = unbounded), got {window!r}"
+        )
+    for name, value in zip(("window[0] (left)", "window[1] (right)"), window, strict=True):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < -1:
+            raise ValueError(f"{name} must be -1 (unbounded) or >= 0, got {value}")
+    return int(window[0]), int(window[1])
+
+
+def check_sinks(
+    sinks: object, num_q_heads: int, device: torch.device, check_values: bool
+) -> torch.Tensor | None:
+    """``sinks``: None, or float32 ``[num_q_heads]`` on ``device`` (any stride: it is made
+    contiguous when it is not); its values must be finite (read only when ``check_values``)."""
+    if sinks is None:
+        return None
+    _require_tensor(sinks, "sinks")
+    _require_dtype(sinks, "sinks", (torch.float32,))
+    if sinks.shape != (num_q_heads,):
+        raise ValueError(
+            f"sinks must have shape [num_q_heads] = [{num_q_heads}], got {list(sinks.shape)}"
+        )
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on {device} like query, got {sinks.device}")
+    if check_values and sinks.device.type != "meta":
+        values = sinks.tolist()
+        bad = [v for v in values if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"sinks must be finite, got {bad[0]} in {values}")
+    return sinks if sinks.stride(0) == 1 else sinks.contiguous()
+
+
 def validate_attention(
     query: object,
     key_cache: object,
@@ -266,6 +305,8 @@ def validate_attention(
     max_seqlen_k: int | None,
     out: torch.Tensor | None,
     validate: bool,
+    window: object = (-1, -1),
+    sinks: object = None,
 ) -> AttentionProblem:
     """Check a ``paged_attention`` call and return its normalised :class:`AttentionProblem`."""
     query = check_query(query)
@@ -299,6 +340,8 @@ def validate_attention(
     v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
     check_score_scale(float(softmax_scale), k_scale, k_scale_t, key_cache.dtype, check_values)
     causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
+    window = check_window(window)
+    sinks = check_sinks(sinks, num_q_heads, device, check_values)
 
     if check_values or max_seqlen_q is None or max_seqlen_k is None:
         true_max_q, true_max_k, _ = check_batch_lengths(
@@ -322,6 +365,8 @@ def validate_attention(
         softmax_scale=float(softmax_scale),
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        window=window,
+        sinks=sinks,
     )
 
 

@@ -14,7 +14,11 @@ only runs the plan. Causal, bidirectional or mixed per request (``CommonAttentio
 a bool or vLLM's int32 per-request buffer, read in place), with the layer's
 ``_k_scale``/``_v_scale`` as dequantisation multipliers, 0-d or one per KV head of this
 tensor-parallel rank. Rows past the last request (vLLM pads ``num_actual_tokens`` under CUDA
-graphs) are written as zeros.
+graphs) are written as zeros. A layer's ``sliding_window=w`` runs as the window ``(w - 1, 0)``,
+made ``(w - 1, w - 1)`` when the batch is not all causal, exactly as vLLM 0.33's FLASH_ATTN does
+(``_maybe_symmetrize_window``); a layer's ``sinks`` (one logit per query head of this rank) join
+each row's softmax denominator. Window and sinks run on Triton (and the reference on CPU): the
+CUDA kernels refuse them, so ``auto`` picks Triton for such layers.
 
 This module imports vLLM; ``import fp8_noncausal_attn`` never imports it.
 """
@@ -120,7 +124,9 @@ class Fp8NoncausalMetadata:
     causal: a bool, or a [num_reqs] int32/bool tensor (per request, nonzero = causal).
     max_query_len / max_seq_len are host-side upper bounds, so planning reads no device value.
     num_actual_tokens may exceed query_start_loc[-1] (CUDA-graph padding): those rows get zeros.
-    attention / plan: the builder's :class:`PagedAttention` and this batch's plan of it.
+    attention / plan: the builder's :class:`PagedAttention` and this batch's plan of it for the
+    group's first sliding window; plans: one plan per distinct layer window of the group (keyed
+    by the layer's ``(w - 1, 0)`` or ``(-1, -1)``), ``plan`` among them.
     """
 
     num_actual_tokens: int
@@ -133,6 +139,17 @@ class Fp8NoncausalMetadata:
     causal: bool | torch.Tensor
     attention: PagedAttention
     plan: object
+    plans: dict[tuple[int, int], object]
+
+
+def symmetrize_window(window: tuple[int, int], causal: bool | torch.Tensor) -> tuple[int, int]:
+    """vLLM 0.33 FLASH_ATTN's ``_maybe_symmetrize_window``: a causal window ``(w, 0)`` becomes
+    ``(w, w)`` unless the whole batch is causal (``causal`` True); a per-request tensor counts as
+    not causal, and its causal requests get ``right`` capped at 0 by their mask (SPEC §3)."""
+    non_causal = isinstance(causal, torch.Tensor) or causal is False
+    if window[0] >= 0 and window[1] == 0 and non_causal:
+        return window[0], window[0]
+    return window
 
 
 class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]):
@@ -176,6 +193,10 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
                 f"(num_heads, softmax scale, cache dtype); got {sorted(shared, key=str)}"
             )
         num_heads, self.softmax_scale, cache_dtype = shared.pop()
+        # The window is a layer property; a group normally shares one, but may hold windowed and
+        # global layers (vLLM's FLASH_ATTN notes Gemma-3 without the hybrid KV-cache manager):
+        # build() plans once per distinct window.
+        self.layer_windows = sorted({impl.sliding_window for impl in impls})
         # vLLM builds the model with the activation dtype as torch's default dtype.
         model = vllm_config.model_config
         query_dtype = model.dtype if model is not None else torch.get_default_dtype()
@@ -213,12 +234,10 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
         fast_build: bool = False,
     ) -> Fp8NoncausalMetadata:
         m = common_attn_metadata
-        plan = self.attention.plan(
-            m.query_start_loc, m.seq_lens, m.block_table_tensor, causal=m.causal,
-            max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len,
-            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
-            backend=self.kernel_backend,
-        )  # fmt: skip
+        plans = {
+            window: self._plan(m, symmetrize_window(window, m.causal))
+            for window in self.layer_windows
+        }
         return Fp8NoncausalMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -229,8 +248,17 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             slot_mapping=m.slot_mapping,
             causal=m.causal,
             attention=self.attention,
-            plan=plan,
+            plan=plans[self.layer_windows[0]],
+            plans=plans,
         )
+
+    def _plan(self, m: CommonAttentionMetadata, window: tuple[int, int]):
+        return self.attention.plan(
+            m.query_start_loc, m.seq_lens, m.block_table_tensor, causal=m.causal,
+            max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len,
+            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
+            backend=self.kernel_backend, window=window,
+        )  # fmt: skip
 
     def update_draft_decode_metadata(self, metadata: Fp8NoncausalMetadata) -> None:
         return None
@@ -255,9 +283,7 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
     ) -> None:
         unsupported = {
             "alibi_slopes": alibi_slopes is not None,
-            "sliding_window": sliding_window is not None,
             "logits_soft_cap": bool(logits_soft_cap),
-            "sinks": sinks is not None,
         }
         for feature, used in unsupported.items():
             if used:
@@ -283,6 +309,26 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
             )
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+            or sliding_window < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"{BACKEND_NAME}: sliding_window must be None or an int >= 1, "
+                f"got {sliding_window!r}"
+            )
+        # vLLM 0.33 FLASH_ATTN's convention: a decoder's window of w keys is (w - 1, 0); forward
+        # makes it symmetric when the batch is not all causal (symmetrize_window).
+        self.sliding_window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        if sinks is not None and (
+            not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (num_heads,)
+        ):
+            raise ValueError(
+                f"{BACKEND_NAME}: sinks must be a tensor [num_heads] = [{num_heads}] (this rank's "
+                f"query heads), got {getattr(sinks, 'shape', type(sinks).__name__)}"
+            )
+        # The layer's parameter itself: its values are loaded after construction, in place.
+        self.sinks = sinks
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
@@ -370,9 +416,12 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         key_cache, value_cache = self._split_cache(kv_cache)
         k_scale, v_scale = self._scales(layer)
         num_tokens = attn_metadata.num_actual_tokens
+        sinks = self.sinks
+        if sinks is not None and sinks.dtype != torch.float32:
+            sinks = sinks.float()  # gpt-oss keeps them in the model dtype; the kernels read fp32
         attn_metadata.attention.run(
             query[:num_tokens], key_cache, value_cache, k_scale, v_scale,
-            out=output[:num_tokens], plan=attn_metadata.plan,
+            out=output[:num_tokens], plan=attn_metadata.plans[self.sliding_window], sinks=sinks,
         )  # fmt: skip
         return output
 
@@ -383,10 +432,11 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     Accepted (``validate_configuration`` returns no reason): decoder attention, bf16/fp16
     activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
     64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
-    scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere).
-    Refused with vLLM's own reasons: MLA, sparse attention, sinks, sliding window, multimodal
-    prefix attention, batch invariance, DCP/PCP, other attention types; vLLM's Attention layer
-    refuses ALiBi-sqrt for it, and the impl refuses ALiBi and logit soft-capping.
+    scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere),
+    sliding windows and attention sinks (Triton: the CUDA kernels do not run them yet).
+    Refused with vLLM's own reasons: MLA, sparse attention, multimodal prefix attention, batch
+    invariance, DCP/PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
+    and the impl refuses ALiBi and logit soft-capping.
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
@@ -423,6 +473,14 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_per_head_quant_scales(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
         return True
 
     @classmethod

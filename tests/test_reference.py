@@ -10,8 +10,11 @@ from fp8_noncausal_attn.scales import finite_max
 from fp8_noncausal_attn.synthetic import allocate_cache, make_case, relative_error
 
 
-def float64_attention(case, softmax_scale=None):
-    """Token-by-token, key-by-key float64 attention read straight from the cache bytes."""
+def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None):
+    """Token-by-token, key-by-key float64 attention read straight from the cache bytes.
+
+    ``window=(left, right)``: token at position p sees keys p - left .. p + right (-1 unbounded)
+    inside its mask; ``sinks``: a list of per-q-head logits added to the denominator."""
     q_all = case.query.double()
     head_dim = q_all.shape[-1]
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
@@ -33,17 +36,29 @@ def float64_attention(case, softmax_scale=None):
         q_len = cu[seq + 1] - cu[seq]
         causal = case.causal if isinstance(case.causal, bool) else bool(case.causal[seq])
         for i in range(q_len):
-            last = kv_len - q_len + i if causal else kv_len - 1
+            position = kv_len - q_len + i
+            last = position if causal else kv_len - 1
+            first = 0
+            if window[1] >= 0:
+                last = min(last, position + window[1])
+            if window[0] >= 0:
+                first = max(position - window[0], 0)
             for h in range(q_all.shape[1]):
                 kvh = h // group
                 keys, vals = [], []
-                for j in range(last + 1):
+                for j in range(first, last + 1):
                     page = int(case.block_table[seq, j // block_size])
                     keys.append(case.key_cache[page, j % block_size, kvh].double() * k_scale[kvh])
                     vals.append(case.value_cache[page, j % block_size, kvh].double() * v_scale[kvh])
                 scores = torch.stack(keys) @ q_all[cu[seq] + i, h] * scale
-                weights = torch.exp(scores - scores.max())
-                out[cu[seq] + i, h] = (weights / weights.sum()) @ torch.stack(vals)
+                if sinks is None:
+                    weights = torch.exp(scores - scores.max())
+                    out[cu[seq] + i, h] = (weights / weights.sum()) @ torch.stack(vals)
+                else:
+                    shift = max(float(scores.max()), sinks[h])
+                    weights = torch.exp(scores - shift)
+                    denominator = weights.sum() + torch.exp(torch.tensor(sinks[h] - shift))
+                    out[cu[seq] + i, h] = (weights / denominator.double()) @ torch.stack(vals)
     return out
 
 
@@ -65,6 +80,39 @@ def test_reference_matches_float64(cache_dtype, query_dtype, causal, scales):
     exact = float64_attention(case)
     # Only the final rounding to the query dtype separates fp32 math from float64.
     assert relative_error(out, exact) < 2 ** -(8 if query_dtype == torch.bfloat16 else 10)
+
+
+# Windows inside one 8-key page, spanning pages, past the context, one-sided; sinks with large
+# positive and negative logits per q head (+30 outweighs every key, -60 changes nothing).
+WINDOW_CASES = [
+    (False, (2, 1), None),
+    (True, (2, 1), [30.0, -60.0, 0.0, 4.0]),
+    ([True, False], (11, 13), [-60.0, 30.0, 2.0, -1.0]),
+    (False, (500, 500), [5.0, -5.0, 30.0, -60.0]),
+    ([False, True], (-1, 0), None),
+    (True, (-1, -1), [30.0, 30.0, -60.0, -60.0]),
+    (False, (6, -1), [0.0, 1.0, 2.0, 3.0]),
+]
+
+
+@pytest.mark.parametrize("causal,window,sinks", WINDOW_CASES)
+def test_reference_window_and_sinks_match_float64(causal, window, sinks):
+    case = make_case(
+        [3, 4], [9, 21], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=8,
+        causal=causal, seed=6,
+    )  # fmt: skip
+    sinks_t = None if sinks is None else torch.tensor(sinks)
+    out = fna.paged_attention(
+        *case.args(), **case.kwargs(), window=window, sinks=sinks_t, backend="reference"
+    )
+    exact = float64_attention(case, window=window, sinks=sinks)
+    assert torch.isfinite(out.float()).all()
+    # Per q head: a +30 sink scales a head's output down by ~e^-30, which a norm over all heads
+    # would not see.
+    for h in range(4):
+        assert relative_error(out[:, h], exact[:, h]) < 2**-8, h
+    if window not in ((-1, -1), (500, 500)):  # the window matters here, the oracle applies it
+        assert relative_error(exact, float64_attention(case, sinks=sinks)) > 1e-2
 
 
 def test_reference_with_vllm_shaped_indices_matches_float64():

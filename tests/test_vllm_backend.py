@@ -141,9 +141,7 @@ def test_drafter_configurations_are_accepted(capability, kv_cache_dtype, head_si
     "overrides, reason",
     [
         ({"use_mla": True}, "MLA not supported"),
-        ({"has_sink": True}, "attention sinks not supported"),
         ({"use_sparse": True}, "sparse not supported"),
-        ({"has_sliding_window": True}, "sliding window not supported"),
         ({"use_mm_prefix": True}, "partial multimodal token full attention not supported"),
         ({"device_capability": DeviceCapability(8, 0)}, "compute capability not supported"),
         ({"head_size": 96}, "head_size not supported"),
@@ -241,7 +239,7 @@ def test_cli_normalisation_matches_vllms_argument_parser():
         assert flat.get("speculative_config.kv_cache_dtype") == drafter
 
 
-def make_layer(vllm_config, kv_cache_dtype="fp8", name=LAYER_NAME):
+def make_layer(vllm_config, kv_cache_dtype="fp8", name=LAYER_NAME, **layer_kwargs):
     """vLLM's own Attention layer on this backend, built the way vLLM's model loader builds it
     (the config current, the activation dtype as torch's default dtype); it registers ``name``
     in the config's static forward context, where the metadata builder finds its impl."""
@@ -250,7 +248,7 @@ def make_layer(vllm_config, kv_cache_dtype="fp8", name=LAYER_NAME):
         return Attention(
             NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=NUM_KV_HEADS,
             cache_config=CacheConfig(cache_dtype=kv_cache_dtype), prefix=name,
-            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(),
+            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(), **layer_kwargs,
         )  # fmt: skip
 
 
@@ -381,8 +379,10 @@ def dequantized(rows, scale, cache_view_dtype):
     return (rows.float() / scale[None, :, None]).to(cache_view_dtype).double() * per_head
 
 
-def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL):
-    """SPEC §3 in float64, one sequence at a time: keys/values are per-sequence [kv, Hkv, D]."""
+def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL, window=(-1, -1),
+                      sinks=None):  # fmt: skip
+    """SPEC §3 in float64, one sequence at a time: keys/values are per-sequence [kv, Hkv, D];
+    ``window=(left, right)`` as applied (-1 unbounded), ``sinks`` one logit per q head."""
     out, start = [], 0
     group = NUM_HEADS // NUM_KV_HEADS
     for q_len, kv_len, causal, k, v in zip(Q_LENS, KV_LENS, causal_flags, keys, values,
@@ -391,12 +391,24 @@ def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL):
         start += q_len
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("ihd,jhd->hij", q, k) * softmax_scale
+        key = torch.arange(kv_len)[None, :]
+        position = (kv_len - q_len + torch.arange(q_len))[:, None]
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool)
         if causal:
-            visible = (
-                torch.arange(kv_len)[None, :] <= (kv_len - q_len + torch.arange(q_len))[:, None]
-            )
-            scores = scores.masked_fill(~visible, float("-inf"))
-        out.append(torch.einsum("hij,jhd->ihd", scores.softmax(-1), v))
+            visible &= key <= position
+        if window[0] >= 0:
+            visible &= key >= position - window[0]
+        if window[1] >= 0:
+            visible &= key <= position + window[1]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is None:
+            out.append(torch.einsum("hij,jhd->ihd", scores.softmax(-1), v))
+        else:
+            sink = sinks.double()[:, None, None]
+            shift = torch.maximum(scores.amax(-1, keepdim=True), sink)
+            weights = (scores - shift).exp()
+            probs = weights / (weights.sum(-1, keepdim=True) + (sink - shift).exp())
+            out.append(torch.einsum("hij,jhd->ihd", probs, v))
     return torch.cat(out)
 
 
@@ -547,6 +559,64 @@ def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
     assert relative_error(output.view_as(expected), expected) <= TOLERANCE[torch.bfloat16]
 
 
+def test_drafter_layer_with_sliding_window_and_sinks_matches_float64(vllm_config):
+    """A drafter layer with vLLM's ``sliding_window=6`` and gpt-oss-style sinks (large positive
+    and negative logits) through vLLM's own classes: the Attention layer builds the impl, the
+    builder plans, do_kv_cache_update writes the FP8 cache, forward runs. The batch mixes causal
+    and bidirectional requests, so (as in vLLM's FLASH_ATTN) the window (5, 0) runs as (5, 5),
+    its causal requests capped at 0 on the right by their mask."""
+    from vllm.forward_context import set_forward_context
+
+    gen = torch.Generator().manual_seed(12)
+    sinks = torch.tensor([30.0, -40.0, 1.0, 4.0, -2.0, 0.0, 8.0, -60.0])
+    layer = make_layer(vllm_config, per_layer_sliding_window=6, sinks=sinks)
+    assert layer.impl.sliding_window == (5, 0) and layer.impl.sinks is sinks
+    keys = [drafter_rows(gen, kv) for kv in KV_LENS]
+    values = [drafter_rows(gen, kv) for kv in KV_LENS]
+    k_scale, v_scale = fna.compute_kv_scales(torch.cat(keys), torch.cat(values))
+    layer.register_buffer("_k_scale", k_scale)
+    layer.register_buffer("_v_scale", v_scale)
+    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+    common, slots = make_batch_metadata(gen, 24)
+    context = [
+        (k[: kv - q], v[: kv - q], slot[: kv - q])
+        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
+    ]
+    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
+    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
+    meta = make_builder(vllm_config, layer).build(0, common)
+    assert meta.plan.window == (5, 5) and list(meta.plans) == [(5, 0)]
+    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
+    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
+    num_tokens = sum(Q_LENS)
+    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
+    with set_forward_context({LAYER_NAME: meta}, vllm_config,
+                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
+        output = layer(query, new_k.flatten(1), new_v.flatten(1))
+    real_k = [dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys]
+    real_v = [dequantized(v, v_scale, torch.float8_e4m3fn) for v in values]
+    q = query.view(num_tokens, NUM_HEADS, HEAD_SIZE)
+    expected = float64_attention(q, real_k, real_v, HEAD_SIZE**-0.5, window=(5, 5), sinks=sinks)
+    output = output.view_as(expected)
+    for head in range(NUM_HEADS):  # per head: the +30 sink shrinks head 0 by ~e^-20
+        assert relative_error(output[:, head], expected[:, head]) <= TOLERANCE[torch.bfloat16]
+    # Window and sinks each matter here (else the check above could not fail).
+    unwindowed = float64_attention(q, real_k, real_v, HEAD_SIZE**-0.5, sinks=sinks)
+    assert relative_error(expected, unwindowed) > 0.05
+    assert expected[:, 0].abs().max() < 1e-3 * unwindowed[:, 2].abs().max()
+
+
+def test_sliding_window_is_symmetrized_as_vllms_flash_attn():
+    from vllm.v1.attention.backends.flash_attn import _maybe_symmetrize_window
+
+    flags = torch.tensor([1, 0], dtype=torch.int32)
+    for window in ((-1, -1), (5, 0), (5, 5), (0, 0)):
+        for causal in (True, False, flags):
+            assert vllm_backend.symmetrize_window(window, causal) == tuple(
+                _maybe_symmetrize_window(window, causal)
+            ), (window, causal)
+
+
 def test_per_head_scales_of_the_wrong_length_fail_clearly():
     # Under TP=2 a rank of an 4-KV-head model has 2 KV heads; 4 scales means a missing slice.
     impl = Fp8NoncausalAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "fp8")
@@ -560,8 +630,8 @@ def test_per_head_scales_of_the_wrong_length_fail_clearly():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"sinks": torch.ones(NUM_HEADS)}, NotImplementedError, "sinks"),
-        ({"sliding_window": 128}, NotImplementedError, "sliding_window"),
+        ({"sinks": torch.ones(NUM_HEADS - 1)}, ValueError, r"sinks must be a tensor \[num_heads\]"),
+        ({"sliding_window": 0}, ValueError, "sliding_window must be None or an int >= 1"),
         ({"alibi_slopes": [1.0] * NUM_HEADS}, NotImplementedError, "alibi_slopes"),
         ({"logits_soft_cap": 30.0}, NotImplementedError, "logits_soft_cap"),
         ({"attn_type": "encoder_only"}, NotImplementedError, "decoder attention only"),
