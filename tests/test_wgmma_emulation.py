@@ -24,6 +24,7 @@ from conftest import TOLERANCE
 
 import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
+from dsl.common import precision as P
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 from fp8_noncausal_attn.synthetic import make_case, relative_error
@@ -45,7 +46,7 @@ def _fp8_to_float(b: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 
 def _round(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """float64 -> the 16-bit MMA dtype -> float64 (what P is when wgmma multiplies it)."""
+    """float64 -> a 16-bit dtype -> float64 (P is fp16 when wgmma multiplies it)."""
     return torch.from_numpy(x).to(dtype).double().numpy()
 
 
@@ -99,20 +100,35 @@ def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cach
 
 
 def load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start):
-    """One consumer warpgroup's Q tile, replayed thread by thread, read back as wgmma's A."""
+    """One consumer warpgroup's Q tile, replayed thread by thread (a bf16 row scaled to fp16 by
+    the power of two its threads agree on through their shuffles), read back as wgmma's A;
+    and the per-row factors 2^-e the kernel leaves in shared memory."""
     d = variant.head_dim
     tile = np.zeros(L.ROWS_PER_WARPGROUP * d)
-    for t in range(L.WARPGROUP):
-        for step in range(L.q_steps(d)):
-            r, c = L.q_row(t, step, d), L.q_chunk(t, step, d)
-            values = np.zeros(8)
-            if row0 + r < num_rows:
-                token = X.row_token(row0 + r, group)
-                head = X.row_head(row0 + r, group, kv_head)
-                values = problem.query[q_start + token, head, c * 8 : c * 8 + 8].double().numpy()
-            at = L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2
-            tile[at : at + 8] = values
-    return read_operand(tile, L.ROWS_PER_WARPGROUP, d)
+    row_scale = np.full(L.ROWS_PER_WARPGROUP, np.nan)
+    thread = np.arange(L.WARPGROUP)
+    for step in range(L.q_steps(d)):
+        r, c = L.q_row(thread, step, d), L.q_chunk(thread, step, d)
+        values = np.zeros((L.WARPGROUP, 8), np.float32)
+        for t in range(L.WARPGROUP):
+            if row0 + r[t] < num_rows:
+                token = X.row_token(row0 + int(r[t]), group)
+                head = X.row_head(row0 + int(r[t]), group, kv_head)
+                values[t] = problem.query[q_start + token, head, c[t] * 8 : c[t] * 8 + 8].float()
+        factor = inverse = np.ones(L.WARPGROUP)
+        if problem.query.dtype == torch.bfloat16:
+            biggest = np.abs(values).max(axis=1)
+            for offset in L.q_row_shuffles(d):
+                biggest = np.maximum(biggest, biggest[thread ^ offset])
+            exponent = P.row_scale_exponent((biggest.view(np.int32) >> 23) & 0xFF)
+            factor, inverse = np.exp2(exponent.astype(np.float64)), np.exp2(-exponent * 1.0)
+        scaled = (values * factor[:, None].astype(np.float32)).astype(np.float16)
+        for t in range(L.WARPGROUP):
+            at = L.operand_offset(int(r[t]), int(c[t]) * 8, L.ROWS_PER_WARPGROUP) // 2
+            tile[at : at + 8] = scaled[t]
+            if c[t] == 0:
+                row_scale[r[t]] = inverse[t]
+    return read_operand(tile, L.ROWS_PER_WARPGROUP, d), row_scale
 
 
 def quad_reduce(values: np.ndarray, op) -> np.ndarray:
@@ -139,9 +155,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     causal = problem.causal
     if problem.causal_per_seq is not None:
         causal = int(problem.causal_per_seq[seq] != 0)
-    scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
+    base_scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
-    mma_dtype = problem.query.dtype
 
     # Producer: K then V of every tile of the split, through the ring in pipeline order.
     items = []
@@ -163,7 +178,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     result = {}
     for wg in range(variant.consumers):
         row0 = row_base + wg * L.ROWS_PER_WARPGROUP
-        q = load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start)
+        q, q_row_scale = load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start)
+        scale = base_scale * q_row_scale[rows_of]  # [t, 2]: each accumulator row's own scale
         tokens = X.row_token(row0 + rows_of, group)
         last_key = X.last_visible_key(tokens, q_len, kv_len, causal, _select)  # [t, 2]
         row_max = np.full((L.WARPGROUP, 2), -np.inf)
@@ -181,12 +197,12 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 frag = np.where(visible, frag, -np.inf)
                 m_tile = quad_reduce(frag.max(axis=1), np.maximum)
                 m_new = np.maximum(row_max[:, i], m_tile)
-                m_use = np.where(m_new == -np.inf, 0.0, m_new) * scale
+                m_use = np.where(m_new == -np.inf, 0.0, m_new) * scale[:, i]
                 with np.errstate(invalid="ignore"):
-                    corrections[:, i] = np.exp2(row_max[:, i] * scale - m_use)
-                    p = np.exp2(frag * scale - m_use[:, None])
+                    corrections[:, i] = np.exp2(row_max[:, i] * scale[:, i] - m_use)
+                    p = np.exp2(frag * scale[:, i : i + 1] - m_use[:, None])
                 row_sum[:, i] = row_sum[:, i] * corrections[:, i] + p.sum(axis=1)
-                p_matrix[rows_of[:, i : i + 1], s_cols] = _round(p, mma_dtype)
+                p_matrix[rows_of[:, i : i + 1], s_cols] = _round(p, torch.float16)
                 row_max[:, i] = m_new
             pv = p_matrix @ v_item  # O += P V as wgmma RS computes it
             for i in range(2):
@@ -198,7 +214,11 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 if r < num_rows:
                     key = (q_start + X.row_token(r, group), X.row_head(r, group, kv_head))
                     inv = v_scale / total[t] if total[t] > 0 else 0.0
-                    lse = row_max[t, i] * scale + math.log2(total[t]) if total[t] > 0 else -math.inf
+                    lse = (
+                        row_max[t, i] * scale[t, i] + math.log2(total[t])
+                        if total[t] > 0
+                        else -math.inf
+                    )
                     out, lses = result.setdefault(key, (np.full(d, np.nan), []))
                     out[o_cols[t]] = o[t, i] * inv
                     if t % 4 == 0:
@@ -274,7 +294,7 @@ CASES = {
 }  # fmt: skip
 
 
-def _run_case(name: str) -> tuple[float, float]:
+def _run_case(name: str) -> tuple[torch.Tensor, float, float]:
     spec = dict(CASES[name])
     splits = spec.pop("splits")
     consumers = spec.pop("consumers", 1)
@@ -288,13 +308,13 @@ def _run_case(name: str) -> tuple[float, float]:
     out = emulate(problem, variant, splits).to(case.query.dtype)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     n = int(case.cu_seqlens_q[-1])
-    assert out[:n].abs().sum() > 0
-    return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
+    return out[:n], relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_emulated_wgmma_kernel_matches_reference(name):
-    error, tolerance = _run_case(name)
+    out, error, tolerance = _run_case(name)
+    assert out.abs().sum() > 0
     assert error <= tolerance
 
 
@@ -345,6 +365,7 @@ PLANTED = {
     "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
     "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),
     "QUAD_SHUFFLES": (L, (1,), "bf16_bidir_gqa4"),
+    "q_row_shuffles": (L, lambda head_dim: (1,), "bf16_bidir_gqa4"),
 }
 
 
@@ -352,5 +373,5 @@ PLANTED = {
 def test_planted_index_bug_is_caught(name, monkeypatch):
     module, bug, case = PLANTED[name]
     monkeypatch.setattr(module, name, bug)
-    error, tolerance = _run_case(case)
+    _, error, tolerance = _run_case(case)
     assert not error <= tolerance  # NaN counts as caught

@@ -178,3 +178,26 @@ def test_accumulator_maps_are_the_dsl_fragment(dsl_layouts):
     for t, pairs in found["a"].items():
         for a_coord, c_coord in pairs:
             assert tuple(a_coord) == tuple(c_coord), t
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bf16_rows_scaled_to_fp16_are_exact_down_to_2_pow_minus_32_of_the_row_max(seed):
+    """The consumer's bf16 -> fp16 Q step (dsl/common/precision.py): rows with 40 binades of
+    spread keep every element whose scaled value is >= 2^-17 exactly, the largest lands in
+    [2^15, 65280], and the rest moves by less than 2^-25 of the scaled unit."""
+    import numpy as np
+    import torch
+
+    from dsl.common import precision as P
+
+    gen = torch.Generator().manual_seed(seed)
+    exps = torch.randint(-30, 10, (64, 128), generator=gen).float()
+    q = (torch.randn(64, 128, generator=gen) * torch.exp2(exps)).bfloat16().float().numpy()
+    for row in q:
+        biased = int((np.float32(np.abs(row).max()).view(np.int32) >> 23) & 0xFF)
+        scaled = row.astype(np.float64) * 2.0 ** P.row_scale_exponent(biased)
+        fp16 = scaled.astype(np.float16).astype(np.float64)
+        assert 2.0**15 <= np.abs(scaled).max() <= 65280
+        big = np.abs(scaled) >= 2.0**-17
+        assert np.array_equal(fp16[big], scaled[big])
+        assert np.all(np.abs(fp16 - scaled) <= 2.0**-25)

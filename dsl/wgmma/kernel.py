@@ -34,6 +34,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from dsl.common import indexing as X
+from dsl.common import precision as P
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 
@@ -79,7 +80,9 @@ class WgmmaPagedAttention:
         self.v = variant
         self.q_dtype = DTYPES[variant.q_dtype]
         self.kv_dtype = DTYPES[variant.kv_dtype]
-        self.mma_dtype = self.q_dtype
+        # fp16 MMAs for both query dtypes: e4m3 -> fp16 is one instruction per pair, e4m3 ->
+        # bf16 three more; a bf16 query is made fp16 exactly by a power of two per row.
+        self.mma_dtype = cutlass.Float16
         self.acc_dtype = cutlass.Float32
 
     @cute.jit
@@ -256,6 +259,7 @@ class WgmmaPagedAttention:
         # ---------------------------------------------------------------- shared memory
         smem = cutlass.memory.SmemAllocator()
         stage_bars = smem.allocate_array(cutlass.Int64, 2 * v.stages)
+        s_row_scale = smem.allocate_tensor(cutlass.Float32, cute.make_layout(v.rows), 16)
         q_raw = smem.allocate_array(cutlass.Int8, v.q_bytes, byte_alignment=1024)
         ring = smem.allocate_array(cutlass.Int8, v.stages * v.item_bytes, byte_alignment=1024)
         sQ = cute.make_tensor(cute.recast_ptr(q_raw, q_layout.inner, dtype=dt), q_layout.outer)
@@ -310,6 +314,7 @@ class WgmmaPagedAttention:
                     sK,
                     sV,
                     q_raw,
+                    s_row_scale,
                     q_ptr,
                     out_ptr,
                     ws_o_ptr,
@@ -466,6 +471,7 @@ class WgmmaPagedAttention:
         sK: cute.Tensor,
         sV: cute.Tensor,
         q_raw: cute.Pointer,
+        s_row_scale: cute.Tensor,
         q_ptr: cute.Pointer,
         out_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
@@ -505,12 +511,13 @@ class WgmmaPagedAttention:
         f32 = self.acc_dtype
         row0 = row_base + wg * L.ROWS_PER_WARPGROUP
 
-        # ---- Q: this warpgroup's 64 rows, 16-byte chunks into the swizzled A tile.
+        # ---- Q: this warpgroup's 64 rows, 16-byte chunks into the swizzled A tile, in fp16:
+        # a bf16 row times 2^e (dsl/common/precision.py), exact; 2^-e rejoins its softmax scale.
         q_tile = cute.recast_ptr(q_raw, dtype=dt) + wg * (L.ROWS_PER_WARPGROUP * v.head_dim)
         for step in cutlass.range_constexpr(L.q_steps(v.head_dim)):
             r = L.q_row(wg_tidx, step, v.head_dim)
             c = L.q_chunk(wg_tidx, step, v.head_dim)
-            vals = cute.make_rmem_tensor(cute.make_layout(8), dt)
+            vals = cute.make_rmem_tensor(cute.make_layout(8), self.q_dtype)
             vals.fill(0.0)
             if row0 + r < num_rows:
                 token = X.row_token(row0 + r, group)
@@ -522,9 +529,29 @@ class WgmmaPagedAttention:
                 )
                 src = cute.make_tensor(q_ptr + cute.assume(off, divby=8), cute.make_layout(8))
                 vals.store(src.load())
+            factor = cutlass.Float32(1.0)
+            inverse = cutlass.Float32(1.0)
+            if cutlass.const_expr(self.q_dtype is cutlass.BFloat16):
+                biggest = cutlass.Float32(0.0)
+                for e in cutlass.range_constexpr(8):
+                    biggest = cute.arch.fmax(biggest, cute.math.absf(vals[e].to(f32)))
+                for offset in L.q_row_shuffles(v.head_dim):
+                    biggest = cute.arch.fmax(
+                        biggest, cute.arch.shuffle_sync_bfly(biggest, offset=offset)
+                    )
+                box = cute.make_rmem_tensor(cute.make_layout(1), f32)
+                box[0] = biggest
+                bits = box.load().bitcast(cutlass.Int32)[0]
+                exponent = P.row_scale_exponent((bits >> 23) & 0xFF)
+                factor = cute.math.exp2(exponent.to(f32))
+                inverse = cute.math.exp2(-exponent.to(f32))
+            if c == 0:
+                s_row_scale[wg * L.ROWS_PER_WARPGROUP + r] = inverse
+            scaled = cute.make_rmem_tensor(cute.make_layout(8), dt)
+            scaled.store((vals.load().to(f32) * factor).to(dt))
             at = L.operand_offset(r, c * 8, L.ROWS_PER_WARPGROUP) // 2
             dst = cute.make_tensor(q_tile + cute.assume(at, divby=8), cute.make_layout(8))
-            dst.store(vals.load())
+            dst.store(scaled.load())
         cute.arch.fence_view_async_shared()
         pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
 
@@ -543,11 +570,15 @@ class WgmmaPagedAttention:
             causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
-        scale = scale_log2 * k_scale  # one KV head per CTA: a scalar
         last_key = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        scale = cute.make_rmem_tensor(cute.make_layout(2), f32)
         for i in cutlass.range_constexpr(2):
             token = X.row_token(row0 + L.acc_row(wg_tidx, i), group)
             last_key[i] = X.last_visible_key(token, q_len, kv_len, causal, cutlass.select_)
+            # log2-domain score scale of the row: softmax scale x k_scale (one KV head per
+            # CTA) x the row's 2^-e
+            row_scale = s_row_scale[wg * L.ROWS_PER_WARPGROUP + L.acc_row(wg_tidx, i)]
+            scale[i] = scale_log2 * k_scale * row_scale
 
         # ---- MMA fragments
         thr_qk = qk_mma.get_slice(wg_tidx)
@@ -595,11 +626,11 @@ class WgmmaPagedAttention:
                     )
                 m_new = cute.arch.fmax(row_max[i], m_tile)
                 # A row that has seen no key yet keeps -inf: use 0 as its reference (no inf-inf).
-                m_use = cutlass.select_(m_new == -f32.inf, cutlass.Float32(0.0), m_new) * scale
-                correction = _exp2(row_max[i] * scale - m_use)
+                m_use = cutlass.select_(m_new == -f32.inf, cutlass.Float32(0.0), m_new) * scale[i]
+                correction = _exp2(row_max[i] * scale[i] - m_use)
                 tile_sum = cutlass.Float32(0.0)
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    s_mn[i, j] = _exp2(s_mn[i, j] * scale - m_use)
+                    s_mn[i, j] = _exp2(s_mn[i, j] * scale[i] - m_use)
                     tile_sum += s_mn[i, j]
                 row_sum[i] = row_sum[i] * correction + tile_sum
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
@@ -629,7 +660,7 @@ class WgmmaPagedAttention:
             for offset in L.QUAD_SHUFFLES:
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=offset)
             self.store_row(
-                o_mn, i, row_max[i] * scale, total, v_scale, row0 + L.acc_row(wg_tidx, i),
+                o_mn, i, row_max[i] * scale[i], total, v_scale, row0 + L.acc_row(wg_tidx, i),
                 num_rows, group, kv_head, q_start, split, num_splits, num_tokens, num_q_heads,
                 out_ptr, ws_o_ptr, ws_lse_ptr, o_stride_t, o_stride_h, wg_tidx,
             )  # fmt: skip

@@ -81,6 +81,16 @@ def q_chunk(thread, step, head_dim):
     return (step * WARPGROUP + thread) % q_chunks_per_row(head_dim)
 
 
+def q_row_shuffles(head_dim):
+    """Butterfly offsets that combine the row maximum across the threads holding one Q row in
+    one step: q_chunks_per_row (8, 16 or 32) consecutive, aligned threads of one warp."""
+    offsets, offset = [], 1
+    while offset < q_chunks_per_row(head_dim):
+        offsets.append(offset)
+        offset *= 2
+    return tuple(offsets)
+
+
 # ---------------------------------------------------------------------------------- accumulator
 def acc_row(thread, i):
     """Row (0..63) of the warpgroup's 64 x N fp32 accumulator held in fragment row slot i (0, 1)
