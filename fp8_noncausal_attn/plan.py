@@ -397,7 +397,8 @@ class PagedAttention:
             plan.max_seqlen_q, plan.max_seqlen_k, plan.window, sinks,
         )  # fmt: skip
         if sinks is not None and plan.backend == "cuda":
-            return self._run_elsewhere(plan, problem, out, "the CUDA kernels do not run sinks yet")
+            why = "the CUDA kernels do not run attention sinks yet (Triton and the reference do)"
+            return self._run_elsewhere(plan, problem, out, why)
         if plan.run_check is not None:
             why = plan.run_check(problem, out)
             if why is not None:

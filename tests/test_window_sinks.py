@@ -201,6 +201,48 @@ def test_cuda_backend_refuses_window_and_sinks_so_auto_picks_triton():
         assert why is not None and "do not run a sliding window or attention sinks" in why
 
 
+def test_plan_on_cuda_sends_a_run_with_sinks_elsewhere(monkeypatch):
+    """Sinks come per layer, at run time, after a plan may have chosen the CUDA kernels (mocked
+    here as runnable on CPU tensors): such a run goes to the backend ``auto`` finds for it
+    (never to the CUDA kernels), and a plan that named ``cuda`` refuses it by reason. A windowed
+    plan never picks CUDA."""
+    from fp8_noncausal_attn import dispatch
+
+    real_reason = cuda_backend.unsupported_reason
+    monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
+    monkeypatch.setattr(
+        cuda_backend, "unsupported_reason",
+        lambda problem: real_reason(problem) if problem.has_window or problem.sinks is not None
+        else None,
+    )  # fmt: skip
+    cuda_runs = []
+    monkeypatch.setattr(cuda_backend, "plan", lambda problem, workspace: None)
+    monkeypatch.setattr(cuda_backend, "run", lambda *args: cuda_runs.append(args))
+    monkeypatch.setattr(cuda_backend, "run_unsupported_reason", lambda problem, out: None)
+    case = make_case([2, 3], [20, 40], num_q_heads=4, num_kv_heads=2, seed=4)
+    attn = fna.PagedAttention(
+        num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device="cpu",
+        max_num_seqs=2, max_num_tokens=8,
+    )  # fmt: skip
+    args = (case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale)
+    sinks = sinks_tensor(device="cpu")
+    for backend in ("auto", "cuda"):
+        plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
+                         backend=backend)  # fmt: skip
+        assert plan.backend == "cuda"
+        attn.run(*args, plan=plan)
+        assert len(cuda_runs) == 1
+        cuda_runs.clear()
+    auto_plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False)
+    out = attn.run(*args, sinks=sinks, plan=auto_plan)
+    assert not cuda_runs
+    assert torch.equal(out, reference(case, sinks=sinks))  # case: causal=False
+    with pytest.raises(RuntimeError, match="'cuda' cannot.*do not run attention sinks yet"):
+        attn.run(*args, sinks=sinks, plan=plan)  # the plan that named cuda
+    windowed = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, window=(4, 4))
+    assert windowed.backend == "reference"
+
+
 def test_windowed_benchmark_shape_bytes_scale_with_the_window():
     shape = shapes.windowed_drafter()
     full = shapes._drafter(kv_len=shape.kv_len)
