@@ -4,8 +4,9 @@ Query token ``i`` of a sequence with ``q_len`` new tokens and ``kv_len`` keys si
 position ``p = kv_len - q_len + i``. Causal: it sees keys ``0 <= j <= p``. Bidirectional: it sees
 keys ``0 <= j < kv_len``. A sliding window ``(left, right)`` (FlashAttention's convention, ``-1`` =
 unbounded) further limits it to ``p - left <= j <= p + right``; with causal, ``right`` is capped at
-0 by the causal bound. The kernels implement exactly :func:`visible_range` (the Triton kernel also
-skips whole key tiles outside the union of its rows' ranges).
+0 by the causal bound. The reference and the Triton kernel implement exactly :func:`visible_range`
+(Triton also skips whole key tiles outside the union of its rows' ranges); the CUDA kernels
+implement :func:`visible_keys` and refuse a window (``cuda_backend.unsupported_reason``).
 """
 
 from __future__ import annotations
