@@ -31,6 +31,11 @@ from .rows import (
 from .tiles import cuda_tiles
 
 
+def _key(label: str, what: str | Path) -> str:
+    """How a modelled build is named in the assumptions' tile_facts: ``[label] path``."""
+    return f"[{label}] {what}" if label else str(what)
+
+
 def default_extension() -> Path | None:
     package = Path(__file__).resolve().parents[2] / "fp8_noncausal_attn"
     built = sorted(package.glob("_C*.so"))
@@ -76,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     tile_facts: dict[str, str] = {}
     for label, path in builds:
         ext = load_extension(path)
-        tile_facts[label or str(path)] = cuda_tiles(
-            ext, 128, "bfloat16", "float8_e4m3fn", 64
-        ).source
+        tile_facts[_key(label, path)] = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 64).source
         found = cuda_rows(path, label, shapes)
         if not found:
             print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
@@ -87,14 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     for entry in args.dsl:
         label, _, path = entry.rpartition("=")
         found = dsl_rows(path, label, shapes)
-        tile_facts[label or path] = "dsl/<family>/traits.py and layouts.py (roles, tiles)"
+        tile_facts[_key(label, path)] = "dsl/<family>/traits.py and layouts.py (roles, tiles)"
         if not found:
             print(f"no DSL variant of {path} serves the shapes asked for", file=sys.stderr)
             return 1
         rows += found
     if not args.no_triton:
         rows += triton_rows(args.triton_label, shapes)
-        tile_facts[args.triton_label or "triton"] = "triton_attention.launch_plan (captured launch)"
+        tile_facts[_key(args.triton_label, "triton")] = (
+            "triton_attention.launch_plan (captured launch)"
+        )
     for earlier in args.include:
         document = json.loads(Path(earlier).read_text())
         rows += document["rows"]
