@@ -278,7 +278,7 @@ py::dict mma_sync_tables(int head_dim, int elt) {
        {std::pair<const char*, int>{"head_dim", s.head_dim}, {"elt", s.elt},
         {"block_m", m::kBlockM}, {"warps", m::kWarps}, {"threads", m::kThreads},
         {"block_n", s.block_n}, {"units", s.units}, {"e", s.e},
-        {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups}, {"epw", s.epw},
+        {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups},
         {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
         {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
         {"stages", s.stages}, {"wide_bytes", s.wide_bytes}, {"smem", s.smem}}) {
@@ -322,23 +322,19 @@ py::dict mma_sync_tables(int head_dim, int elt) {
     }
   }
   d["k_frag"] = kf;
-  // v_frag[kk][J][lane][i]
-  const int words = head_dim / (8 * s.epw);
-  std::vector<std::vector<std::vector<std::vector<int>>>> vf(s.block_n / 16);
+  // v_ldsm[kk][jp][lane]: ldmatrix.x4.trans row addresses of the P V operand
+  std::vector<std::vector<std::vector<int>>> vl(s.block_n / 16);
   for (int kk = 0; kk < s.block_n / 16; ++kk) {
-    vf[kk].resize(words);
-    for (int J = 0; J < words; ++J) {
-      vf[kk][J].resize(32);
-      for (int lane = 0; lane < 32; ++lane) {
-        for (int i = 0; i < 4; ++i) vf[kk][J][lane].push_back(m::v_frag_offset(s, kk, J, lane, i));
-      }
+    vl[kk].resize(s.ot / 2);
+    for (int jp = 0; jp < s.ot / 2; ++jp) {
+      for (int lane = 0; lane < 32; ++lane) vl[kk][jp].push_back(m::v_ldsm_offset(s, kk, jp, lane));
     }
   }
-  d["v_frag"] = vf;
-  d["half_pv_select"] = std::vector<unsigned>{m::half_pv_select(0), m::half_pv_select(1)};
-  std::vector<std::vector<int>> od(words);
-  for (int J = 0; J < words; ++J) {
-    for (int t = 0; t < 4; ++t) od[J].push_back(m::out_dim(s, J, t));
+  d["v_ldsm"] = vl;
+  // out_dim[j][t]
+  std::vector<std::vector<int>> od(s.ot);
+  for (int j = 0; j < s.ot; ++j) {
+    for (int t = 0; t < 4; ++t) od[j].push_back(m::out_dim(j, t));
   }
   d["out_dim"] = od;
   return d;

@@ -6,12 +6,12 @@ csrc/common/index_tensors.h compiled for the CPU (the same ``__host__ __device__
 kernels call), so a wrong map in the kernel source gives a visibly wrong answer here: the paged
 cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled keys past
 the range), the once-per-CTA dequantisation of FP8 tiles into 16-bit tiles, the Q fragments,
-the permuted k-dimension of S = Q K^T, the half permutes feeding O = P V, the output dims each
-lane stores, the index tensors read through their strides
+the permuted k-dimension of S = Q K^T, the ldmatrix row addresses feeding O = P V, the output
+dims each lane stores, the index tensors read through their strides
 (int32 or bool causal flags included), the causal limits, the key groups of warps the rows leave
 idle and their merge, the split-KV ranges and the log-sum-exp merge. Only the mma.sync m16n8k16
-fragment layouts (the PTX ISA's), prmt and the (exact) FP8 -> 16-bit conversion are modelled in
-Python.
+fragment layouts and ldmatrix (the PTX ISA's) and the (exact) FP8 -> 16-bit conversion are
+modelled in Python.
 """
 
 import dataclasses
@@ -61,9 +61,18 @@ def pair(word: int, dtype: torch.dtype) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def prmt(a: int, b: int, sel: int) -> int:
-    src = int(a).to_bytes(4, "little") + int(b).to_bytes(4, "little")
-    return sum(src[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+def ldmatrix_x4_trans(smem: np.ndarray, row_addresses: list[int], dtype: torch.dtype):
+    """ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (PTX ISA): lane 8m + r gives the address
+    of row r of 8x8 matrix m; register m of lane (g, t) receives elements (2t, g) and (2t + 1, g)
+    of matrix m. Returns, per register, the 32 lanes' value pairs."""
+    matrices = [
+        [decode(smem[a : a + 16], dtype) for a in row_addresses[8 * m : 8 * m + 8]]
+        for m in range(4)
+    ]
+    return [
+        [(mat[2 * (ln & 3)][ln >> 2], mat[2 * (ln & 3) + 1][ln >> 2]) for ln in range(32)]
+        for mat in matrices
+    ]
 
 
 def mma(acc, a, b0, b1):
@@ -181,7 +190,6 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
             widen(k_smem, k8, k16, (k0, k1), k_dtype)
             widen(v_smem, v8, v16, (v0, v1), v_dtype)
 
-    epw = C["epw"]
     scale_log2 = pb["softmax_scale"] * pb["k_scale"][kvh] * 1.4426950408889634
     o = np.zeros((warps, 32, C["ot"], 4))
     m_i = np.full((warps, 32, 2), -math.inf)
@@ -230,14 +238,10 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                      s[ln, 2 * kk + 1, 2:4]]
                     for ln in range(32)
                 ]  # fmt: skip
-                for J in range(d // (8 * epw)):
-                    ws = [
-                        [word(v16, off) for off in C["v_frag"][kk][J][lane]] for lane in range(32)
-                    ]
-                    for n, sel in enumerate(C["half_pv_select"]):
-                        b0 = [pair(prmt(w[0], w[1], sel), v_dtype) for w in ws]
-                        b1 = [pair(prmt(w[2], w[3], sel), v_dtype) for w in ws]
-                        mma(o[warp, :, 2 * J + n], a, b0, b1)
+                for jp in range(C["ot"] // 2):
+                    b = ldmatrix_x4_trans(v16, C["v_ldsm"][kk][jp], v_dtype)
+                    mma(o[warp, :, 2 * jp], a, b[0], b[1])
+                    mma(o[warp, :, 2 * jp + 1], a, b[2], b[3])
     l_row = np.stack(
         [l_i[:, 4 * (lane >> 2) : 4 * (lane >> 2) + 4].sum(1) for lane in range(32)], 1
     )
@@ -265,12 +269,10 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
                 inv = pb["v_scale"][kvh] / total if total > 0 else 0.0
-                for J in range(d // (8 * epw)):
-                    dim = C["out_dim"][J][t]
-                    vals = [o[warp, lane, epw * J + i, 2 * h] for i in range(epw)]
-                    vals += [o[warp, lane, epw * J + i, 2 * h + 1] for i in range(epw)]
-                    target = out if num_splits == 1 else ws_o[split]
-                    target[tok, head, dim : dim + 2 * epw] = np.array(vals) * inv
+                target = out if num_splits == 1 else ws_o[split]
+                for j in range(C["ot"]):
+                    dim = C["out_dim"][j][t]
+                    target[tok, head, dim : dim + 2] = o[warp, lane, j, 2 * h : 2 * h + 2] * inv
                 if num_splits > 1 and t == 0:
                     lse = (
                         m_i[warp, lane, h] * scale_log2 + math.log2(total)

@@ -20,7 +20,6 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
                                              const float (&o)[compute_shape(D).ot][4],
                                              float scale_log2, int lane) {
   constexpr TileShape S = compute_shape(D);
-  constexpr int kStoreBytes = 2 * S.epw * 2;  // this thread's 2 * epw adjacent dims of a column
   const int g = lane >> 2;
   const int t = lane & 3;
   const float v_scale = p.v_scale[w.kvh];
@@ -35,33 +34,16 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
     if (p.num_splits == 1) {
       QT* orow = static_cast<QT*>(p.out) + tok * p.o_stride_t + head * p.o_stride_h;
 #pragma unroll
-      for (int J = 0; J < D / (8 * S.epw); ++J) {
-        // This thread's 2 * epw adjacent dims: accumulator columns 2h, then 2h + 1, of
-        // n-tiles epw * J .. epw * J + epw - 1 (index_maps.h).
-        float vals[2 * S.epw];
-#pragma unroll
-        for (int i = 0; i < S.epw; ++i) {
-          vals[i] = o[S.epw * J + i][2 * h] * inv;
-          vals[S.epw + i] = o[S.epw * J + i][2 * h + 1] * inv;
-        }
-        uint32_t packed[S.epw];
-#pragma unroll
-        for (int e = 0; e < S.epw; ++e) packed[e] = pack2<QT>(vals[2 * e], vals[2 * e + 1]);
-        QT* dst = orow + out_dim(S, J, t);
-        if (p.out_align >= kStoreBytes) {
-          if constexpr (S.epw == 4) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-          } else {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
-          }
+      for (int j = 0; j < S.ot; ++j) {
+        // Accumulators 2h, 2h + 1 of n-tile j: dims out_dim(j, t), +1 of this row.
+        const uint32_t packed = pack2<QT>(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        QT* dst = orow + out_dim(j, t);
+        if (p.out_align >= 4) {
+          *reinterpret_cast<uint32_t*>(dst) = packed;
         } else {
-          // An out tensor the caller allocated at an odd offset: element stores.
-#pragma unroll
-          for (int e = 0; e < S.epw; ++e) {
-            const uint32_t x = packed[e];
-            reinterpret_cast<uint16_t*>(dst)[2 * e] = static_cast<uint16_t>(x);
-            reinterpret_cast<uint16_t*>(dst)[2 * e + 1] = static_cast<uint16_t>(x >> 16);
-          }
+          // An out tensor the caller allocated at an odd element offset: element stores.
+          reinterpret_cast<uint16_t*>(dst)[0] = static_cast<uint16_t>(packed);
+          reinterpret_cast<uint16_t*>(dst)[1] = static_cast<uint16_t>(packed >> 16);
         }
       }
     } else {
@@ -69,13 +51,9 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
           (static_cast<int64_t>(w.split) * p.num_tokens + tok) * p.num_q_heads + head;
       float* wrow = p.ws_o + ws_row * D;
 #pragma unroll
-      for (int J = 0; J < D / (8 * S.epw); ++J) {
-        float* dst = wrow + out_dim(S, J, t);
-#pragma unroll
-        for (int i = 0; i < S.epw; ++i) {
-          dst[i] = o[S.epw * J + i][2 * h] * inv;
-          dst[S.epw + i] = o[S.epw * J + i][2 * h + 1] * inv;
-        }
+      for (int j = 0; j < S.ot; ++j) {
+        *reinterpret_cast<float2*>(wrow + out_dim(j, t)) =
+            make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
       }
       if (t == 0) p.ws_lse[ws_row] = l > 0.f ? st.m[h] * scale_log2 + __log2f(l) : -INFINITY;
     }

@@ -11,9 +11,9 @@
 //  * S = Q K^T: thread t of a quad loads 16 bytes of one key row (e = 8 elements) and feeds them
 //    to 2 consecutive mma k-steps; in each step its four B values (logical k = 2t, 2t+1, 2t+8,
 //    2t+9) are four adjacent head dims. The Q fragment is loaded with the same map.
-//  * O = P V: thread (g, t) loads one 32-bit word (epw = 2 adjacent dims) from each of its four
-//    key rows; half i of the word feeds output n-tile (epw * J + i), whose column g is head dim
-//    8 * epw * J + epw * g + i. Each thread thus ends up owning 2 * epw adjacent output dims.
+//  * O = P V: one ldmatrix.x4.trans per k-step and pair of output n-tiles loads the V operand
+//    (8x8 blocks of the row-major V tile, transposed: lane (g, t) gets keys 2t, 2t + 1 of head
+//    dim g); output n-tile j is head dims 8j .. 8j + 7 and lane (g, t) owns dims 8j + 2t, +1.
 // K rows are XOR-swizzled in 16-byte units and V rows padded by 16 bytes so both read patterns
 // are free of bank conflicts.
 #pragma once
@@ -38,7 +38,6 @@ struct TileShape {
   int e;               // elements per unit
   int steps_per_unit;  // mma k-steps fed by one unit
   int groups;          // groups of 4 units (one per quad lane)
-  int epw;             // elements per 32-bit word
   int k_row;           // bytes per K row in shared memory (swizzled, unpadded)
   int v_row;           // bytes per V row in shared memory (padded by 16)
   int nt;              // S n-tiles per key tile
@@ -62,7 +61,6 @@ constexpr TileShape tile_shape(int head_dim, int elt) {
   s.e = 16 / elt;
   s.steps_per_unit = s.e / 4;
   s.groups = head_dim / (4 * s.e);
-  s.epw = 4 / elt;
   s.k_row = head_dim * elt;
   s.v_row = head_dim * elt + 16;
   s.nt = s.block_n / 8;
@@ -117,23 +115,17 @@ FP8NCA_HD constexpr int k_frag_offset(const TileShape& s, int j, int c, int lane
   return k_smem_offset(s, 8 * j + (lane >> 2), 4 * c + (lane & 3));
 }
 
-// Key row (within the tile) of the i-th (0..3) V word lane (g, t) reads for P V k-step kk.
-FP8NCA_HD constexpr int v_frag_row(int kk, int lane, int i) {
-  return 16 * kk + 2 * (lane & 3) + (i & 1) + 8 * (i >> 1);
+// Row address (byte offset in a V tile) lane `lane` gives ldmatrix.x4.trans for P V k-step kk
+// and output n-tiles 2 jp, 2 jp + 1: matrix m = lane / 8 is keys 16 kk + 8 (m & 1) + 0..7 of head
+// dims 8 (2 jp + m / 2) + 0..7, so the four registers are B fragments b0, b1 of n-tile 2 jp,
+// then b0, b1 of n-tile 2 jp + 1.
+FP8NCA_HD constexpr int v_ldsm_offset(const TileShape& s, int kk, int jp, int lane) {
+  return (16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * s.v_row +
+         8 * (2 * jp + (lane >> 4)) * s.elt;
 }
 
-// Byte offset in a V stage of that word, for output word column J.
-FP8NCA_HD constexpr int v_frag_offset(const TileShape& s, int kk, int J, int lane, int i) {
-  return v_frag_row(kk, lane, i) * s.v_row + (8 * J + (lane >> 2)) * 4;
-}
-
-// prmt selectors gathering half n of two V words (16-bit path).
-FP8NCA_HD constexpr unsigned half_pv_select(int n) { return n == 0 ? 0x5410u : 0x7632u; }
-
-// First of the 2 * epw adjacent output dims quad lane t owns in output word column J.
-FP8NCA_HD constexpr int out_dim(const TileShape& s, int J, int t) {
-  return 8 * s.epw * J + 2 * s.epw * t;
-}
+// First of the 2 adjacent output dims quad lane t owns in output n-tile j.
+FP8NCA_HD constexpr int out_dim(int j, int t) { return 8 * j + 2 * t; }
 
 // --- work decomposition ----------------------------------------------------------------------
 

@@ -161,12 +161,14 @@ __device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag,
 }
 
 // O += P V on one 16-bit value tile (VT); P (already exponentiated in s) is the A operand: the
-// S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
+// S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk. The V operand comes
+// straight from shared memory, transposed by ldmatrix (index_maps.h v_ldsm_offset).
 template <int D, typename VT>
 __device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[compute_shape(D).nt][4],
                                         const WarpRole& role, int lane,
                                         float (&o)[compute_shape(D).ot][4]) {
   constexpr TileShape C = compute_shape(D);
+  const uint32_t vs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(vs));
 #pragma unroll
   for (int kk = 0; kk < C.block_n / 16; ++kk) {
     if (2 * kk < role.j_lo || 2 * kk >= role.j_hi) continue;
@@ -175,17 +177,13 @@ __device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[comp
                            pack2<VT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                            pack2<VT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-    for (int J = 0; J < D / (8 * C.epw); ++J) {
-      uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = *reinterpret_cast<const uint32_t*>(vs + v_frag_offset(C, kk, J, lane, i));
-      }
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        mma16816(o[2 * J + n], a, prmt(w[0], w[1], half_pv_select(n)),
-                 prmt(w[2], w[3], half_pv_select(n)), VT());
-      }
+    for (int jp = 0; jp < C.ot / 2; ++jp) {
+      uint32_t b[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                   : "r"(vs_addr + v_ldsm_offset(C, kk, jp, lane)));
+      mma16816(o[2 * jp], a, b[0], b[1], VT());
+      mma16816(o[2 * jp + 1], a, b[2], b[3], VT());
     }
   }
 }

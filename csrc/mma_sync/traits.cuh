@@ -1,6 +1,6 @@
 // Compile-time configuration of one mma.sync kernel (head dim, query dtype, cache dtype) and the
-// register-level primitives it is built from: the m16n8k16 MMA, exact cache -> operand
-// conversions, packing and byte permutes.
+// register-level primitives it is built from: the m16n8k16 MMA, exact FP8 -> operand
+// conversions and packing.
 #pragma once
 
 #include <cstdint>
@@ -21,15 +21,10 @@ struct Traits {
   static constexpr bool kFp8 = KV == kE4M3 || KV == kE5M2;
   static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2);  // tiles as copied
   static constexpr TileShape kC = compute_shape(D);              // tiles the MMAs read
-  // CTAs per SM the register allocation must allow (several in flight hide HBM latency):
-  // 3 where ptxas fits that in 168 registers without spilling (sm_100's ptxas spills the d128
-  // FP8 kernels at 168 where sm_90's does not), else 2.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  static constexpr bool kTightD128 = false;
-#else
-  static constexpr bool kTightD128 = kFp8 && std::is_same_v<QT, __nv_bfloat16>;
-#endif
-  static constexpr int kMinBlocks = D == 64 || (D == 128 && kTightD128) ? 3 : 2;
+  // CTAs per SM the register allocation must allow (several in flight hide HBM latency): shared
+  // memory admits 3 or more of the d64 kernels on sm_90 / sm_100 but at most 2 of the d128 /
+  // d256 ones, so those get up to 255 registers (ptxas spills some at 168 on sm_89).
+  static constexpr int kMinBlocks = D == 64 ? 3 : 2;
   static_assert(D % (4 * kS.e) == 0, "head_dim must be a multiple of 4 units");
   static_assert(kS.block_n % 16 == 0, "key tile must hold whole mma k-steps");
   static_assert(kS.block_n * kS.units % kThreads == 0, "tile copy must split evenly");
@@ -84,12 +79,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
-}
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
 }
 
 }  // namespace fp8nca::mma_sync
