@@ -323,3 +323,21 @@ def test_occupancy_query_restores_the_callers_device():
     torch.cuda.set_device(0)
     assert _C.ctas_per_sm(last, 128, 0, 2) >= 1
     assert torch.cuda.current_device() == 0
+
+
+def test_a_batch_of_only_padding_is_zeroed():
+    """No sequence at all (cu_seqlens_q == [0]) but padded query rows: all written as zeros."""
+    case = make_case([4], [20], num_q_heads=8, num_kv_heads=2, device="cuda", seed=23)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    empty = dataclasses.replace(
+        problem,
+        cu_seqlens_q=problem.cu_seqlens_q[:1],
+        seq_lens=problem.seq_lens[:0],
+        block_table=problem.block_table[:0],
+        causal_per_seq=None,
+    )
+    out = torch.full_like(case.query, float("nan"))
+    cuda_backend.paged_attention(empty, out)
+    assert torch.equal(out, torch.zeros_like(out))

@@ -9,7 +9,7 @@ namespace fp8nca {
 int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas) {
   const int max_splits = std::min({key_tiles / kMinTilesPerSplit, kMaxSplits,
                                    kMaxGridZ / std::max(num_seqs, 1)});
-  if (ctas >= resident_ctas || max_splits <= 1) return 1;
+  if (ctas == 0 || ctas >= resident_ctas || max_splits <= 1) return 1;
   int best = 1;
   double best_fill = 0.0;
   for (int splits = 1; splits <= max_splits; ++splits) {
