@@ -2,8 +2,9 @@
 
 Models the attention kernels of the built extension (default: the package's ``_C``) and the
 Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
-writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` (repeatable) models
-other builds of ``_C`` under a label (e.g. ``before=/path/_C.so``); labelled rows carry
+writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` models another build
+of ``_C`` under a label (e.g. ``before=/path/_C.so``; one per run, merge runs with ``--include``:
+a process holds one module named ``_C``); labelled rows carry
 ``[LABEL]`` in their ``kernel`` field. ``--dsl DIR`` models a wgmma / tcgen05 AOT build
 (``python -m dsl.build``) role by role. ``--include JSON`` adds the rows of an earlier output.
 Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for sass-model.json / .md")
     parser.add_argument(
         "--build", action="append", default=[], metavar="LABEL=PATH",
-        help="a built _C*.so (or cubin) to model under LABEL; default: the package's _C",
+        help="a built _C*.so to model under LABEL (one per run); default: the package's _C",
     )  # fmt: skip
     parser.add_argument("--triton-label", default="", help="label of the Triton rows")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")

@@ -88,8 +88,17 @@ def make_row(
     }
 
 
+_LOADED: dict[str, Path] = {}
+
+
 def load_extension(path: str | Path) -> ModuleType | None:
-    """Imports a built ``_C`` from its file (for its exported plan); None if it cannot load."""
+    """Imports a built ``_C`` from its file (for its exported plan); None if it cannot load.
+
+    One process can hold one module named ``_C`` (a second file would silently give the first
+    module back): model other builds in their own run and merge them with ``--include``."""
+    path = Path(path).resolve()
+    if _LOADED.setdefault("_C", path) != path:
+        raise RuntimeError(f"a _C from {_LOADED['_C']} is loaded: model {path} in its own run")
     spec = importlib.util.spec_from_file_location("_C", str(path))
     if spec is None or spec.loader is None:
         return None
