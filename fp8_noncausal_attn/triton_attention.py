@@ -325,6 +325,24 @@ def workspace_shapes(
     return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
 
 
+def _tiles_for_dots(
+    problem: AttentionProblem, block_m: int, block_n: int
+) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) of a launch.
+
+    The IEEE fp32 dots (``needs_fp32_dots``) are FMA loops whose operands each thread holds over
+    the whole head dim: with the 16-bit tiles they spilled 11-16 KB of stack per thread at d128.
+    16 x 16 tiles, 4 warps and one stage compile without spills for head_dim 64-256 on sm_90
+    and sm_100 (tests/gpu_compile_check.py); that rare path streams the KV once per 16 rows.
+    Otherwise 4 warps while the fp32 O tile (block_m x head_dim) is at most 64 registers per
+    thread, else 8: 4 warps spilled at 128 rows x d128 (200 B on sm_90), 8 warps at 32 rows x
+    d256 (16 B on sm_100, where ptxas stopped at 128 registers).
+    """
+    if needs_fp32_dots(problem) and not interpreting():
+        return 16, 16, 4, 1
+    return block_m, block_n, 4 if block_m * problem.head_dim <= 64 * 128 else 8, 2
+
+
 def launch_plan(
     problem: AttentionProblem, num_splits: int | None = None, *, max_splits: int = MAX_SPLITS
 ) -> TritonLaunchPlan:
@@ -341,6 +359,7 @@ def launch_plan(
     if problem.head_dim == 256:
         block_m = min(block_m, 64)
     block_n = 128 if interpreting() else (64 if problem.head_dim <= 128 else 32)
+    block_m, block_n, num_warps, num_stages = _tiles_for_dots(problem, block_m, block_n)
     num_q_tiles = triton.cdiv(rows, block_m)
     key_span = problem.max_seqlen_k
     left, right = problem.window
@@ -367,8 +386,8 @@ def launch_plan(
         block_n=block_n,
         num_q_tiles=num_q_tiles,
         num_splits=num_splits,
-        num_warps=4 if problem.head_dim <= 128 else 8,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
         mask_mode=mask_mode,
         dot_fp32=interpreting() or needs_fp32_dots(problem),
         grid=(problem.num_seqs * num_q_tiles + padding_tiles, problem.num_kv_heads, num_splits),
