@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from dsl.tcgen05.traits import ARCHS, Q_DTYPES, Variant
+from dsl.common.variant import Q_DTYPES
+from dsl.tcgen05.traits import ARCHS, Variant
 from dsl.wgmma import traits as wgmma_traits
 
 LIBRARY = "libfp8nca_tcgen05.so"

@@ -2,10 +2,10 @@
 compile for sm_100a and sm_103a, export, link, load the library on this CPU machine, and check
 the kept cubins' SASS. NEVER RUN ON A GPU: nothing here launches a kernel."""
 
-import ctypes
 import json
 
 import pytest
+from dsl_helpers import check_library_names_every_variant
 
 from dsl import build, sass_check
 from dsl.tcgen05 import traits as T
@@ -34,16 +34,7 @@ def test_build_record_lists_every_variant_and_arch(built):
 
 def test_library_loads_without_a_gpu_and_names_every_variant(built):
     out, record = built
-    library = ctypes.CDLL(str(out / build.LIBRARY))
-    library.fp8nca_tcgen05_variant_name.restype = ctypes.c_char_p
-    assert library.fp8nca_tcgen05_variant_count() == len(record["variants"])
-    for entry in record["variants"]:
-        name = library.fp8nca_tcgen05_variant_name(entry["index"]).decode()
-        assert name == f"{entry['variant']}@{entry['arch']}"
-    assert library.fp8nca_tcgen05_variant_name(len(record["variants"])) is None
-    # An unknown index is refused before anything touches CUDA (no GPU here).
-    library.fp8nca_tcgen05_run.restype = ctypes.c_int
-    assert library.fp8nca_tcgen05_run(len(record["variants"])) == -1
+    check_library_names_every_variant(out / build.LIBRARY, "tcgen05", record)
 
 
 def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):

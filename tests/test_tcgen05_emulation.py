@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOLERANCE
+from dsl_helpers import emulate_launch
 
 import fp8_noncausal_attn as fna
+from dsl.common import indexing as X
+from dsl.common import precision as P
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 from fp8_noncausal_attn.synthetic import make_case, relative_error
@@ -43,12 +46,6 @@ def umma_sw128_read(tile_bytes: np.ndarray) -> np.ndarray:
     return tile_bytes[swizzled]
 
 
-def _flat_bytes(cache: torch.Tensor) -> np.ndarray:
-    """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
-    raw = cache.view(torch.uint8)
-    return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
-
-
 def _fp8_to_float(b: np.ndarray) -> np.ndarray:
     return torch.from_numpy(b.copy()).view(torch.float8_e4m3fn).double().numpy()
 
@@ -60,7 +57,7 @@ def q_to_fp16(q: np.ndarray, is_bf16: bool) -> tuple[np.ndarray, float]:
         return q.astype(np.float16).astype(np.float64), 1.0
     biggest = np.float32(np.abs(q).max())
     biased = int((biggest.view(np.int32) >> 23) & 0xFF)
-    e = L.row_scale_exponent(biased)
+    e = P.row_scale_exponent(biased)
     return (q * np.float32(2.0**e)).astype(np.float16).astype(np.float64), 2.0**-e
 
 
@@ -95,7 +92,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     q_len = int(cu[seq + 1]) - q_start
     kv_len = int(problem.seq_lens[seq])
     row_base = row_tile * rows
-    num_rows = L.rows_per_kv_head(q_len, group)
+    num_rows = X.rows_per_kv_head(q_len, group)
     if row_base >= num_rows:
         return {}
     first, end = L.split_tiles(kv_len, num_splits, split, min)
@@ -111,7 +108,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     for n in range(rows):
         r = row_base + n
         if r < num_rows:
-            token, head = L.row_token(r, group), L.row_head(r, group, kv_head)
+            token, head = X.row_token(r, group), X.row_head(r, group, kv_head)
             q = problem.query[q_start + token, head].float().numpy()
             q16[n], inverse[n] = q_to_fp16(q, is_bf16)
     k_scale = float(problem.k_scale[kv_head])
@@ -121,7 +118,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         [
             _select(
                 causal != 0,
-                L.query_position(L.row_token(row_base + n, group), q_len, kv_len),
+                X.query_position(X.row_token(row_base + n, group), q_len, kv_len),
                 kv_len - 1,
             )
             for n in range(rows)
@@ -146,9 +143,9 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             row = L.loader_row(thread, step)
             j = (first + tile) * L.KEY_TILE + row
             for t in np.nonzero(j < kv_len)[0]:
-                col, slot = L.page_slot(int(j[t]), variant.page_size)
+                col, slot = X.page_slot(int(j[t]), variant.page_size)
                 page = int(bt[seq, col])
-                off = base + L.key_offset(page, slot, kv_head, *strides)
+                off = base + X.key_offset(page, slot, kv_head, *strides)
                 off += dslice * L.ITEM_BYTES + int(chunk[t]) * L.CHUNK
                 dst = L.staged_offset(int(row[t]), int(chunk[t]))
                 stage[dst : dst + L.CHUNK] = src[off : off + L.CHUNK]
@@ -180,7 +177,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     for n in range(rows):
         r = row_base + n
         if r < num_rows:
-            token, head = L.row_token(r, group), L.row_head(r, group, kv_head)
+            token, head = X.row_token(r, group), X.row_head(r, group, kv_head)
             inv = v_scale / l_sum[n] if l_sum[n] > 0 else 0.0
             lse = m_prev[n] * col_scale[n] + math.log2(l_sum[n]) if l_sum[n] > 0 else -math.inf
             result[q_start + token, head] = (o[:, n] * inv, lse)
@@ -188,32 +185,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
 
 
 def emulate(problem, variant, num_splits: int) -> torch.Tensor:
-    """The whole launch (grid = row tiles x KV heads x sequences x splits) and the merge."""
-    group = problem.num_q_heads // problem.num_kv_heads
-    row_tiles = L.ceil_div(problem.max_seqlen_q * group, variant.rows)
-    kbytes, vbytes = _flat_bytes(problem.key_cache), _flat_bytes(problem.value_cache)
-    states = {}
-    for seq in range(problem.num_seqs):
-        for row_tile in range(row_tiles):
-            for kv_head in range(problem.num_kv_heads):
-                for split in range(num_splits):
-                    part = emulate_cta(
-                        problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes
-                    )
-                    for key, state in part.items():
-                        states.setdefault(key, []).append(state)
-    out = torch.zeros(problem.query.shape, dtype=torch.float64)
-    for (token, head), parts in states.items():
-        if num_splits == 1:
-            out[token, head] = torch.from_numpy(parts[0][0])
-            continue
-        # The existing merge kernel: weights 2^(lse - max), O already normalised.
-        lse = np.array([p[1] for p in parts])
-        top = lse.max() if np.isfinite(lse.max()) else 0.0
-        w = np.exp2(lse - top)
-        acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
-        out[token, head] = torch.from_numpy(acc / w.sum() if w.sum() > 0 else acc * 0)
-    return out
+    """The whole launch and the merge (tests/dsl_helpers.py) over this family's CTA."""
+    return emulate_launch(problem, variant, num_splits, emulate_cta)
 
 
 CASES = {
@@ -296,7 +269,7 @@ def _head_from_token(r, group, kv_head):
 
 def _split_drops_last_tile(kv_len, num_splits, split, minimum):
     first, end = PLANTED_ORIGINALS["split_tiles"](kv_len, num_splits, split, minimum)
-    return first, minimum(end, L.ceil_div(kv_len, L.KEY_TILE) - 1)
+    return first, minimum(end, X.ceil_div(kv_len, L.KEY_TILE) - 1)
 
 
 PLANTED_ORIGINALS = {"item_of": L.item_of, "split_tiles": L.split_tiles}
@@ -307,22 +280,23 @@ def _head_dim_slices_reversed(i, iters, d_tiles, select):
     return is_v, tile, d_tiles - 1 - dslice
 
 
-# name: (map in layouts.py, planted replacement, case it must break)
+# name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
+# it must break)
 PLANTED = {
-    "staged_offset": ("staged_offset", _no_swizzle, "bf16_bidir_gqa4"),
-    "key_visible": ("key_visible", _causal_off_by_one, "f16_causal_split3"),
-    "item_of": ("item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
-    "item_of_d256": ("item_of", _head_dim_slices_reversed, "f16_d256_split2"),
-    "page_slot": ("page_slot", _slot_off_by_one, "int32_flags_strided"),
-    "row_head": ("row_head", _head_from_token, "bf16_bidir_gqa4"),
-    "split_tiles": ("split_tiles", _split_drops_last_tile, "f16_causal_split3"),
+    "staged_offset": (L, "staged_offset", _no_swizzle, "bf16_bidir_gqa4"),
+    "key_visible": (L, "key_visible", _causal_off_by_one, "f16_causal_split3"),
+    "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
+    "item_of_d256": (L, "item_of", _head_dim_slices_reversed, "f16_d256_split2"),
+    "page_slot": (X, "page_slot", _slot_off_by_one, "int32_flags_strided"),
+    "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
+    "split_tiles": (L, "split_tiles", _split_drops_last_tile, "f16_causal_split3"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_planted_index_bug_is_caught(name, monkeypatch):
-    attr, bug, case = PLANTED[name]
-    monkeypatch.setattr(L, attr, bug)
+    module, attr, bug, case = PLANTED[name]
+    monkeypatch.setattr(module, attr, bug)
     error, tolerance = _run_case(case)
     assert not error <= tolerance  # NaN counts as caught
 

@@ -5,6 +5,7 @@ layouts the CUTLASS DSL builds for the UMMA operands (those need the DSL, else s
 import pytest
 
 from dsl import build
+from dsl.common import indexing as X
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
@@ -92,7 +93,7 @@ def test_split_ranges_partition_the_key_tiles():
         for splits in (1, 2, 3, 7):
             ranges = [L.split_tiles(kv_len, splits, s, min) for s in range(splits)]
             tiles = [t for first, end in ranges for t in range(first, end)]
-            assert tiles == list(range(L.ceil_div(kv_len, L.KEY_TILE)))
+            assert tiles == list(range(X.ceil_div(kv_len, L.KEY_TILE)))
 
 
 # ---------------------------------------------------------------------------- DSL layouts

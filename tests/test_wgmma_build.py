@@ -2,10 +2,10 @@
 for sm_90a, export, link ``libfp8nca_wgmma.so``, load it on this CPU machine, and check the kept
 cubins' SASS. NEVER RUN ON A GPU: nothing here launches a kernel."""
 
-import ctypes
 import json
 
 import pytest
+from dsl_helpers import check_library_names_every_variant
 
 from dsl import build, sass_check
 from dsl.wgmma import sass
@@ -36,16 +36,7 @@ def test_build_record_lists_every_ci_variant(built):
 
 def test_library_loads_without_a_gpu_and_names_every_variant(built):
     out, record = built
-    library = ctypes.CDLL(str(out / "libfp8nca_wgmma.so"))
-    library.fp8nca_wgmma_variant_name.restype = ctypes.c_char_p
-    assert library.fp8nca_wgmma_variant_count() == len(record["variants"])
-    for entry in record["variants"]:
-        name = library.fp8nca_wgmma_variant_name(entry["index"]).decode()
-        assert name == f"{entry['variant']}@{entry['arch']}"
-    assert library.fp8nca_wgmma_variant_name(len(record["variants"])) is None
-    # An unknown index is refused before anything touches CUDA (no GPU here).
-    library.fp8nca_wgmma_run.restype = ctypes.c_int
-    assert library.fp8nca_wgmma_run(len(record["variants"])) == -1
+    check_library_names_every_variant(out / "libfp8nca_wgmma.so", "wgmma", record)
 
 
 def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):

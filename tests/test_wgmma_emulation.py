@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOLERANCE
+from dsl_helpers import emulate_launch
 
 import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
@@ -33,12 +34,6 @@ from fp8_noncausal_attn.validation import validate_attention
 
 def _select(cond, a, b):
     return np.where(cond, a, b)
-
-
-def _flat_bytes(cache: torch.Tensor) -> np.ndarray:
-    """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
-    raw = cache.view(torch.uint8)
-    return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
 
 
 def _fp8_to_float(b: np.ndarray, dtype: torch.dtype) -> np.ndarray:
@@ -227,32 +222,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
 
 
 def emulate(problem, variant, num_splits: int) -> torch.Tensor:
-    """The whole launch (grid = row tiles x KV heads x sequences x splits) and the merge."""
-    group = problem.num_q_heads // problem.num_kv_heads
-    row_tiles = X.ceil_div(problem.max_seqlen_q * group, variant.rows)
-    kbytes, vbytes = _flat_bytes(problem.key_cache), _flat_bytes(problem.value_cache)
-    states = {}
-    for seq in range(problem.num_seqs):
-        for row_tile in range(row_tiles):
-            for kv_head in range(problem.num_kv_heads):
-                for split in range(num_splits):
-                    part = emulate_cta(
-                        problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes
-                    )
-                    for key, state in part.items():
-                        states.setdefault(key, []).append(state)
-    out = torch.zeros(problem.query.shape, dtype=torch.float64)
-    for (token, head), parts in states.items():
-        if num_splits == 1:
-            out[token, head] = torch.from_numpy(parts[0][0])
-            continue
-        # The existing merge kernel: weights 2^(lse - max), O already normalised.
-        lse = np.array([p[1] for p in parts])
-        top = lse.max() if np.isfinite(lse.max()) else 0.0
-        w = np.exp2(lse - top)
-        acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
-        out[token, head] = torch.from_numpy(acc / w.sum() if w.sum() > 0 else acc * 0)
-    return out
+    """The whole launch and the merge (tests/dsl_helpers.py) over this family's CTA."""
+    return emulate_launch(problem, variant, num_splits, emulate_cta)
 
 
 CASES = {

@@ -5,8 +5,8 @@ which puts the largest element in [2^15, 2^16); bf16's 8 significant bits keep i
 65280 <= 65504 (fp16 max). Every element >= 2^-17 after scaling (fp16 subnormals hold 8
 significant bits down to there) is exact: elements smaller than 2^-32 of the row's largest may
 round, by less than 2^-25 of the scaled unit, far under the fp32 error of the dot products. The
-factor 2^(e - Q_TARGET_EXP) rejoins the row's softmax scale. (Same rule as
-dsl/tcgen05/layouts.py, which tests it for exactness.)
+factor 2^(e - Q_TARGET_EXP) rejoins the row's softmax scale. tests/test_wgmma_host.py checks
+the exactness; both families' kernels and emulations use this function.
 """
 
 Q_TARGET_EXP = 15

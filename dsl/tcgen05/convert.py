@@ -12,6 +12,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import tcgen05
 
+from dsl.common import indexing as X
+from dsl.common import precision as P
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
@@ -249,7 +251,7 @@ class ConvertRole:
             row = L.loader_row(wg_tidx, step)
             j = (first_tile + tile) * L.KEY_TILE + row
             if j < kv_len:
-                col, slot = L.page_slot(j, self.v.page_size)
+                col, slot = X.page_slot(j, self.v.page_size)
                 page = cutlass.Int64(
                     cute.make_tensor(
                         block_table_ptr + (cutlass.Int64(seq) * bt_stride_s + col * bt_stride_b),
@@ -264,13 +266,13 @@ class ConvertRole:
                     ring_fp8 + cute.assume(dst_off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
                 )
                 if is_v:
-                    off = L.key_offset(page, slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
+                    off = X.key_offset(page, slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
                     src = cute.make_tensor(
                         v_ptr + cute.assume(off + within, divby=L.CHUNK), cute.make_layout(L.CHUNK)
                     )
                     cute.copy(copy16, src, dst)
                 else:
-                    off = L.key_offset(page, slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
+                    off = X.key_offset(page, slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
                     src = cute.make_tensor(
                         k_ptr + cute.assume(off + within, divby=L.CHUNK), cute.make_layout(L.CHUNK)
                     )
@@ -302,8 +304,8 @@ class ConvertRole:
         for pass_ in cutlass.range_constexpr(passes):
             r = wg_tidx // per_row + pass_ * 128
             part = wg_tidx % per_row
-            token = L.row_token(row_base + r, group)
-            head = L.row_head(row_base + r, group, kv_head)
+            token = X.row_token(row_base + r, group)
+            head = X.row_head(row_base + r, group, kv_head)
             # Held in the query dtype (half the registers of fp32), widened on use.
             vals = cute.make_rmem_tensor(cute.make_layout(seg), self.q_dtype)
             vals.fill(0.0)
@@ -329,7 +331,7 @@ class ConvertRole:
                 box = cute.make_rmem_tensor(cute.make_layout(1), cutlass.Float32)
                 box[0] = biggest
                 bits = box.load().bitcast(cutlass.Int32)[0]
-                exponent = L.row_scale_exponent((bits >> 23) & 0xFF)
+                exponent = P.row_scale_exponent((bits >> 23) & 0xFF)
                 factor = cute.math.exp2(exponent.to(cutlass.Float32))
                 inverse = cute.math.exp2(-exponent.to(cutlass.Float32))
             for i in cutlass.range_constexpr(seg):

@@ -32,6 +32,7 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
+from dsl.common import indexing as X
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 from dsl.tcgen05.convert import ConvertRole
@@ -226,7 +227,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         q_len = cute.make_tensor(cu_seqlens_q_ptr + seq + 1, cute.make_layout(1))[0] - q_start
         kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
         row_base = row_tile * rows
-        num_rows = L.rows_per_kv_head(q_len, group)
+        num_rows = X.rows_per_kv_head(q_len, group)
         first_tile, end_tile = L.split_tiles(kv_len, num_splits, split, cutlass.min)
         iters = end_tile - first_tile
         # A tile of rows past this sequence's R has nothing to do (the grid covers the longest).

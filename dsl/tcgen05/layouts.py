@@ -13,7 +13,12 @@ Vocabulary (swap-AB, SPEC section 3):
  * key j of the sequence lives in page ``block_table[seq, j // page_size]`` at slot
    ``j % page_size``; a key tile is ``KEY_TILE`` consecutive keys (the MMA's M index);
  * a CTA's split owns a contiguous range of key tiles.
+
+The family-independent maps (rows, pages, positions, bf16 row scaling) are in dsl/common/
+indexing.py and precision.py.
 """
+
+from dsl.common import indexing as X
 
 KEY_TILE = 128  # keys per tile: the UMMA M of S^T = K Q^T (one TMEM lane per key)
 ITEM_BYTES = 128  # bytes of one key row inside a staged FP8 item (128 head dims)
@@ -21,37 +26,10 @@ SWIZZLE_ROWS = 8  # 128-byte swizzle: 16-byte chunk c of row j is stored at chun
 CHUNK = 16  # bytes per cp.async copy
 
 
-def ceil_div(a, b):
-    """ceil(a / b) for non-negative a and positive b."""
-    return (a + b - 1) // b
-
-
-def row_token(r, group):
-    """Query token (0-based within the sequence) of tile row r."""
-    return r // group
-
-
-def row_head(r, group, kv_head):
-    """Query head of tile row r under KV head ``kv_head``."""
-    return kv_head * group + r % group
-
-
-def rows_per_kv_head(q_len, group):
-    """R: query rows of one sequence that share a KV head."""
-    return q_len * group
-
-
 def split_tiles(kv_len, num_splits, split, minimum):
-    """(first key tile, end key tile) of split ``split``: contiguous, ceil-sized ranges.
-
-    A split whose first tile is past the last one gets an empty range (first == end), and its
-    CTA writes an empty softmax state (O = 0, LSE = -inf) for the merge.
-    """
-    n_tiles = ceil_div(kv_len, KEY_TILE)
-    per_split = ceil_div(n_tiles, num_splits)
-    first = minimum(split * per_split, n_tiles)
-    end = minimum(first + per_split, n_tiles)
-    return first, end
+    """(first key tile, end key tile) of split ``split`` over ``KEY_TILE``-key tiles
+    (dsl/common/indexing.split_tiles)."""
+    return X.split_tiles(kv_len, num_splits, split, KEY_TILE, minimum)
 
 
 def item_count(iters, d_tiles):
@@ -71,17 +49,6 @@ def item_of(i, iters, d_tiles, select):
     is_v = ((block % 2 == 0) & (block > 0)) | (block == last)
     tile = select(block == last, iters - 1, select(is_v, block // 2 - 1, (block + 1) // 2))
     return is_v, tile, i % d_tiles
-
-
-def page_slot(j, page_size):
-    """(block-table column, slot in the page) of key j; page_size is a power of two (a
-    compile-time constant in the kernel, so these are a shift and a mask)."""
-    return j // page_size, j % page_size
-
-
-def key_offset(page, slot, kv_head, stride_block, stride_slot, stride_head):
-    """Element offset of key (page, slot) of ``kv_head`` in a cache with the given strides."""
-    return page * stride_block + slot * stride_slot + kv_head * stride_head
 
 
 def loader_row(thread, step):
@@ -111,26 +78,6 @@ def staged_offset(row, chunk):
     return row * ITEM_BYTES + ((chunk ^ (row % SWIZZLE_ROWS)) * CHUNK)
 
 
-def query_position(token, q_len, kv_len):
-    """Absolute position of query token ``token``: keys 0..position are causal-visible."""
-    return kv_len - q_len + token
-
-
 def key_visible(j, kv_len, position, causal):
     """Mask predicate: key j is seen by a query at ``position`` (causal: 0 or 1)."""
     return (j < kv_len) & ((causal == 0) | (j <= position))
-
-
-# bf16 query -> fp16 operand: each row is multiplied by 2^(Q_TARGET_EXP - e), e the exponent of
-# the row's largest |q|, which puts the largest element in [2^15, 2^16); bf16's 8 significant
-# bits keep it below 65280 <= 65504 (fp16 max). Every element >= 2^-17 after scaling (fp16
-# subnormals hold 8 significant bits down to there) is exact: elements smaller than 2^-32 of
-# the row's largest may round, by less than 2^-25 of the scaled unit, far under the fp32 error of
-# the 64-256 term dot products. The factor 2^(e - Q_TARGET_EXP) rejoins the softmax scale.
-Q_TARGET_EXP = 15
-
-
-def row_scale_exponent(max_abs_biased_exp):
-    """Power of two (as an exponent) applied to a bf16 row, from the biased fp32 exponent of
-    its largest |q| (0 for an all-zero row: then the row is kept as is)."""
-    return (max_abs_biased_exp != 0) * (Q_TARGET_EXP - (max_abs_biased_exp - 127))

@@ -11,6 +11,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import tcgen05
 
+from dsl.common import indexing as X
+from dsl.common.kernel_reads import read_causal_flag
 from dsl.tcgen05 import layouts as L
 
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
@@ -130,24 +132,13 @@ class SoftmaxRole:
 
         # Per-column constants in shared memory (read as broadcasts every tile, so they cost no
         # registers): log2-domain score scale and the last key the column's query may see.
-        causal = causal_global
-        if causal_width == 1:
-            causal = cute.make_tensor(
-                causal_ptr + cutlass.Int64(seq) * causal_stride, cute.make_layout(1)
-            )[0].to(cutlass.Int32)
-        if causal_width == 4:
-            flag = cute.make_tensor(
-                cute.recast_ptr(causal_ptr, dtype=cutlass.Int32)
-                + cutlass.Int64(seq) * causal_stride,
-                cute.make_layout(1),
-            )[0]
-            causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
+        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         for k in cutlass.range_constexpr((rows + 127) // 128):
             n = k * 128 + wg_tidx
             if n < rows:
                 s_col_scale[n] = scale_log2 * k_scale * s_row_scale[n]
-                position = L.query_position(L.row_token(row_base + n, group), q_len, kv_len)
+                position = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
                 s_last_key[n] = cutlass.select_(causal != 0, position, kv_len - 1)
         softmax_bar.arrive_and_wait()
         # Column state is the same in every thread, so lane c % 32 of each warp keeps the
@@ -257,8 +248,8 @@ class SoftmaxRole:
                 lse = -acc_dtype.inf
                 if l_sum > 0.0:
                     lse = m_fin * scale_n + cute.math.log2(l_sum, fastmath=False)
-                token = L.row_token(r, group)
-                head = L.row_head(r, group, kv_head)
+                token = X.row_token(r, group)
+                head = X.row_head(r, group, kv_head)
                 idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
                 cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
 
@@ -282,8 +273,8 @@ class SoftmaxRole:
                         l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
                         inv = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
                         value = acc[i] * inv
-                        token = L.row_token(r, group)
-                        head = L.row_head(r, group, kv_head)
+                        token = X.row_token(r, group)
+                        head = X.row_head(r, group, kv_head)
                         if split_mode:
                             idx = (
                                 (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads

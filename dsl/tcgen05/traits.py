@@ -6,13 +6,12 @@ variants without the DSL installed. The kernel (dsl/tcgen05/kernel.py) reads eve
 
 from dataclasses import dataclass
 
+from dsl.common.variant import check_page_and_dtypes, variant_name
 from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
 
 TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
 SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
 ARCHS = ("sm_100a", "sm_103a")
-Q_DTYPES = ("bfloat16", "float16")
-KV_DTYPES = ("float8_e4m3fn",)
 
 # Warp roles: two warpgroups and two MMA warps, 320 threads. TMEM lane access is by warp % 4,
 # so the two roles that touch all 128 lanes (softmax: S and O; converter: K and V) each take a
@@ -44,9 +43,10 @@ class Variant:
 
     @property
     def name(self) -> str:
-        q = {"bfloat16": "bf16", "float16": "f16"}[self.q_dtype]
-        kv = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[self.kv_dtype]
-        return f"tcgen05_d{self.head_dim}_n{self.rows}_p{self.page_size}_{q}_{kv}"
+        rows = f"n{self.rows}"
+        return variant_name(
+            "tcgen05", self.head_dim, rows, self.page_size, self.q_dtype, self.kv_dtype
+        )
 
     @property
     def d_tiles(self) -> int:
@@ -105,10 +105,7 @@ class Variant:
             raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
         if self.rows > 32 and self.rows % 32:
             raise ValueError(f"rows {self.rows}: above 32, whole 32-column softmax chunks")
-        if self.page_size & (self.page_size - 1) or not 16 <= self.page_size <= 256:
-            raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
-        if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"dtypes {self.q_dtype}/{self.kv_dtype} not built")
+        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype)
         if self.convert_stages < 1:
             raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
         if self.tmem_columns > TMEM_COLUMNS:

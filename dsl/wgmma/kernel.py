@@ -35,6 +35,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
+from dsl.common.kernel_reads import read_causal_flag
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 
@@ -556,18 +557,7 @@ class WgmmaPagedAttention:
         pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
 
         # ---- per-row constants: the two rows this thread holds in every accumulator.
-        causal = causal_global
-        if causal_width == 1:
-            causal = cute.make_tensor(
-                causal_ptr + cutlass.Int64(seq) * causal_stride, cute.make_layout(1)
-            )[0].to(cutlass.Int32)
-        if causal_width == 4:
-            flag = cute.make_tensor(
-                cute.recast_ptr(causal_ptr, dtype=cutlass.Int32)
-                + cutlass.Int64(seq) * causal_stride,
-                cute.make_layout(1),
-            )[0]
-            causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
+        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
         last_key = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)

@@ -6,11 +6,10 @@ without the DSL. The kernel (dsl/wgmma/kernel.py) reads every size from here.
 
 from dataclasses import dataclass
 
+from dsl.common.variant import check_page_and_dtypes, variant_name
 from dsl.wgmma.layouts import ROWS_PER_WARPGROUP, WARPGROUP
 
 ARCHS = ("sm_90a",)
-Q_DTYPES = ("bfloat16", "float16")
-KV_DTYPES = ("float8_e4m3fn",)
 HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 REGISTER_FILE = 65536  # 32-bit registers per SM
@@ -38,9 +37,10 @@ class Variant:
 
     @property
     def name(self) -> str:
-        q = {"bfloat16": "bf16", "float16": "f16"}[self.q_dtype]
-        kv = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[self.kv_dtype]
-        return f"wgmma_d{self.head_dim}_m{self.rows}_p{self.page_size}_{q}_{kv}"
+        rows = f"m{self.rows}"
+        return variant_name(
+            "wgmma", self.head_dim, rows, self.page_size, self.q_dtype, self.kv_dtype
+        )
 
     @property
     def rows(self) -> int:
@@ -97,10 +97,7 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the wgmma family builds {HEAD_DIMS}")
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
-        if self.page_size & (self.page_size - 1) or not 16 <= self.page_size <= 256:
-            raise ValueError(f"page_size {self.page_size}: a power of two in 16..256")
-        if self.q_dtype not in Q_DTYPES or self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"dtypes {self.q_dtype}/{self.kv_dtype} not built")
+        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype)
         if self.head_dim == 256 and self.consumers == 2:
             raise ValueError(
                 f"{self.name}: O takes 128 of a consumer's 224 registers at head_dim 256 and "
