@@ -60,8 +60,9 @@ def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:
 
         consumers = variant.threads // WARPGROUP - 1
         roles = (
-            # The producer warpgroup stages one K or V item (key_tile x head_dim) per iteration.
-            Role("producer", WARPGROUP // 32, "STS", 0, variant.key_tile * d),
+            # The producer warpgroup stages both items of one key tile (K and V, key_tile x
+            # head_dim FP8 bytes each) per iteration of its loop.
+            Role("producer", WARPGROUP // 32, "STS", 0, 2 * variant.key_tile * d),
             # Each consumer warpgroup: both GEMMs and the softmax of one key tile (K and V).
             Role("consumer", consumers * WARPGROUP // 32, "HGMMA", 0, 2 * variant.key_tile * d),
         )
