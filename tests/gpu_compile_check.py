@@ -8,6 +8,10 @@ JIT applies at launch (16-byte divisibility of aligned pointers and of integer a
 multiples of 16, the plan's constexprs, num_warps and num_stages): see
 ``benchmarks/sass_model/triton_kernels.py``. A cubin with stack or local memory (register spills)
 fails the check. Prints one ``... ok`` line per compiled kernel.
+
+The sliding-window and sink variants (the ``WINDOW`` / ``SINKS`` constexprs of the attention
+kernel, ``SINKS`` of the merge) are compiled once per flag combination on the drafter's variant:
+the other constexprs do not change with them, and each compile costs CI time.
 """
 
 from __future__ import annotations
@@ -46,9 +50,24 @@ def attention_variants():
             yield torch.float8_e4m3fn, torch.bfloat16, head_dim, False, False, tokens
 
 
+# (window, sinks, split) on the drafter's variant (e4m3 cache, bf16 query, d128, 8 tokens):
+# attention kernel WINDOW=1 SINKS=1 (unsplit: the sinks join there); WINDOW=1 SINKS=0 plus the
+# merge with SINKS=1 (split: the sinks join in the merge); WINDOW=0 SINKS=1.
+WINDOW_SINK_VARIANTS = (((64, 64), True, False), ((64, 64), True, True), ((-1, -1), True, False))
+
+
+def drafter_variants():
+    """Every variant: (cache dtype, query dtype, head_dim, causal, split, tokens, window, sinks)."""
+    for variant in attention_variants():
+        yield *variant, (-1, -1), False
+    for window, sinks, split in WINDOW_SINK_VARIANTS:
+        yield torch.float8_e4m3fn, torch.bfloat16, 128, False, split, 8, window, sinks
+
+
 def attention_launches():
     """(label, launch) for every attention variant: the kernel and, when split, the merge."""
-    for cache_dtype, query_dtype, head_dim, causal, split, tokens in attention_variants():
+    for variant in drafter_variants():
+        cache_dtype, query_dtype, head_dim, causal, split, tokens, window, sinks = variant
         flags = isinstance(causal, list)
         case = make_case(
             [tokens, tokens], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
@@ -57,8 +76,9 @@ def attention_launches():
             causal_dtype=torch.int32 if flags and isinstance(causal[0], int) else torch.bool,
         )  # fmt: skip
         problem = validate_attention(
-            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
-        )
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+            window=window, sinks=torch.randn(32) if sinks else None,
+        )  # fmt: skip
         out = torch.empty_like(problem.query)
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
@@ -66,10 +86,16 @@ def attention_launches():
         assert len(launches) == (2 if split else 1), launches
         label = (
             f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split} "
-            f"block_m={launches[0].kwargs['BLOCK_M']}"
+            f"block_m={launches[0].kwargs['BLOCK_M']} window={window} sinks={sinks}"
         )
         for launch in launches:
-            yield f"attention {launch.fn.__name__} {label}", launch
+            # The flags as the kernel received them (the merge has no WINDOW).
+            flags = " ".join(
+                f"{name}={int(launch.kwargs[name])}"
+                for name in ("WINDOW", "SINKS")
+                if name in launch.kwargs
+            )
+            yield f"attention {launch.fn.__name__} {label} {flags}", launch
 
 
 def cache_write_launches():

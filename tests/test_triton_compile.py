@@ -24,7 +24,7 @@ def expected_kernels() -> int:
         sys.path.remove(str(TESTS))
     from fp8_noncausal_attn import triton_cache
 
-    attention = sum(2 if split else 1 for *_, split, _ in check.attention_variants())
+    attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
     return attention + 2 * len(triton_cache._FORMATS)
 
 
@@ -50,3 +50,12 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     assert {re.search(r"block_m=(\d+)", line).group(1) for line in lines if "block_m" in line} == {
         "16", "32", "64", "128",
     }  # fmt: skip
+    # Every combination of the window and sink flags of both kernels (issue 13).
+    kernel_flags = {
+        re.search(r"WINDOW=(\d) SINKS=(\d)", line).groups()
+        for line in lines
+        if "_paged_attention_kernel" in line
+    }
+    assert kernel_flags == {("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")}
+    merge_flags = {re.search(r"SINKS=(\d)", line).group(1) for line in lines if "_merge" in line}
+    assert merge_flags == {"0", "1"}
