@@ -3,7 +3,9 @@
 A quantised cache stores FP8 values spread over most of the e4m3 range, with per-KV-head
 dequantisation scales that differ by a factor of eight across heads, so a backend that drops
 per-head scales or broadcasts element 0 gives a visibly wrong answer. Pages are shuffled, so
-the block table is a real indirection and not the identity.
+the block table is a real indirection and not the identity. Sink logits (a shape with ``sinks``)
+are spread around the log of the keys a query sees, so a sink takes anywhere from a few percent
+to most of a row's probability mass.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ STORED_STD = 100.0
 HEAD_STD_RANGE = (0.25, 2.0)
 # Elements generated per step, so a multi-GiB cache never needs a float32 copy of itself.
 _CHUNK = 1 << 26
+# Sink logits: log(keys a query sees) + U(-SINK_SPREAD, SINK_SPREAD), one per query head.
+SINK_SPREAD = 3.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Case:
                   cache is not quantised; the API then gets ``None``).
     block_table:  [batch, blocks_per_seq] int32, a random permutation of the pages.
     cu_seqlens_q: [batch + 1] int32; seq_lens: [batch] int32 (all equal to kv_len).
+    sinks:        [num_q_heads] float32 sink logits when ``shape.sinks``, else None.
     """
 
     shape: Shape
@@ -47,6 +52,7 @@ class Case:
     block_table: torch.Tensor
     cu_seqlens_q: torch.Tensor
     seq_lens: torch.Tensor
+    sinks: torch.Tensor | None = None
 
     @property
     def softmax_scale(self) -> float:
@@ -104,6 +110,11 @@ def make_case(shape: Shape, device: torch.device, seed: int = 0) -> Case:
     ).to(shape.torch_query_dtype)
     cu_seqlens_q = torch.arange(0, shape.num_tokens + 1, shape.q_len, device=device)
     seq_lens = torch.full((shape.batch,), shape.kv_len, device=device)
+    sinks = None
+    if shape.sinks:
+        spread = torch.rand(shape.num_q_heads, generator=generator, device=device) * 2 - 1
+        start, end = shape.visible_ranges()[-1]
+        sinks = math.log(end - start) + SINK_SPREAD * spread
     return Case(
         shape=shape,
         query=query,
@@ -114,6 +125,7 @@ def make_case(shape: Shape, device: torch.device, seed: int = 0) -> Case:
         block_table=block_table.contiguous(),
         cu_seqlens_q=cu_seqlens_q.to(torch.int32),
         seq_lens=seq_lens.to(torch.int32),
+        sinks=sinks,
     )
 
 
@@ -123,10 +135,11 @@ def gathered_kv(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dequantised cache gathered per sequence, as a user would build it for SDPA.
+    """The dequantised cache gathered per sequence, as a user would build it for SDPA: the keys
+    from ``shape.first_key`` on (the pages the window touches; all keys without a window).
 
-    Returns (key, value), each [batch, num_kv_heads, kv_len, head_dim] in ``dtype``; the scales
-    default to the case's per-head scales.
+    Returns (key, value), each [batch, num_kv_heads, keys_read, head_dim] in ``dtype``; the
+    scales default to the case's per-head scales.
     """
     shape = case.shape
     k_scale = case.k_scale if k_scale is None else k_scale
@@ -135,12 +148,14 @@ def gathered_kv(
     out = []
     for cache, scale in ((case.key_cache, k_scale), (case.value_cache, v_scale)):
         dense = torch.empty(
-            (shape.batch, shape.num_kv_heads, shape.kv_len, shape.head_dim),
+            (shape.batch, shape.num_kv_heads, shape.keys_read, shape.head_dim),
             dtype=dtype,
             device=cache.device,
         )
         for seq in range(shape.batch):
-            real = sequence_kv(cache, scale, case.block_table[seq], shape.kv_len, compute)
+            real = sequence_kv(
+                cache, scale, case.block_table[seq], shape.kv_len, compute, shape.first_key
+            )
             dense[seq] = real.transpose(0, 1)
         out.append(dense)
     return out[0], out[1]
@@ -152,11 +167,18 @@ def sequence_kv(
     pages: torch.Tensor,
     kv_len: int,
     dtype: torch.dtype = torch.float32,
+    first_key: int = 0,
 ) -> torch.Tensor:
-    """One sequence's keys or values, dequantised: [kv_len, num_kv_heads, head_dim] in dtype."""
+    """Keys or values ``first_key .. kv_len - 1`` of one sequence, dequantised:
+    [kv_len - first_key, num_kv_heads, head_dim] in dtype (only their pages are gathered)."""
+    block_size = cache.shape[1]
+    first_page = first_key // block_size
+    pages = pages[first_page : -(-kv_len // block_size)].long()
     if cache.dtype.itemsize == 1:
         # Gather the bytes: indexing kernels cover uint8 on every device, FP8 not everywhere.
-        tokens = cache.view(torch.uint8)[pages.long()].view(cache.dtype)
+        tokens = cache.view(torch.uint8)[pages].view(cache.dtype)
     else:
-        tokens = cache[pages.long()]
-    return tokens.flatten(0, 1)[:kv_len].to(dtype) * scale.to(dtype)[None, :, None]
+        tokens = cache[pages]
+    offset = first_page * block_size
+    keys = tokens.flatten(0, 1)[first_key - offset : kv_len - offset]
+    return keys.to(dtype) * scale.to(dtype)[None, :, None]

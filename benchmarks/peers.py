@@ -6,6 +6,12 @@ differs from the problem (a BF16 copy, a scalar scale). Peers that cannot take p
 scales get one scalar, the largest per-head scale (what vLLM's checkpoint loader reduces
 per-head scales to), and their ``rel_err`` is measured against the oracle with that scalar:
 their timing is of the same bytes, their answer is of a different (scalar-scale) problem.
+
+A sliding window and sinks are passed to every backend that can run them; a peer that cannot
+express a shape's window (or sinks) is skipped on it with the reason, never run without it. A
+peer whose window family is narrower (vLLM's symmetric non-causal window, FlashInfer's left-only
+window) runs a shape only when the window it can express gives every query exactly the keys the
+shape's window does (:func:`expressible_window`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,35 @@ PEER_NAMES = ("vllm_triton_unified", "torch_sdpa", "flex_attention", "flashinfer
 
 class Unsupported(Exception):
     """The backend cannot run this case; the message says why."""
+
+
+def expressible_window(
+    shape: Shape, peer: str, candidate: tuple[int, int], form: str
+) -> tuple[int, int]:
+    """``candidate``, the window ``peer`` can run in place of the shape's, when it gives every
+    query the same keys (raises Unsupported naming ``form``, the windows the peer runs)."""
+    if shape.visible_ranges(candidate) != shape.visible_ranges():
+        raise Unsupported(
+            f"{peer} runs only {form}; window {shape.window} "
+            f"({'causal' if shape.causal else 'bidirectional'}) is not one of them for this shape"
+        )
+    return candidate
+
+
+def _no_sinks(shape: Shape, peer: str) -> None:
+    if shape.sinks:
+        raise Unsupported(f"{peer} cannot add attention-sink logits to the softmax denominator")
+
+
+def window_mask(shape: Shape, device: torch.device) -> torch.Tensor | None:
+    """[q_len, keys_read] bool: query i sees key ``shape.first_key + j`` (the shape's mask and
+    window over the gathered keys, :func:`~benchmarks.inputs.gathered_kv`); None if all see all."""
+    ranges = shape.visible_ranges()
+    if all(r == (0, shape.kv_len) for r in ranges):
+        return None
+    start, end = (torch.tensor(side, device=device)[:, None] for side in zip(*ranges, strict=True))
+    keys = torch.arange(shape.first_key, shape.kv_len, device=device)[None, :]
+    return (keys >= start) & (keys < end)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -71,7 +106,10 @@ class Ours(Adapter):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.note = "per-KV-head scales, paged cache, CUDA-graph safe call (max_seqlen_q/k given)"
+        self.note = (
+            "per-KV-head scales, paged cache, CUDA-graph safe call (max_seqlen_q/k given); "
+            "window and sinks passed as given"
+        )
 
     def unavailable(self, device: torch.device) -> str | None:
         from fp8_noncausal_attn import dispatch
@@ -101,6 +139,8 @@ class Ours(Adapter):
             "max_seqlen_k": shape.kv_len,
             "softmax_scale": None,
             "out": out,
+            "window": shape.window,
+            "sinks": case.sinks,
         }
         problem = validate_attention(*arguments, **options, validate=False)
         reason = dispatch.backend_module(self.name).unsupported_reason(problem)
@@ -131,7 +171,8 @@ class VllmTritonUnified(ScalarScaled):
     note = (
         "vLLM 0.33.0 triton_unified_attention as TRITON_ATTN calls it, same paged cache; "
         "KV scales per tensor only (given the max per-head scale; per-KV-head scales cannot be "
-        "expressed), rel_err against that scalar-scale problem"
+        "expressed), rel_err against that scalar-scale problem; sinks passed; windows: causal "
+        "(left, any) or bidirectional symmetric (w, w)"
     )
 
     def unavailable(self, device: torch.device) -> str | None:
@@ -145,6 +186,13 @@ class VllmTritonUnified(ScalarScaled):
 
     def prepare(self, case: Case) -> Prepared:
         shape = case.shape
+        # The kernel's SLIDING_WINDOW = left + 1 masks keys p - left .. p (causal) or
+        # p - left .. p + left (bidirectional); it never reads window[1].
+        left = shape.window[0]
+        candidate = (left, 0 if shape.causal else left)
+        window = expressible_window(
+            shape, self.name, candidate, "causal (left, any) or bidirectional (w, w) windows"
+        )
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
         k_scale, v_scale = _scalar_scales(case)
         run = vllm_peer.unified_attention_call(
@@ -161,6 +209,8 @@ class VllmTritonUnified(ScalarScaled):
             softmax_scale=case.softmax_scale,
             scalar_k_scale=k_scale,
             scalar_v_scale=v_scale,
+            window=window,
+            sinks=case.sinks,
         )
         return Prepared(run=run, result=lambda: out)
 
@@ -181,17 +231,21 @@ class TorchSdpa(Adapter):
     name = "torch_sdpa"
     note = (
         "F.scaled_dot_product_attention (enable_gqa) on a padded batch of the dequantised, "
-        "gathered cache in the query dtype; building that copy is not timed"
+        "gathered cache in the query dtype (with a window: the pages it touches, and a boolean "
+        "mask); building that copy is not timed; no sinks"
     )
 
     def prepare(self, case: Case) -> Prepared:
         from torch.nn.attention.bias import causal_lower_right
 
         shape = case.shape
+        _no_sinks(shape, self.name)
         key, value = gathered_kv(case, case.query.dtype)
         query = _padded_query(case)
         mask = None
-        if shape.causal and shape.q_len > 1:
+        if shape.window != (-1, -1):
+            mask = window_mask(shape, case.query.device)
+        elif shape.causal and shape.q_len > 1:
             mask = causal_lower_right(shape.q_len, shape.kv_len)
         holder: list[torch.Tensor] = []
 
@@ -222,8 +276,9 @@ class FlexAttention(Adapter):
     name = "flex_attention"
     note = (
         "torch.compile(flex_attention) (enable_gqa, lower-right causal block mask) on the same "
-        "dequantised, gathered copy as torch_sdpa (it does not take a quantised cache); the copy "
-        "is not timed; eager and unfused on CPU"
+        "dequantised, gathered copy as torch_sdpa (it does not take a quantised cache; with a "
+        "window, the pages it touches and a window block mask); the copy is not timed; eager and "
+        "unfused on CPU; no sinks"
     )
 
     def __init__(self) -> None:
@@ -233,22 +288,26 @@ class FlexAttention(Adapter):
     def _block_mask(self, shape: Shape, device: torch.device) -> object:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        if not (shape.causal and shape.q_len > 1):
+        if window_mask(shape, torch.device("cpu")) is None:
             return None
         if self._mask is None or self._mask[0] != shape:
-            offset = shape.kv_len - shape.q_len
+            # Key k of the gathered copy is key first_key + k; query q sits at position + q.
+            position = shape.kv_len - shape.q_len - shape.first_key
+            left, right = shape.window
+            left = shape.kv_len if left < 0 else left
+            right = 0 if shape.causal else shape.kv_len if right < 0 else right
+
+            def visible(b, h, q, k):
+                return (k >= q + position - left) & (k <= q + position + right)
+
             mask = create_block_mask(
-                lambda b, h, q, k: k <= q + offset,
-                None,
-                None,
-                shape.q_len,
-                shape.kv_len,
-                device=device,
+                visible, None, None, shape.q_len, shape.keys_read, device=device
             )
             self._mask = (shape, mask)
         return self._mask[1]
 
     def prepare(self, case: Case) -> Prepared:
+        _no_sinks(case.shape, self.name)
         device = case.query.device
         key, value = gathered_kv(case, case.query.dtype)
         query = _padded_query(case).contiguous()
@@ -269,7 +328,8 @@ class FlashInfer(ScalarScaled):
     name = "flashinfer"
     note = (
         "BatchPrefillWithPagedKVCacheWrapper (NHD) on the same paged cache; scalar k/v scales "
-        "only (given the max per-head scale), rel_err against that scalar-scale problem"
+        "only (given the max per-head scale), rel_err against that scalar-scale problem; "
+        "windows: left only (window_left); no sinks"
     )
 
     def unavailable(self, device: torch.device) -> str | None:
@@ -280,9 +340,17 @@ class FlashInfer(ScalarScaled):
         return None
 
     def prepare(self, case: Case) -> Prepared:
+        shape = case.shape
+        _no_sinks(shape, self.name)
+        # window_left bounds keys below p; nothing bounds them above but the causal mask.
+        left, _ = expressible_window(
+            shape,
+            self.name,
+            (shape.window[0], 0 if shape.causal else -1),
+            "left-only windows (window_left)",
+        )
         import flashinfer
 
-        shape = case.shape
         device = case.query.device
         workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=device)
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
@@ -301,6 +369,7 @@ class FlashInfer(ScalarScaled):
             shape.head_dim,
             shape.block_size,
             causal=shape.causal,
+            window_left=left,
             sm_scale=case.softmax_scale,
             q_data_type=case.query.dtype,
             kv_data_type=case.key_cache.dtype,

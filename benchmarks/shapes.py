@@ -3,8 +3,10 @@
 Every sequence of a shape has the same ``q_len`` and ``kv_len`` (``kv_len`` counts the new query
 tokens, SPEC §3), so a padded batch is exact for the peers that need one. Byte and FLOP counts are
 the problem's minimum: each KV byte read once, the query read once, the output written once. With a
-sliding window only the keys some query of a sequence can see count, so a windowed shape's bytes
-and FLOPs scale with the window, not the context.
+sliding window the KV bytes are those of the pages the window touches (from the first page holding
+a key some query sees to the end of the sequence; a paged kernel reads whole pages), and the FLOPs
+those of the keys each query sees, so a windowed shape's bytes, FLOPs and time scale with the
+window, not the context.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class Shape:
     block_size: int = 16
     # (left, right) sliding window, FlashAttention's convention (-1 = unbounded; SPEC §3).
     window: tuple[int, int] = (-1, -1)
+    # gpt-oss-style attention sinks: one float32 logit per query head joins each softmax
+    # denominator (SPEC §3); the values are drawn by benchmarks.inputs.make_case.
+    sinks: bool = False
 
     @property
     def torch_kv_dtype(self) -> torch.dtype:
@@ -63,26 +68,42 @@ class Shape:
     def blocks_per_seq(self) -> int:
         return -(-self.kv_len // self.block_size)
 
-    def _visible_range(self, token: int) -> tuple[int, int]:
-        """Keys ``[start, end)`` query ``token`` of a sequence sees (masking.visible_range)."""
-        position = self.kv_len - self.q_len + token
-        end = position + 1 if self.causal else self.kv_len
-        left, right = self.window
-        if right >= 0:
-            end = min(end, position + right + 1)
-        return (max(position - left, 0) if left >= 0 else 0), end
+    def visible_ranges(self, window: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+        """Keys ``[start, end)`` each query token of a sequence sees (masking.visible_range),
+        under this shape's window or the ``window`` given (to compare what a peer can run)."""
+        left, right = self.window if window is None else window
+        ranges = []
+        for token in range(self.q_len):
+            position = self.kv_len - self.q_len + token
+            end = position + 1 if self.causal else self.kv_len
+            if right >= 0:
+                end = min(end, position + right + 1)
+            ranges.append((max(position - left, 0) if left >= 0 else 0, end))
+        return ranges
+
+    @property
+    def first_key(self) -> int:
+        """The first key of the first page some query's window touches (0 without a window).
+
+        The first query's range starts first; the last query sees key ``kv_len - 1`` under
+        either mask, so the pages read run from here to the end of the sequence.
+        """
+        start = min(start for start, _ in self.visible_ranges())
+        return start // self.block_size * self.block_size
 
     @property
     def keys_read(self) -> int:
-        """Keys of one sequence that some query sees: the window's span, at most ``kv_len``.
+        """Keys of one sequence in the pages the window touches (``kv_len`` without a window)."""
+        return self.kv_len - self.first_key
 
-        The last query sees key ``kv_len - 1`` under either mask, so the span ends there.
-        """
-        return self.kv_len - min(self._visible_range(0)[0], self.kv_len)
+    @property
+    def pages_read(self) -> int:
+        """Pages of one sequence that hold a key some query sees."""
+        return -(-self.keys_read // self.block_size)
 
     def kv_bytes(self, itemsize: int | None = None) -> int:
         """Bytes of K and V the problem reads once (in the cache dtype unless ``itemsize``):
-        only the keys inside some query's window (:attr:`keys_read`)."""
+        the keys in the pages the window touches (:attr:`keys_read`)."""
         size = self.torch_kv_dtype.itemsize if itemsize is None else itemsize
         return 2 * self.batch * self.keys_read * self.num_kv_heads * self.head_dim * size
 
@@ -96,9 +117,7 @@ class Shape:
     def flops(self) -> int:
         """2 FLOP per multiply-add of QK^T and of PV, over the keys each query attends to."""
         if self.window != (-1, -1):
-            keys_per_seq = sum(
-                end - start for start, end in map(self._visible_range, range(self.q_len))
-            )
+            keys_per_seq = sum(end - start for start, end in self.visible_ranges())
         elif self.causal:
             first = self.kv_len - self.q_len + 1
             keys_per_seq = self.q_len * first + self.q_len * (self.q_len - 1) // 2
@@ -110,6 +129,8 @@ class Shape:
         mask = "causal" if self.causal else "bidir"
         if self.window != (-1, -1):
             mask += f" window{self.window[0]},{self.window[1]}"
+        if self.sinks:
+            mask += " sinks"
         return (
             f"{self.kind} b{self.batch} q{self.q_len} kv{self.kv_len} "
             f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_dim} {mask} {self.kv_dtype}"
@@ -136,15 +157,13 @@ def _drafter(**overrides: object) -> Shape:
     return replace(base, **overrides)
 
 
-def windowed_drafter() -> Shape:
+def windowed_drafter(**overrides: object) -> Shape:
     """A drafter for a sliding-window target: vLLM's ``sliding_window=4096`` made symmetric for
     the bidirectional drafter, ``(4095, 4095)``, over a 128k context. Its bytes and FLOPs are the
-    window's (~4k keys per sequence), a 32nd of the context's.
-
-    Not in a preset yet: the timing runners (attention.py, peers) do not pass ``window`` to the
-    kernels, so timing it there would measure the full context against the window's bytes.
+    window's (~4k keys per sequence), a 32nd of the context's; every runner passes the window
+    (a peer that cannot express it is skipped with the reason).
     """
-    return _drafter(kv_len=131072, window=(4095, 4095))
+    return replace(_drafter(kv_len=131072, window=(4095, 4095)), **overrides)
 
 
 def _prefill(length: int, **overrides: object) -> Shape:
@@ -158,6 +177,7 @@ def quick() -> list[Shape]:
         _drafter(kv_dtype="bfloat16"),
         _drafter(causal=True),
         _drafter(kv_len=2048),
+        windowed_drafter(),
         _drafter(kv_len=32768),
         _drafter(kv_len=32768, kv_dtype="bfloat16"),
         _drafter(batch=1),
@@ -202,11 +222,13 @@ def full() -> list[Shape]:
                         )
         for length in (4096, 8192, 16384):
             shapes.append(_prefill(length, kv_dtype=kv_dtype))
+    shapes += [windowed_drafter(), windowed_drafter(sinks=True), windowed_drafter(causal=True)]
     return _unique_within_cap(shapes)
 
 
 def dry_run() -> list[Shape]:
-    """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, a kv sweep, prefill).
+    """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, a kv sweep, prefill,
+    a sliding window spanning pages with both masks, sinks).
 
     FP16 queries because Triton's CPU interpreter computes ``tl.dot`` on BF16 operands wrongly.
     """
@@ -224,6 +246,8 @@ def dry_run() -> list[Shape]:
         _drafter(q_len=1, kv_len=75, **tiny),
         _drafter(q_len=4, kv_len=75, kv_dtype="float16", **tiny),
         _prefill(32, **{**tiny, "batch": 1}),
+        _drafter(q_len=4, kv_len=200, window=(40, 40), **tiny),
+        _drafter(q_len=4, kv_len=200, window=(40, 0), causal=True, sinks=True, **tiny),
     ]
 
 

@@ -7,6 +7,7 @@ same inputs before it is timed (outputs start as NaN, so unwritten elements show
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import platform
@@ -72,6 +73,8 @@ class ShapeRun:
             "backend": adapter.name,
             "median_us": timing.median_us,
             "bytes": shape.bytes,
+            # What the call would move if it read the whole context (the window's comparison).
+            "context_bytes": dataclasses.replace(shape, window=(-1, -1)).bytes,
             "gbps": gbps,
             "frac_of_copy_bw": None if copy_bw is None else gbps / copy_bw,
             "tflops": shape.flops / seconds / 1e12,
@@ -122,7 +125,7 @@ def _timing_note(device: torch.device) -> str:
     return (
         "Times: median per call of CUDA-graph replays (CUDA events), each graph one call per "
         "rotated input copy spanning 3x L2 (eager calls where the timing column says so); "
-        "bytes = KV read once + Q + out."
+        "bytes = KV read once (with a window: the pages it touches) + Q + out."
     )
 
 

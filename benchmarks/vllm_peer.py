@@ -149,11 +149,16 @@ def unified_attention_call(
     softmax_scale: float,
     scalar_k_scale: torch.Tensor,
     scalar_v_scale: torch.Tensor,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
 ) -> Callable[[], None]:
     """A closure that runs the kernel as vLLM's TRITON_ATTN ``forward`` does for these inputs.
 
     query/out [num_tokens, num_q_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads,
-    head_dim] (FP8 or the query's dtype); scalar scales: 1-element float32 tensors.
+    head_dim] (FP8 or the query's dtype); scalar scales: 1-element float32 tensors. ``window``:
+    ``window_size`` as the backend passes it (the kernel reads ``window[0]`` only: keys
+    ``p - window[0] .. p``, or ``.. p + window[0]`` when not causal); ``sinks``: float32
+    ``[num_q_heads]`` or None.
     """
     kernel = load()
     num_seqs = seq_lens.shape[0]
@@ -190,7 +195,7 @@ def unified_attention_call(
             max_seqlen_k=max_seqlen_k,
             softmax_scale=softmax_scale,
             causal=causal,
-            window_size=(-1, -1),
+            window_size=window,
             block_table=block_table,
             softcap=0,
             q_descale=None,
@@ -202,6 +207,7 @@ def unified_attention_call(
             softmax_segm_max=segm_max,
             softmax_segm_expsum=segm_expsum,
             kv_quant_mode=mode,
+            sinks=sinks,
         )
 
     return run

@@ -252,3 +252,162 @@ def test_spent_time_budget_skips_shapes_and_still_writes_everything(tmp_path):
     assert all("time budget" in skip["reason"] for skip in payload["skipped"])
     assert "time budget" in paths[1].read_text()
     assert all(path.stat().st_size > 0 for path in paths[2:])
+
+
+def test_windowed_bytes_scale_with_the_window_not_the_context():
+    shape = shapes.windowed_drafter()
+    # Queries at 131064..131071 see keys from 131064 - 4095 = 126969 on; its page starts at
+    # 126960: 4112 keys (257 pages) of K and V per sequence and KV head, one byte each.
+    assert (shape.first_key, shape.keys_read, shape.pages_read) == (126960, 4112, 257)
+    q_and_out = 2 * (32 * 8) * 32 * 128 * 2
+    assert shape.bytes == 2 * 32 * 4112 * 8 * 128 + q_and_out
+    # Twice the context: the same bytes and FLOPs; twice the window: about twice the KV bytes.
+    longer = dataclasses.replace(shape, kv_len=2 * shape.kv_len)
+    assert (longer.bytes, longer.flops) == (shape.bytes, shape.flops)
+    wider = dataclasses.replace(shape, window=(8191, 8191))
+    assert wider.kv_bytes() / shape.kv_bytes() == pytest.approx(2, rel=0.01)
+    unwindowed = dataclasses.replace(shape, window=(-1, -1))
+    assert unwindowed.kv_bytes() / shape.kv_bytes() == pytest.approx(131072 / 4112)
+    # FLOPs count the keys each query sees: 4096 + token for query token 0..7.
+    assert shape.flops == 4 * 32 * sum(4096 + t for t in range(8)) * 32 * 128
+    # Bytes come from whole pages: a window ending inside a page still reads the page.
+    for left in (0, 5, 15, 16, 17, 100):
+        small = dataclasses.replace(shape, q_len=1, kv_len=1000, window=(left, left))
+        start = 999 - left
+        assert small.first_key == start // 16 * 16 and small.keys_read >= left + 1
+
+
+def test_gpu_check_runs_the_windowed_drafter():
+    assert shapes.windowed_drafter() in shapes.quick()
+    assert shapes.windowed_drafter(sinks=True) in shapes.full()
+    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    assert "benchmarks.attention --quick" in script
+
+
+def _direct_attention(case, seq: int, token: int, head: int) -> torch.Tensor:
+    """One output row in float64 from the definitions (SPEC §3), key by key."""
+    shape = case.shape
+    kv_head = head // (shape.num_q_heads // shape.num_kv_heads)
+    pages = case.block_table[seq].long()
+    key = case.key_cache.float()[pages].flatten(0, 1)[: shape.kv_len, kv_head].double()
+    value = case.value_cache.float()[pages].flatten(0, 1)[: shape.kv_len, kv_head].double()
+    key, value = key * float(case.k_scale[kv_head]), value * float(case.v_scale[kv_head])
+    query = case.query[seq * shape.q_len + token, head].double()
+    position = shape.kv_len - shape.q_len + token
+    left, right = shape.window
+    seen = [
+        j
+        for j in range(shape.kv_len)
+        if (not shape.causal or j <= position)
+        and (left < 0 or j >= position - left)
+        and (right < 0 or j <= position + right)
+    ]
+    logits = (key[seen] @ query) * case.softmax_scale
+    weights = torch.exp(logits - logits.max())
+    denominator = weights.sum()
+    if case.sinks is not None:
+        denominator += torch.exp(case.sinks[head].double() - logits.max())
+    return (weights[:, None] * value[seen]).sum(0) / denominator
+
+
+@pytest.mark.parametrize("index", [-2, -1])  # bidirectional window; causal window with sinks
+def test_oracle_window_and_sinks_match_the_definition(index):
+    shape = shapes.dry_run()[index]
+    assert shape.window != (-1, -1) and shape.first_key > 0
+    case = make_case(shape, torch.device("cpu"), seed=7)
+    oracle = attention_oracle(case, torch.float64)
+    for seq in range(shape.batch):
+        for token in (0, shape.q_len - 1):
+            for head in (0, shape.num_q_heads - 1):
+                expected = _direct_attention(case, seq, token, head)
+                got = oracle[seq * shape.q_len + token, head]
+                assert relative_error(got, expected) < 1e-12
+
+
+def _run(adapter, case) -> torch.Tensor:
+    prepared = adapter.prepare(case)
+    prepared.run()
+    return prepared.result()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_our_runners_pass_the_window_and_sinks(backend):
+    from benchmarks.peers import Ours
+
+    for shape in shapes.dry_run()[-2:]:
+        case = make_case(shape, torch.device("cpu"), seed=11)
+        got = _run(Ours(backend), case)
+        assert relative_error(got, attention_oracle(case)) < 5e-3, shape.label()
+        unwindowed = dataclasses.replace(case, shape=dataclasses.replace(shape, window=(-1, -1)))
+        assert relative_error(got, attention_oracle(unwindowed)) > 0.1, shape.label()
+        if shape.sinks:
+            sinkless = dataclasses.replace(case, sinks=None)
+            assert relative_error(got, attention_oracle(sinkless)) > 0.05, shape.label()
+
+
+def test_peers_run_the_window_or_say_why_not():
+    from benchmarks import peers
+
+    shape = shapes.dry_run()[-2]  # bidirectional (40, 40) window
+    case = make_case(shape, torch.device("cpu"), seed=13)
+    unwindowed = dataclasses.replace(case, shape=dataclasses.replace(shape, window=(-1, -1)))
+    runners = [peers.TorchSdpa(), peers.FlexAttention()]
+    if all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
+        runners.append(peers.VllmTritonUnified())
+    for adapter in runners:
+        got = _run(adapter, case)
+        expected = attention_oracle(case, torch.float32, *adapter.given_scales(case))
+        assert relative_error(got, expected) < 5e-3, adapter.name
+        other = attention_oracle(unwindowed, torch.float32, *adapter.given_scales(case))
+        assert relative_error(got, other) > 0.1, adapter.name
+    # A window a peer cannot express is refused with the reason, never run without it.
+    lopsided = make_case(dataclasses.replace(shape, window=(40, 2)), torch.device("cpu"))
+    with pytest.raises(peers.Unsupported, match=r"symmetric|\(w, w\)"):
+        peers.VllmTritonUnified().prepare(lopsided)
+    with pytest.raises(peers.Unsupported, match="left-only"):
+        peers.FlashInfer().prepare(lopsided)
+    sinks = make_case(shapes.dry_run()[-1], torch.device("cpu"))
+    for adapter in (peers.TorchSdpa(), peers.FlexAttention(), peers.FlashInfer()):
+        with pytest.raises(peers.Unsupported, match="sink"):
+            adapter.prepare(sinks)
+    # The drafter's right bound never binds (its queries are the last keys): FlashInfer's
+    # left-only window gives every query the same keys, so it runs there.
+    drafter = shapes.windowed_drafter()
+    assert peers.expressible_window(drafter, "x", (4095, -1), "") == (4095, -1)
+
+
+def test_dry_run_times_the_windowed_shapes_with_their_window(dry_run):
+    payload, result, _ = dry_run
+    windowed = [row for row in payload["rows"] if tuple(row["window"]) != (-1, -1)]
+    assert {row["backend"] for row in windowed} >= {"reference", "triton", "torch_sdpa"}
+    assert {row["sinks"] for row in windowed} == {True, False}
+    for row in windowed:
+        shape = shapes.Shape(**{**row_shape_fields(row), "window": tuple(row["window"])})
+        assert row["bytes"] == shape.bytes < row["context_bytes"]
+        assert row["within_tolerance"] is True
+    skipped = {(s["backend"], s["sinks"]) for s in payload["skipped"] if s["sinks"]}
+    assert {("torch_sdpa", True), ("flex_attention", True)} <= skipped
+    assert "window40,40" in result.with_suffix(".md").read_text()
+
+
+def row_shape_fields(row: dict) -> dict:
+    return {field.name: row[field.name] for field in dataclasses.fields(shapes.Shape)}
+
+
+def test_window_goal_sets_the_time_against_reading_the_context():
+    from benchmarks import report
+
+    shape = shapes.windowed_drafter()
+    row = {
+        **shape.fields(),
+        "backend": "triton",
+        "median_us": 100.0,
+        "frac_of_copy_bw": 0.5,
+        "context_bytes": dataclasses.replace(shape, window=(-1, -1)).bytes,
+        "speedup": {"torch_sdpa": 3.0},
+    }
+    payload = {"timings_meaningful": True, "copy_bw_gbps": 4000.0, "rows": [row], "accuracy": []}
+    (line,) = [line for line in report.goals(payload) if "pages the window" in line]
+    assert "window4095,4095" in line and "met" in line and "NOT" not in line
+    row["median_us"] = 1e6  # slower than reading all 131072 keys could be
+    assert any("pages the window" in line and "NOT met" in line for line in report.goals(payload))
