@@ -2,8 +2,9 @@
 
 ``--quick`` (the default) runs the drafter shapes within its time budget, the CUDA issue's
 acceptance shape included (batch 32, q_len 8, 32 q / 8 kv heads, head_dim 128, 8k context, FP8,
-bidirectional); ``--full`` is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU
-(Triton through its interpreter) to exercise every path and writer, with no timing claims.
+bidirectional), and the windowed drafter (window 4k over a 128k context, issue 13); ``--full``
+is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU (Triton through its interpreter)
+to exercise every path and writer, with no timing claims.
 Peers that need files (vLLM's kernel) read them from ``.peers/``: run
 ``benchmarks/fetch_peers.sh`` first.
 """

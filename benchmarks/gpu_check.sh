@@ -2,7 +2,8 @@
 # One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
 # extension for this GPU's arch (every kernel family compiled for it: today the portable mma.sync
 # family, sm_90 code on an H200), run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
-# holds the drafter acceptance shape), and compute-sanitizer memcheck and racecheck on a few cuda cases.
+# holds the drafter acceptance shape and the windowed drafter, window 4k over a 128k context), and
+# compute-sanitizer memcheck and racecheck on a few cuda cases.
 #   benchmarks/gpu_check.sh RESULTS_DIR
 # Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
 # Each step has its own time limit, cut to what is left of an 8-minute budget; a failed step is
