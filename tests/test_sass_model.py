@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,7 +20,7 @@ from benchmarks.sass_model import cubins, hardware, loop_counts, occupancy, pipe
 from benchmarks.sass_model.cfg import ControlFlowGraph
 from benchmarks.sass_model.model import predict
 from benchmarks.sass_model.sass import parse
-from benchmarks.sass_model.tiles import TileFacts, cuda_tiles
+from benchmarks.sass_model.tiles import TileFacts, TileFactsError, cuda_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc") or (
@@ -205,14 +206,74 @@ def test_occupancy_arithmetic(threads, regs, smem, expected):
     assert occupancy.ctas_per_sm(limits, threads, regs, smem) == expected
 
 
+def morning_build(block_m: int = 64) -> SimpleNamespace:
+    """The pre-plan API of b66bef0's _C (what /work/team/before exports): no plan."""
+    return SimpleNamespace(
+        __file__="before/_C.so", BLOCK_M=block_m, block_n=lambda d: 32 if d == 256 else 64
+    )
+
+
 def test_morning_tile_facts_match_issue_9():
-    facts = cuda_tiles(None, 128, "bfloat16", "float8_e4m3fn", 128)
+    ext = morning_build()
+    facts = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 128)
     assert (facts.rows_per_cta, facts.ctas_per_kv_head, facts.keys_per_iter) == (64, 2, 64)
     assert facts.smem_bytes == 68608  # issue 9: 68.6 KB
-    assert cuda_tiles(None, 128, "bfloat16", "bfloat16", 64).smem_bytes == 117760
-    assert cuda_tiles(None, 256, "float16", "float16", 64).smem_bytes == 132608
-    groups = [cuda_tiles(None, 128, "float16", "float8_e5m2", r).key_groups for r in (16, 32, 64)]
+    assert "b66bef0" in facts.source
+    assert cuda_tiles(ext, 128, "bfloat16", "bfloat16", 64).smem_bytes == 117760
+    assert cuda_tiles(ext, 256, "float16", "float16", 64).smem_bytes == 132608
+    groups = [cuda_tiles(ext, 128, "float16", "float8_e5m2", r).key_groups for r in (16, 32, 64)]
     assert groups == [4, 2, 1]
+
+
+def test_tile_facts_without_a_plan_are_an_error_not_the_morning_formula():
+    with pytest.raises(TileFactsError, match="could not be imported"):
+        cuda_tiles(None, 128, "bfloat16", "float8_e4m3fn", 64)
+    with pytest.raises(TileFactsError, match="exports neither _C.plan"):
+        cuda_tiles(SimpleNamespace(__file__="x.so"), 128, "bfloat16", "float8_e4m3fn", 64)
+    # A pre-plan build whose exported tiles differ from b66bef0's is not that build.
+    with pytest.raises(TileFactsError, match="BLOCK_M, block_n"):
+        cuda_tiles(morning_build(block_m=128), 128, "bfloat16", "float8_e4m3fn", 64)
+
+
+def planning_build(drop: tuple[str, ...] = (), **extra: object) -> SimpleNamespace:
+    """A build whose _C.plan reports tiles no copied formula gives (and records its calls)."""
+    calls = []
+
+    def plan(**args):
+        calls.append(args)
+        q_len = args["max_seqlen_q"]
+        reported = {
+            "family": "mma_sync", "block_m": 128, "block_n": 64, "threads": 256,
+            "smem_bytes": 84992 + args["head_dim"], "m_tiles": -(-q_len * 4 // 128),
+            "num_splits": 1,
+            **extra,
+        }  # fmt: skip
+        return {key: value for key, value in reported.items() if key not in drop}
+
+    host = SimpleNamespace(key_groups=lambda head_dim, elt, rows: 3)
+    return SimpleNamespace(__file__="after/_C.so", plan=plan, host=host, calls=calls)
+
+
+def test_tile_facts_come_from_the_plan():
+    ext = planning_build()
+    facts = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 64)
+    assert (facts.rows_per_cta, facts.keys_per_iter, facts.threads) == (128, 64, 256)
+    assert facts.smem_bytes == 84992 + 128 and facts.ctas_per_kv_head == 1
+    assert facts.key_groups == 3 and "_C.plan" in facts.source
+    assert facts.kernel == "paged_attention_kernel<128, __nv_bfloat16, 2>"
+    # One sequence of R / 4 tokens, GQA 4 over 8 KV heads, e4m3 (code 2), a long context.
+    (call,) = ext.calls
+    assert call == {
+        "num_seqs": 1, "num_tokens": 16, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+        "kv_dtype": 2, "max_seqlen_q": 16, "max_seqlen_k": 32768, "resident_ctas": 1,
+        "num_splits": 1,
+    }  # fmt: skip
+    # Keys the plan adds win: the kernel's name and the key-group split.
+    named = planning_build(kernel="paged_attention_kernel<128, 128, __half, 3>", key_groups=2)
+    facts = cuda_tiles(named, 128, "float16", "float8_e5m2", 128)
+    assert facts.kernel == "paged_attention_kernel<128, 128, __half, 3>" and facts.key_groups == 2
+    with pytest.raises(TileFactsError, match="smem_bytes"):
+        cuda_tiles(planning_build(drop=("smem_bytes",)), 128, "bfloat16", "float8_e4m3fn", 64)
 
 
 ROW_KEYS = {
@@ -279,6 +340,21 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     assert sorted(got) == sorted(expected)
     assert {r["family"] for r in document["rows"]} >= {"mma_sync"}
     assert all(r["ctas_per_sm"] >= 1 for r in document["rows"])
+    # Tile facts come from the build's own plan (issue 9), not a copied formula: each row's
+    # shared memory is the plan's dynamic bytes plus the cubin's static bytes.
+    (source,) = document["assumptions"]["tile_facts"].values()
+    assert "_C.plan" in source
+    from fp8_noncausal_attn import _C
+
+    for row in document["rows"]:
+        q_len = row["rows_per_kv_head"] // 4
+        code = {"float8_e4m3fn": 2, "float8_e5m2": 3}[row["kv_dtype"]]
+        plan = _C.plan(
+            num_seqs=1, num_tokens=q_len, num_q_heads=32, num_kv_heads=8,
+            head_dim=row["head_dim"], kv_dtype=code, max_seqlen_q=q_len, max_seqlen_k=32768,
+            resident_ctas=1, num_splits=1,
+        )  # fmt: skip
+        assert row["smem_bytes"] >= plan["smem_bytes"] > 0
 
 
 # A warp-specialised kernel: a converter loop (LDGSTS, F2FP) and two MMA-warp loops (UTCHMMA),

@@ -29,7 +29,7 @@ from .rows import (
     load_extension,
     triton_rows,
 )
-from .tiles import cuda_tiles
+from .tiles import TileFactsError, cuda_tiles
 
 
 def _key(label: str, what: str | Path) -> str:
@@ -81,9 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     tile_facts: dict[str, str] = {}
     for label, path in builds:
-        ext = load_extension(path)
-        tile_facts[_key(label, path)] = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 64).source
-        found = cuda_rows(path, label, shapes)
+        try:
+            ext = load_extension(path)
+            facts = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 64)
+            found = cuda_rows(path, label, shapes)
+        except TileFactsError as error:
+            print(f"cannot model {path}: {error}", file=sys.stderr)
+            return 1
+        tile_facts[_key(label, path)] = facts.source
         if not found:
             print(f"no attention kernel of {path} matched the tile facts", file=sys.stderr)
             return 1

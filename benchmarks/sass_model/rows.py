@@ -12,7 +12,7 @@ from . import hardware, occupancy
 from .cubins import Kernel, read_library
 from .loop_counts import LoopCounts, count_main_loop
 from .model import predict
-from .tiles import GROUP, TileFacts, cuda_tiles, normalise
+from .tiles import GROUP, TileFacts, TileFactsError, cuda_tiles, normalise
 
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = ("bfloat16", "float16")
@@ -91,8 +91,9 @@ def make_row(
 _LOADED: dict[str, Path] = {}
 
 
-def load_extension(path: str | Path) -> ModuleType | None:
-    """Imports a built ``_C`` from its file (for its exported plan); None if it cannot load.
+def load_extension(path: str | Path) -> ModuleType:
+    """Imports a built ``_C`` from its file (for its exported plan); TileFactsError if it
+    cannot be imported (its tile facts come from the build, so there is nothing to model).
 
     One process can hold one module named ``_C`` (a second file would silently give the first
     module back): model other builds in their own run and merge them with ``--include``."""
@@ -101,12 +102,12 @@ def load_extension(path: str | Path) -> ModuleType | None:
         raise RuntimeError(f"a _C from {_LOADED['_C']} is loaded: model {path} in its own run")
     spec = importlib.util.spec_from_file_location("_C", str(path))
     if spec is None or spec.loader is None:
-        return None
+        raise TileFactsError(f"{path} is not an importable extension module")
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except ImportError:
-        return None
+    except ImportError as error:
+        raise TileFactsError(f"cannot import {path} to read its _C.plan: {error}") from error
     return module
 
 

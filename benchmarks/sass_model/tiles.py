@@ -1,9 +1,19 @@
 """How one main-loop iteration maps to KV bytes, and R rows to CTAs and warps, per kernel.
 
-One source per family: the extension's own plan (``_C.sass_tiles`` when it exports it, else
-``_C.plan`` with ``_C.host.key_groups``), else the constants of the morning's mma.sync kernel
-(csrc/params.h and csrc/attention.cuh at commit b66bef0), copied below and named; the Triton
-family's facts come from ``triton_attention.launch_plan`` (see ``rows.triton_facts``).
+One source per family: the extension's own plan, ``_C.sass_tiles`` when it exports it, else
+``_C.plan`` (tiles, threads, shared memory; ``_C.host.key_groups`` for the key-group split unless
+the plan reports it), the function the plan/run API launches with, so the model follows the
+kernel as it changes. The Triton family's facts come from ``triton_attention.launch_plan`` (see
+``rows.triton_facts``).
+
+The one exception is the morning's build (commit b66bef0, e.g. /work/team/before), which predates
+``_C.plan``: its dynamic shared memory is a launch argument, recorded nowhere in its cubins, so its
+constants (csrc/params.h and csrc/attention.cuh AttnConfig at b66bef0) are copied below. That
+fallback is taken only for a build that exports that morning's API (``BLOCK_M`` and ``block_n``,
+no ``plan``), and only after the tile sizes it does export agree with the copy. Any other build
+without ``_C.plan`` (or one that cannot be imported) is an error, never silently modelled with
+the morning's formula: a copied formula goes stale as soon as the kernel changes (it reported
+68,608 B for the d128 FP8 kernel whose plan says 84,992 B).
 """
 
 from __future__ import annotations
@@ -18,6 +28,12 @@ CODE_OF = {name: code for code, name in DTYPE_CODES.items()}
 # Template spelling of the query dtype in demangled kernel names.
 QUERY_TYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
 GROUP = 4  # query heads per KV head of the modelled drafter (32 query heads over 8 KV heads)
+# Keys of _C.plan(...)'s dict the model reads (any others are ignored).
+PLAN_KEYS = ("family", "block_m", "block_n", "threads", "smem_bytes", "m_tiles")
+
+
+class TileFactsError(RuntimeError):
+    """A build whose tile facts cannot be read from the build itself."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +65,12 @@ class TileFacts:
 
 
 def _morning_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> TileFacts:
-    """This morning's mma.sync kernel (commit b66bef0): csrc/params.h kBlockM = 64 and
+    """The morning's mma.sync kernel (commit b66bef0): csrc/params.h kBlockM = 64 and
     block_n_for; csrc/attention.cuh AttnConfig (4 warps, kStageBytes, kStages, kQBytes, kSmem)
-    and the runtime key-group split (row_warps -> n_groups)."""
+    and the runtime key-group split (row_warps -> n_groups). Only for that build (see the
+    module docstring; :func:`cuda_tiles` checks its exported BLOCK_M / block_n first)."""
     block_m, warps = 64, 4
-    block_n = 32 if head_dim == 256 else 64
+    block_n = _morning_block_n(head_dim)
     elt = 1 if kv_dtype.startswith("float8") else 2
     row_bytes = head_dim * elt
     stage = block_n * (row_bytes + row_bytes + 16)  # K swizzled, V padded by 16 bytes
@@ -73,28 +90,71 @@ def _morning_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> 
         threads=warps * 32,
         smem_bytes=smem,
         key_groups=groups,
-        source="fallback table: csrc/params.h + csrc/attention.cuh at b66bef0",
+        source="fallback table for the pre-plan build: csrc/params.h + csrc/attention.cuh at "
+        "b66bef0 (BLOCK_M, block_n checked against the build)",
     )
+
+
+def _morning_block_n(head_dim: int) -> int:
+    return 32 if head_dim == 256 else 64  # csrc/params.h block_n_for at b66bef0
+
+
+def _is_morning_build(ext: ModuleType) -> bool:
+    """The pre-plan API of commit b66bef0: module constants BLOCK_M and block_n(head_dim)."""
+    return not hasattr(ext, "plan") and hasattr(ext, "BLOCK_M") and hasattr(ext, "block_n")
+
+
+def _check_morning_build(ext: ModuleType, head_dim: int) -> None:
+    exported = (int(ext.BLOCK_M), int(ext.block_n(head_dim)))
+    copied = (64, _morning_block_n(head_dim))
+    if exported != copied:
+        raise TileFactsError(
+            f"{ext.__file__} exports the pre-plan API but BLOCK_M, block_n({head_dim}) = "
+            f"{exported}, not b66bef0's {copied}: the copied shared-memory formula does not "
+            "describe it; rebuild it with _C.plan"
+        )
 
 
 def _from_plan(ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows: int):
     """Tile facts from the extension's C++ plan (``_C.plan``, the function the plan/run API
-    calls) and the kernel's own key-group map (``_C.host.key_groups``), for one sequence of
-    R / GROUP tokens of a GQA-4 model (8 KV heads) over a long context, unsplit."""
+    calls) and the kernel's own key-group map (``_C.host.key_groups``) unless the plan reports
+    ``key_groups``, for one sequence of R / GROUP tokens of a GQA-4 model (8 KV heads) over a
+    long context, unsplit. A ``kernel`` key of the plan, if any, names the instantiation."""
     q_len = -(-rows // GROUP)
-    plan = ext.plan(1, q_len, 8 * GROUP, 8, head_dim, CODE_OF[kv_dtype], q_len, 32768, 1, 1)
+    plan = ext.plan(
+        num_seqs=1, num_tokens=q_len, num_q_heads=8 * GROUP, num_kv_heads=8, head_dim=head_dim,
+        kv_dtype=CODE_OF[kv_dtype], max_seqlen_q=q_len, max_seqlen_k=32768, resident_ctas=1,
+        num_splits=1,
+    )  # fmt: skip
+    missing = [key for key in PLAN_KEYS if key not in plan]
+    if missing:
+        raise TileFactsError(
+            f"_C.plan of {ext.__file__} lacks {missing} (has {sorted(plan)}): the model needs "
+            f"{list(PLAN_KEYS)}"
+        )
     elt = 1 if kv_dtype.startswith("float8") else 2
     rows_in_cta = min(rows, int(plan["block_m"]))
+    source = "_C.plan (the extension's plan)"
+    if "key_groups" in plan:
+        key_groups = int(plan["key_groups"])
+    elif hasattr(getattr(ext, "host", None), "key_groups"):
+        key_groups = int(ext.host.key_groups(head_dim, elt, rows_in_cta))
+        source = "_C.plan + _C.host.key_groups (the extension's plan and index maps)"
+    else:
+        raise TileFactsError(
+            f"{ext.__file__}: _C.plan reports no key_groups and _C.host.key_groups is missing"
+        )
+    default = f"paged_attention_kernel<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>"
     return TileFacts(
         family=str(plan["family"]),
-        kernel=f"paged_attention_kernel<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>",
+        kernel=str(plan.get("kernel", default)),
         rows_per_cta=int(plan["block_m"]),
         ctas_per_kv_head=int(plan["m_tiles"]),
         keys_per_iter=int(plan["block_n"]),
         threads=int(plan["threads"]),
         smem_bytes=int(plan["smem_bytes"]),
-        key_groups=int(ext.host.key_groups(head_dim, elt, rows_in_cta)),
-        source="_C.plan + _C.host.key_groups (the extension's plan and index maps)",
+        key_groups=key_groups,
+        source=source,
     )
 
 
@@ -102,12 +162,25 @@ def cuda_tiles(
     ext: ModuleType | None, head_dim: int, q_dtype: str, kv_dtype: str, rows: int
 ) -> TileFacts:
     """Tile facts of the CUDA kernel the extension's plan launches for this shape: from
-    ``_C.sass_tiles`` if exported, else ``_C.plan``, else this morning's constants."""
+    ``_C.sass_tiles`` if exported, else ``_C.plan``, else (the pre-plan build of b66bef0 only)
+    that morning's constants. Raises TileFactsError when the build gives none of them."""
+    if ext is None:
+        raise TileFactsError(
+            "the built extension could not be imported, so its _C.plan cannot be read: import "
+            "it on this machine (python -c 'import fp8_noncausal_attn._C') to see why"
+        )
     export = getattr(ext, "sass_tiles", None)
     if export is None:
-        if hasattr(ext, "plan") and hasattr(getattr(ext, "host", None), "key_groups"):
+        if hasattr(ext, "plan"):
             return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows)
-        return _morning_mma_sync(head_dim, q_dtype, kv_dtype, rows)
+        if _is_morning_build(ext):
+            _check_morning_build(ext, head_dim)
+            return _morning_mma_sync(head_dim, q_dtype, kv_dtype, rows)
+        raise TileFactsError(
+            f"{getattr(ext, '__file__', ext)} exports neither _C.plan nor _C.sass_tiles (nor "
+            "the pre-plan API of b66bef0): its tile facts (smem bytes, block sizes, threads) "
+            "can only come from the build; export _C.plan"
+        )
     facts = dict(export(head_dim, CODE_OF[q_dtype], CODE_OF[kv_dtype], rows))
     return TileFacts(
         family=str(facts["family"]),
