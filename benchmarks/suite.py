@@ -37,6 +37,10 @@ PEER_BUDGET_S = {"quick": 40.0}
 # torch.compile recompiles FlexAttention for every shape; past its default limit it would
 # silently fall back to the unfused eager implementation.
 RECOMPILE_LIMIT = 1024
+# Device memory the rotated input copies of one shape may take. A copy clones the whole cache,
+# also the pages a window never reads, so a short window over a long context cannot be given
+# as many copies as its bytes would ask for (fewer copies show in the row's rotated_copies).
+MAX_ROTATION_BYTES = 32 * 2**30
 
 
 class ShapeRun:
@@ -46,7 +50,8 @@ class ShapeRun:
         self.shape = shape
         self.device = device
         case = make_case(shape, device, seed)
-        copies = rotation_count(shape.bytes, device)
+        case_bytes = case.query.nbytes + case.key_cache.nbytes + case.value_cache.nbytes
+        copies = min(rotation_count(shape.bytes, device), max(1, MAX_ROTATION_BYTES // case_bytes))
         self.copies: list[Case] = [case] + [case.clone_storage() for _ in range(copies - 1)]
         self._oracles: dict[tuple[float, ...], torch.Tensor] = {}
 

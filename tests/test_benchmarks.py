@@ -411,3 +411,16 @@ def test_window_goal_sets_the_time_against_reading_the_context():
     assert "window4095,4095" in line and "met" in line and "NOT" not in line
     row["median_us"] = 1e6  # slower than reading all 131072 keys could be
     assert any("pages the window" in line and "NOT met" in line for line in report.goals(payload))
+
+
+def test_rotated_copies_of_a_long_cache_are_capped_by_memory(monkeypatch):
+    from benchmarks import suite
+
+    shape = shapes.dry_run()[-2]  # a window over a longer context: few bytes, a whole cache
+    case = make_case(shape, torch.device("cpu"))
+    case_bytes = case.query.nbytes + case.key_cache.nbytes + case.value_cache.nbytes
+    monkeypatch.setattr(suite, "rotation_count", lambda nbytes, device: 64)
+    monkeypatch.setattr(suite, "MAX_ROTATION_BYTES", 3 * case_bytes)
+    assert len(suite.ShapeRun(shape, torch.device("cpu"), seed=0).copies) == 3
+    monkeypatch.setattr(suite, "MAX_ROTATION_BYTES", case_bytes // 2)
+    assert len(suite.ShapeRun(shape, torch.device("cpu"), seed=0).copies) == 1
