@@ -29,6 +29,16 @@ DTYPE_CODES = {
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; the build test checks they
 # agree): workspaces are sized with it.
 MAX_SPLITS = 32
+# The kernels take window sides as C ints; a side this long reaches past any context, so larger
+# ones (validation admits any int) are passed as this.
+_INT32_MAX = 2**31 - 1
+
+
+def window_sides(problem: AttentionProblem) -> tuple[int, int]:
+    """The problem's ``(left, right)`` window as the kernels take it: -1 = unbounded, others
+    capped at INT32_MAX (already past any position)."""
+    left, right = problem.window
+    return min(left, _INT32_MAX), min(right, _INT32_MAX)
 
 
 @functools.cache
@@ -128,12 +138,6 @@ def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
 def unsupported_reason(problem: AttentionProblem) -> str | None:
     """None when the CUDA kernels can run ``problem``, else the reason."""
     q, k = problem.query, problem.key_cache
-    if problem.has_window or problem.sinks is not None:
-        return (
-            "the CUDA kernels do not run a sliding window or attention sinks yet "
-            f"(window={problem.window}, sinks {'given' if problem.sinks is not None else 'none'}):"
-            " Triton and the reference do"
-        )
     if not q.is_cuda:
         return "the CUDA kernels need CUDA tensors"
     ext, why = _load()
@@ -194,9 +198,12 @@ def kernel_plan(
     ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when unsplit) for ``resident`` CTA
     slots on the GPU. ``num_splits`` forces the count (clamped to what the grid holds).
 
-    Uses host-side sizes only (``max_seqlen_q/k``), so a captured graph keeps its plan; each
-    CTA derives its own key range from the device-side ``seq_lens``.
+    Uses host-side sizes only (``max_seqlen_q/k``, the window, the launch-wide causal flag), so a
+    captured graph keeps its plan; each CTA derives its own key range from the device-side
+    ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
+    sizes the splits from the keys one query tile's window spans, not from the context.
     """
+    window_left, window_right = window_sides(problem)
     ext, why = _load()
     if ext is None:
         raise RuntimeError(why)
@@ -211,6 +218,9 @@ def kernel_plan(
         max_seqlen_k=problem.max_seqlen_k,
         resident_ctas=resident,
         num_splits=num_splits or 0,
+        window_left=window_left,
+        window_right=window_right,
+        causal=problem.causal_per_seq is None and bool(problem.causal),
     )
 
 
@@ -269,6 +279,7 @@ def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
+    window_left, window_right = window_sides(problem)
     causal_per_seq = problem.causal_per_seq
     # Read in place by the kernel (bool or int32, any stride): vLLM rewrites it between replays.
     causal_ptr, causal_bytes, causal_stride = (
@@ -294,6 +305,9 @@ def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
             causal_bytes=causal_bytes,
             causal_stride=causal_stride,
             causal=bool(problem.causal),
+            sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
+            window_left=window_left,
+            window_right=window_right,
             ws_o=0 if ws_o is None else ws_o.data_ptr(),
             ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
             q_dtype=DTYPE_CODES[q.dtype],

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -69,13 +71,16 @@ int alignment_of(std::uintptr_t address, int64_t stride_t, int64_t stride_h) {
 int log2_exact(int x) {
   int shift = 0;
   while ((1 << shift) < x) ++shift;
-  if ((1 << shift) != x) throw std::invalid_argument("fp8_noncausal_attn._C: block_size must be a power of two");
+  if ((1 << shift) != x) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: block_size must be a power of two");
+  }
   return shift;
 }
 
 fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads,
                              int head_dim, int kv_dtype, int max_seqlen_q, int max_seqlen_k,
-                             int64_t resident_ctas, int num_splits) {
+                             int64_t resident_ctas, int num_splits, int window_left,
+                             int window_right, bool all_causal) {
   fp8nca::PlanInput in;
   in.num_seqs = num_seqs;
   in.num_tokens = num_tokens;
@@ -87,16 +92,18 @@ fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int 
   in.max_seqlen_k = max_seqlen_k;
   in.resident_ctas = resident_ctas;
   in.num_splits = num_splits;
+  in.window_left = window_left;
+  in.window_right = window_right;
+  in.all_causal = all_causal;
   return in;
 }
 
 py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, int head_dim,
               int kv_dtype, int max_seqlen_q, int max_seqlen_k, int64_t resident_ctas,
-              int num_splits) {
-  const fp8nca::Plan p = fp8nca::make_plan(plan_input(num_seqs, num_tokens, num_q_heads,
-                                                      num_kv_heads, head_dim, kv_dtype,
-                                                      max_seqlen_q, max_seqlen_k, resident_ctas,
-                                                      num_splits));
+              int num_splits, int window_left, int window_right, bool causal) {
+  const fp8nca::Plan p = fp8nca::make_plan(plan_input(
+      num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype, max_seqlen_q,
+      max_seqlen_k, resident_ctas, num_splits, window_left, window_right, causal));
   py::dict d;
   d["family"] = "mma_sync";
   d["block_m"] = p.block_m;
@@ -125,7 +132,8 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
                      std::uintptr_t v, std::uintptr_t out, std::uintptr_t block_table,
                      std::uintptr_t cu_seqlens_q, std::uintptr_t seq_lens, std::uintptr_t k_scale,
                      std::uintptr_t v_scale, std::uintptr_t causal_per_seq, int causal_bytes,
-                     int64_t causal_stride, bool causal, std::uintptr_t ws_o,
+                     int64_t causal_stride, bool causal, std::uintptr_t sinks, int window_left,
+                     int window_right, std::uintptr_t ws_o,
                      std::uintptr_t ws_lse, int q_dtype, int kv_dtype, py::tuple q_strides,
                      py::tuple o_strides, py::tuple k_strides, py::tuple v_strides,
                      py::tuple bt_strides, int64_t cu_stride, int64_t sl_stride,
@@ -145,6 +153,9 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
   p.causal_per_seq = ptr<const void>(causal_per_seq);
   p.causal_bytes = causal_bytes;
   p.causal_stride = causal_stride;
+  p.sinks = ptr<const float>(sinks);
+  p.window_left = window_left;
+  p.window_right = window_right;
   p.ws_o = ptr<float>(ws_o);
   p.ws_lse = ptr<float>(ws_lse);
   p.q_stride_t = q_strides[0].cast<int64_t>();
@@ -174,14 +185,18 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
   p.causal = causal ? 1 : 0;
   p.softmax_scale = softmax_scale;
   if (causal_per_seq != 0 && causal_bytes != 1 && causal_bytes != 4) {
-    throw std::invalid_argument("fp8_noncausal_attn._C: causal_bytes must be 1 (bool) or 4 (int32)");
+    throw std::invalid_argument(
+        "fp8_noncausal_attn._C: causal_bytes must be 1 (bool) or 4 (int32)");
+  }
+  if (window_left < -1 || window_right < -1) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: window sides must be -1 or >= 0");
   }
   // With no sequence every row is padding: the launch still zeroes them.
   if (num_tokens == 0) return;
   // max_seqlen_q == 0: no sequence has query rows, only padded rows (if any) to zero.
   const fp8nca::Plan plan = fp8nca::make_plan(plan_input(
       num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype,
-      max_seqlen_q, 1, 0, num_splits));
+      max_seqlen_q, 1, 0, num_splits, window_left, window_right, causal));
   p.num_splits = plan.num_splits;
   if (plan.num_splits > 1 && (ws_o == 0 || ws_lse == 0)) {
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
@@ -271,9 +286,28 @@ py::tuple sequences_host(std::uintptr_t cu_seqlens_q, int64_t cu_stride, std::ui
   return py::make_tuple(seqs, fp8nca::cu_seqlens_at(p, num_seqs));
 }
 
+// A map sampled at every index of [0, n) x [0, rest)...: nested Python lists, outermost index
+// first (table(f, 2, 4)[i][j] == f(i, j)).
+template <typename F>
+py::list table(const F& f, int n) {
+  py::list out;
+  for (int i = 0; i < n; ++i) out.append(py::cast(f(i)));
+  return out;
+}
+
+template <typename F, typename... Rest>
+py::list table(const F& f, int n, Rest... rest) {
+  py::list out;
+  for (int i = 0; i < n; ++i) {
+    out.append(table([&f, i](auto... inner) { return f(i, inner...); }, rest...));
+  }
+  return out;
+}
+
 py::dict mma_sync_tables(int head_dim, int elt) {
   namespace m = fp8nca::mma_sync;
   const m::TileShape s = m::tile_shape(head_dim, elt);
+  const m::TileShape c = m::compute_shape(head_dim);
   py::dict d;
   for (const auto& [name, value] :
        {std::pair<const char*, int>{"head_dim", s.head_dim}, {"elt", s.elt},
@@ -285,60 +319,72 @@ py::dict mma_sync_tables(int head_dim, int elt) {
         {"stages", s.stages}, {"wide_bytes", s.wide_bytes}, {"smem", s.smem}}) {
     d[name] = value;
   }
+  const int slots = s.block_n * s.units;
   // Tile copy: slot -> (key row, unit) and the unit's K / V stage offsets.
-  std::vector<std::vector<int>> copy;
-  for (int slot = 0; slot < s.block_n * s.units; ++slot) {
+  d["copy"] = table([&](int slot) {
     const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    copy.push_back({r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)});
-  }
-  d["copy"] = copy;
+    return std::vector<int>{r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)};
+  }, slots);
   // FP8 tiles: slot -> (K, V unit offsets in the FP8 stage, then the two 16-bit units of the
   // dequantised tile each lands in: K unit 0, K unit 1, V unit 0, V unit 1).
-  std::vector<std::vector<int>> dequant;
-  const m::TileShape c = m::compute_shape(head_dim);
-  for (int slot = 0; elt == 1 && slot < s.block_n * s.units; ++slot) {
+  d["dequant"] = table([&](int slot) {
     const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    dequant.push_back({m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
-                       m::k_smem_offset(c, r, m::wide_unit(u, 0)),
-                       m::k_smem_offset(c, r, m::wide_unit(u, 1)),
-                       m::v_smem_offset(c, r, m::wide_unit(u, 0)),
-                       m::v_smem_offset(c, r, m::wide_unit(u, 1))});
-  }
-  d["dequant"] = dequant;
-  // qk_dim[c][kk][t]
-  std::vector<std::vector<std::vector<int>>> qk(s.groups);
-  for (int c = 0; c < s.groups; ++c) {
-    qk[c].resize(s.steps_per_unit);
-    for (int kk = 0; kk < s.steps_per_unit; ++kk) {
-      for (int t = 0; t < 4; ++t) qk[c][kk].push_back(m::qk_dim(s, c, kk, t));
-    }
-  }
-  d["qk_dim"] = qk;
-  // k_frag[j][c][lane]
-  std::vector<std::vector<std::vector<int>>> kf(s.nt);
-  for (int j = 0; j < s.nt; ++j) {
-    kf[j].resize(s.groups);
-    for (int c = 0; c < s.groups; ++c) {
-      for (int lane = 0; lane < 32; ++lane) kf[j][c].push_back(m::k_frag_offset(s, j, c, lane));
-    }
-  }
-  d["k_frag"] = kf;
-  // v_ldsm[kk][jp][lane]: ldmatrix.x4.trans row addresses of the P V operand
-  std::vector<std::vector<std::vector<int>>> vl(s.block_n / 16);
-  for (int kk = 0; kk < s.block_n / 16; ++kk) {
-    vl[kk].resize(s.ot / 2);
-    for (int jp = 0; jp < s.ot / 2; ++jp) {
-      for (int lane = 0; lane < 32; ++lane) vl[kk][jp].push_back(m::v_ldsm_offset(s, kk, jp, lane));
-    }
-  }
-  d["v_ldsm"] = vl;
-  // out_dim[j][t]
-  std::vector<std::vector<int>> od(s.ot);
-  for (int j = 0; j < s.ot; ++j) {
-    for (int t = 0; t < 4; ++t) od[j].push_back(m::out_dim(j, t));
-  }
-  d["out_dim"] = od;
+    return std::vector<int>{m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
+                            m::k_smem_offset(c, r, m::wide_unit(u, 0)),
+                            m::k_smem_offset(c, r, m::wide_unit(u, 1)),
+                            m::v_smem_offset(c, r, m::wide_unit(u, 0)),
+                            m::v_smem_offset(c, r, m::wide_unit(u, 1))};
+  }, elt == 1 ? slots : 0);
+  d["qk_dim"] = table([&](int g, int kk, int t) { return m::qk_dim(s, g, kk, t); }, s.groups,
+                      s.steps_per_unit, 4);
+  d["k_frag"] = table([&](int j, int g, int lane) { return m::k_frag_offset(s, j, g, lane); },
+                      s.nt, s.groups, 32);
+  // ldmatrix.x4.trans row addresses of the P V operand, [kk][jp][lane]
+  d["v_ldsm"] = table([&](int kk, int jp, int lane) { return m::v_ldsm_offset(s, kk, jp, lane); },
+                      s.block_n / 16, s.ot / 2, 32);
+  d["out_dim"] = table([](int j, int t) { return m::out_dim(j, t); }, s.ot, 4);
   return d;
+}
+
+// The key-range maps of index_maps.h (window, mask, tiles, splits) as tuples: KeyRange as
+// (first, n_keys, free_first, free_count), RowKeys as (lo, hi), TileRange as (begin, end).
+using KeyTuple = std::tuple<int, int, int, int>;
+using PairTuple = std::pair<int, int>;
+
+fp8nca::mma_sync::KeyRange key_range(const KeyTuple& k) {
+  return {std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k)};
+}
+
+void def_key_range_hooks(py::module_& host) {
+  namespace ms = fp8nca::mma_sync;
+  host.def("row_keys", [](int left, int right, bool causal, int kv_len, int q_len, int row,
+                          int group) {
+    const ms::RowKeys r = ms::row_keys({left, right}, causal, kv_len, q_len, row, group);
+    return PairTuple{r.lo, r.hi};
+  }, py::arg("left"), py::arg("right"), py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
+     py::arg("row"), py::arg("group"), "Keys [lo, hi] one row sees (mask and window).");
+  host.def("key_visible", [](const PairTuple& r, int key) {
+    return ms::key_visible({r.first, r.second}, key);
+  }, py::arg("row_keys"), py::arg("key"), "The mask's per-element test.");
+  host.def("cta_keys", [](int left, int right, bool causal, int kv_len, int q_len, int row0,
+                          int last_row, int group, int block_n) {
+    const ms::KeyRange k =
+        ms::cta_keys({left, right}, causal, kv_len, q_len, row0, last_row, group, block_n);
+    return KeyTuple{k.first, k.n_keys, k.free_first, k.free_count};
+  }, py::arg("left"), py::arg("right"), py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
+     py::arg("row0"), py::arg("last_row"), py::arg("group"), py::arg("block_n"),
+     "A CTA's keys: (first, n_keys, free_first, free_count).");
+  host.def("tile_needs_mask", [](const KeyTuple& k, int n0) {
+    return ms::tile_needs_mask(key_range(k), n0);
+  }, py::arg("keys"), py::arg("n0"));
+  host.def("cta_tiles", [](const KeyTuple& k, int block_n) {
+    const ms::TileRange r = ms::cta_tiles(key_range(k), block_n);
+    return PairTuple{r.begin, r.end};
+  }, py::arg("keys"), py::arg("block_n"));
+  host.def("split_tiles", [](const PairTuple& tiles, int num_splits, int split) {
+    const ms::TileRange r = ms::split_tiles({tiles.first, tiles.second}, num_splits, split);
+    return PairTuple{r.begin, r.end};
+  }, py::arg("tiles"), py::arg("num_splits"), py::arg("split"));
 }
 
 }  // namespace
@@ -349,7 +395,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("block_table"),
         py::arg("cu_seqlens_q"), py::arg("seq_lens"), py::arg("k_scale"), py::arg("v_scale"),
         py::arg("causal_per_seq"), py::arg("causal_bytes"), py::arg("causal_stride"),
-        py::arg("causal"), py::arg("ws_o"), py::arg("ws_lse"), py::arg("q_dtype"),
+        py::arg("causal"), py::arg("sinks"), py::arg("window_left"), py::arg("window_right"),
+        py::arg("ws_o"), py::arg("ws_lse"), py::arg("q_dtype"),
         py::arg("kv_dtype"), py::arg("q_strides"), py::arg("o_strides"), py::arg("k_strides"),
         py::arg("v_strides"), py::arg("bt_strides"), py::arg("cu_stride"),
         py::arg("sl_stride"), py::arg("num_tokens"), py::arg("num_seqs"),
@@ -366,8 +413,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("plan", &plan, py::arg("num_seqs"), py::arg("num_tokens"), py::arg("num_q_heads"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("kv_dtype"),
         py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("resident_ctas"),
-        py::arg("num_splits") = 0,
-        "Tiles, split-KV count, grid and workspace sizes of one batch (host only, no GPU).");
+        py::arg("num_splits") = 0, py::arg("window_left") = -1, py::arg("window_right") = -1,
+        py::arg("causal") = false,
+        "Tiles, split-KV count, grid and workspace sizes of one batch (host only, no GPU); "
+        "causal: every sequence is causal (sizes splits from a windowed key span).");
   m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
         py::arg("kv_dtype"), "CTAs of the attention kernel resident per SM (occupancy).");
   m.def("driver_version", &driver_version,
@@ -395,15 +444,5 @@ PYBIND11_MODULE(_C, m) {
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {
     return ms::key_groups(ms::tile_shape(head_dim, elt), rows_in_tile);
   }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"));
-  host.def("cta_keys", [](bool causal, int kv_len, int q_len, int row0, int last_row, int group) {
-    const ms::KeyRange r = ms::cta_keys(causal, kv_len, q_len, row0, last_row, group);
-    return py::make_tuple(r.n_keys, r.min_limit);
-  }, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"), py::arg("row0"),
-     py::arg("last_row"), py::arg("group"));
-  host.def("row_limit", &ms::row_limit, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
-           py::arg("row"), py::arg("group"));
-  host.def("split_tiles", [](int n_tiles, int num_splits, int split) {
-    const ms::TileRange r = ms::split_tiles(n_tiles, num_splits, split);
-    return py::make_tuple(r.begin, r.end);
-  }, py::arg("n_tiles"), py::arg("num_splits"), py::arg("split"));
+  def_key_range_hooks(host);
 }

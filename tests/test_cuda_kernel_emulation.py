@@ -7,9 +7,11 @@ kernels call), so a wrong map in the kernel source gives a visibly wrong answer 
 cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled keys past
 the range), the once-per-CTA dequantisation of FP8 tiles into 16-bit tiles, the Q fragments,
 the permuted k-dimension of S = Q K^T, the ldmatrix row addresses feeding O = P V, the output
-dims each lane stores, the index tensors read through their strides
-(int32 or bool causal flags included), the causal limits, the key groups of warps the rows leave
-idle and their merge, the split-KV ranges and the log-sum-exp merge. Only the mma.sync m16n8k16
+dims each lane stores, the index tensors read through their strides (int32 or bool causal flags
+included), each row's visible key range (causal or bidirectional, sliding window), the key tiles
+a CTA's window touches and which of them need the mask, the key groups of warps the rows leave
+idle and their merge, the split-KV ranges over the windowed tiles, the attention sink in the
+unsplit epilogue and the log-sum-exp merge (which adds the sink once). Only the mma.sync m16n8k16
 fragment layouts and ldmatrix (the PTX ISA's) and the (exact) FP8 -> 16-bit conversion are
 modelled in Python.
 """
@@ -24,8 +26,12 @@ import torch
 from conftest import TOLERANCE
 
 import fp8_noncausal_attn as fna
+from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
+
+LOG2E = 1.4426950408889634
 
 
 @functools.cache
@@ -104,8 +110,10 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     if row0 >= rows:
         return
     rows_in_tile = min(T["block_m"], rows - row0)
-    n_keys, min_limit = hk.cta_keys(causal, kv_len, q_len, row0, row0 + rows_in_tile - 1, group)
-    t_begin, t_end = hk.split_tiles(-(-n_keys // bn), num_splits, split)
+    left, right = pb["window"]
+    keys = hk.cta_keys(left, right, causal, kv_len, q_len, row0, row0 + rows_in_tile - 1, group, bn)
+    n_keys = keys[1]
+    t_begin, t_end = hk.split_tiles(hk.cta_tiles(keys, bn), num_splits, split)
     # Key groups: warp -> (row warp wm, key group ng, its n-tiles).
     n_groups = hk.key_groups(d, elt, rows_in_tile)
     m_span = warps // n_groups
@@ -123,8 +131,8 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     def row_ok(warp, g, h):
         return row0 + 16 * wm[warp] + g + 8 * h < rows
 
-    limits = {
-        (w, g, h): hk.row_limit(causal, kv_len, q_len, row_of(w, g, h), group)
+    row_keys = {
+        (w, g, h): hk.row_keys(left, right, causal, kv_len, q_len, row_of(w, g, h), group)
         for w in range(warps)
         for g in range(8)
         for h in range(2)
@@ -216,10 +224,11 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
             n0 = tile * bn
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
-                if n0 + bn - 1 > min_limit:
+                if hk.tile_needs_mask(keys, n0):
                     for j in jr[warp]:
                         for e in range(4):
-                            if n0 + 8 * j + 2 * t + (e & 1) > limits[warp, g, e >> 1]:
+                            key = n0 + 8 * j + 2 * t + (e & 1)
+                            if not hk.key_visible(row_keys[warp, g, e >> 1], key):
                                 s[lane, j, e] = -math.inf
             for h in range(2):
                 cols = s[:, jr[warp].start : jr[warp].stop, 2 * h : 2 * h + 2]
@@ -268,7 +277,16 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     continue
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
-                inv = pb["v_scale"][kvh] / total if total > 0 else 0.0
+                scale = pb["v_scale"][kvh]
+                if num_splits == 1 and pb["sinks"] is not None:
+                    # The sink joins the denominator at max(m, sink), log2 units (epilogue.cuh).
+                    m = m_i[warp, lane, h] * scale_log2
+                    sink = pb["sinks"][head] * LOG2E
+                    m_sink = max(m, sink)
+                    a = 2.0 ** (m - m_sink)
+                    total = total * a + 2.0 ** (sink - m_sink)
+                    scale *= a
+                inv = scale / total if total > 0 else 0.0
                 target = out if num_splits == 1 else ws_o[split]
                 for j in range(C["ot"]):
                     dim = C["out_dim"][j][t]
@@ -317,6 +335,8 @@ def emulate(problem, num_splits):
         "softmax_scale": problem.softmax_scale,
         "k_scale": problem.k_scale.double().numpy(),
         "v_scale": problem.v_scale.double().numpy(),
+        "window": cuda_backend.window_sides(problem),
+        "sinks": None if problem.sinks is None else problem.sinks.double().numpy(),
     }
     shape = (problem.num_tokens, problem.num_q_heads, problem.head_dim)
     out = np.full(shape, np.nan)
@@ -329,10 +349,16 @@ def emulate(problem, num_splits):
                 seq, split = z // num_splits, z % num_splits
                 run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
     if num_splits > 1:
+        # merge.cu: the sink (log2 units) is one more term of the denominator, counted once.
         lse = ws_lse[:, :padding_start]
-        weights = np.exp2(lse - lse.max(0))
+        sink = np.full(lse.shape[1:], -math.inf)
+        if pb["sinks"] is not None:
+            sink[:] = pb["sinks"] * LOG2E
+        lse_max = np.maximum(lse.max(0), sink)
+        lse_max[lse_max == -math.inf] = 0.0
+        weights = np.exp2(lse - lse_max)
         merged = (weights[..., None] * ws_o[:, :padding_start]).sum(0)
-        out[:padding_start] = merged / weights.sum(0)[..., None]
+        out[:padding_start] = merged / (weights.sum(0) + np.exp2(sink - lse_max))[..., None]
     # Padded rows: the zero slice of the grid (one split) or the merge kernel (several).
     out[padding_start:] = 0.0
     return torch.from_numpy(out)
@@ -375,6 +401,131 @@ def test_emulated_kernel_matches_reference(name):
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     # Both are rounded to the query dtype once; an index error would be off by O(1).
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+# Large positive and negative sink logits per q head (as in tests/test_window_sinks.py): +25
+# outweighs every key of its head (the output shrinks ~e^-25), -40 changes nothing.
+SINKS = [25.0, -40.0, 0.5, 3.0]
+
+# (causal, window, sinks, splits) on sequences [q 3 / kv 21, q 24 / kv 300] with 16-key pages
+# and 64-key tiles: a window inside one page, one spanning pages and tiles (most tiles of the
+# long sequence lie outside it), one past the context, one-sided ones, sinks alone.
+WINDOW_CASES = [
+    (False, (3, 2), False, 1),
+    (True, (3, 2), True, 3),
+    ([True, False], (40, 17), True, 1),
+    ([False, True], (40, 17), False, 3),
+    (False, (1000, 1000), True, 2),
+    (True, (-1, -1), True, 2),
+    ([False, True], (-1, 0), False, 1),
+    (False, (70, -1), True, 3),
+    (False, (-1, 5), True, 1),
+]
+
+
+def attention_kwargs(window, sinks):
+    return {"window": window, "sinks": torch.tensor(SINKS) if sinks else None}
+
+
+@pytest.mark.parametrize("causal,window,sinks,splits", WINDOW_CASES)
+def test_emulated_window_and_sinks_match_reference(causal, window, sinks, splits):
+    """The window bounds (index_maps.h row_keys / cta_keys), the tiles it skips, the split of the
+    windowed tile range, the sink in the unsplit epilogue or once in the merge."""
+    case = make_case(
+        [3, 24], [21, 300], num_q_heads=4, num_kv_heads=2, head_dim=64, causal=causal, seed=13
+    )
+    kwargs = attention_kwargs(window, sinks)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
+    )
+    out = emulate(problem, splits).to(case.query.dtype)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **kwargs, backend="reference")
+    # The window and the sinks each change the result (else this test could not fail).
+    plain = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    if window not in ((-1, -1), (1000, 1000)):
+        windowed = fna.paged_attention(
+            *case.args(), **case.kwargs(), window=window, backend="reference"
+        )
+        assert relative_error(windowed, plain) > 0.05
+    if sinks:  # q head 0's sink of +25 outweighs its keys
+        assert ref[:, 0].abs().max() < 1e-4 * plain[:, 0].abs().max()
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_emulated_windowed_launch_loads_only_the_windows_tiles(splits):
+    """The pages of every key tile that no query's window touches are poisoned with FP8 NaN bytes
+    (K and V): a kernel that loads one, even masked out afterwards (0 * NaN = NaN in P V), gives
+    NaN. The tile range comes from the window, so the output stays finite and correct."""
+    q_len, kv_len, block_size, window = 4, 1000, 16, (40, 3)
+    case = make_case(
+        [q_len], [kv_len], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=block_size,
+        seed=5,
+    )  # fmt: skip
+    kwargs = attention_kwargs(window, sinks=True)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **kwargs, backend="reference")
+    block_n = tables(64, 1)["block_n"]
+    start, end = visible_range(torch.arange(q_len), q_len, kv_len, False, window)
+    first_tile, end_tile = int(start.min()) // block_n, -(-int(end.max()) // block_n)
+    pages = case.block_table[0].tolist()
+    poisoned = [
+        pages[n]
+        for n in range(-(-kv_len // block_size))
+        if not first_tile <= n * block_size // block_n < end_tile
+    ]
+    assert len(poisoned) >= 50  # most of the context lies outside the window
+    for cache in (case.key_cache, case.value_cache):
+        cache.view(torch.uint8)[poisoned] = 0x7F  # e4m3 NaN
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
+    )
+    out = emulate(problem, splits).to(case.query.dtype)
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+    # Without the window the poisoned pages are read: the check bites.
+    unwindowed = emulate(dataclasses.replace(problem, window=(-1, -1)), splits)
+    assert not torch.isfinite(unwindowed).all()
+
+
+WINDOWS = [(-1, -1), (0, 0), (3, 2), (40, 17), (-1, 0), (70, -1), (-1, 5), (1000, 1000),
+           (2**31 - 1, 2**31 - 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_window_maps_follow_the_masking_rule(window, causal):
+    """index_maps.h on the CPU: row_keys is masking.visible_range (any int window, no overflow),
+    key_visible its per-key test, cta_keys the union of its rows' ranges, and tile_needs_mask
+    exact (false only for tiles every row of the CTA sees whole)."""
+    hk = host()
+    for kv_len, q_len, group, block_n in ((70, 3, 3, 64), (130, 130, 1, 64), (200, 17, 2, 32)):
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, window)
+        ranges = [(int(start[r // group]), int(end[r // group]) - 1) for r in range(q_len * group)]
+        got = [hk.row_keys(*window, causal, kv_len, q_len, r, group) for r in range(len(ranges))]
+        assert got == ranges
+        for r in range(0, len(ranges), 5):
+            visible = [hk.key_visible(got[r], key) for key in range(-2, kv_len + 2)]
+            assert visible == [ranges[r][0] <= key <= ranges[r][1] for key in range(-2, kv_len + 2)]
+        for row0 in range(0, len(ranges), 7):
+            rows = ranges[row0 : row0 + 11]
+            keys = hk.cta_keys(*window, causal, kv_len, q_len, row0, row0 + len(rows) - 1,
+                               group, block_n)  # fmt: skip
+            assert keys[:2] == (min(lo for lo, _ in rows), max(hi for _, hi in rows) + 1)
+            for n0 in range(0, kv_len + block_n, block_n):
+                whole = all(lo <= n0 and n0 + block_n - 1 <= hi for lo, hi in rows)
+                assert hk.tile_needs_mask(keys, n0) == (not whole), (row0, n0)
+
+
+def test_splits_partition_the_windowed_tile_range():
+    """Split-KV splits the tiles the window touches, [first, end), in order, each tile once."""
+    hk = host()
+    for tiles in ((0, 5), (3, 4), (7, 40), (2, 2), (1998, 2003)):
+        for num_splits in range(1, 9):
+            parts = [hk.split_tiles(tiles, num_splits, s) for s in range(num_splits)]
+            assert [t for b, e in parts for t in range(b, e)] == list(range(*tiles))
+    keys = hk.cta_keys(4095, 4095, False, 131072, 8, 0, 31, 4, 64)
+    assert hk.cta_tiles(keys, 64) == (1983, 2048)  # 65 of 2048 tiles: the window's
 
 
 def strided(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,5 +1,6 @@
-// Split-KV (flash decoding) merge: out = sum_s w_s O_s with w_s = 2^(lse_s - max) / sum of w.
-// Each split's O_s is already normalised and scaled by v_scale; lse is in the log2 domain.
+// Split-KV (flash decoding) merge: out = sum_s w_s O_s with w_s = 2^(lse_s - max) / (sum of w
+// + 2^(sink - max)), the attention sink's term counted once here (none without sinks). Each
+// split's O_s is already normalised and scaled by v_scale; lse and sink are in log2 units.
 // Rows past cu_seqlens_q[num_seqs] (vLLM's padding under CUDA graphs) get zeros.
 #include <cstdint>
 
@@ -41,10 +42,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_splits_kernel(const At
   }
 
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  float lse_max = -INFINITY;
+  // The attention sink (SPEC section 3) joins the denominator here, once, as one more term
+  // 2^sink with no value (log2 units, like lse); without sinks it is 2^-inf = 0.
+  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+  float lse_max = sink;
   for (int s = 0; s < p.num_splits; ++s) lse_max = fmaxf(lse_max, p.ws_lse[s * split_stride + row]);
   if (lse_max == -INFINITY) lse_max = 0.f;
-  float wsum = 0.f;
+  float wsum = exp2f(sink - lse_max);
   for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.ws_lse[s * split_stride + row] - lse_max);
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
 

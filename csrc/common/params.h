@@ -11,6 +11,10 @@ enum DType : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3 };
 
 constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ? 1 : 2; }
 
+// log2(e): the kernels run the softmax in log2 units (2^x is one instruction), so natural-log
+// quantities such as the attention-sink logits are multiplied by it.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Kernel families (the Arch axis of the dispatch). Only the portable mma.sync family exists
 // today; the wgmma (sm_90a) and tcgen05 (sm_100a) families plug in next to it.
 enum class Family : int { kMmaSync = 0 };
@@ -29,6 +33,7 @@ struct AttnParams {
   const float* k_scale;         // [num_kv_heads]
   const float* v_scale;         // [num_kv_heads]
   const void* causal_per_seq;   // [num_seqs] bool or int32 (nonzero = causal), or nullptr
+  const float* sinks;           // [num_q_heads] fp32 attention-sink logits, or nullptr
   float* ws_o;    // [num_splits, num_tokens, num_q_heads, head_dim] fp32 when num_splits > 1
   float* ws_lse;  // [num_splits, num_tokens, num_q_heads] fp32 (log2 domain)
   int64_t q_stride_t, q_stride_h;
@@ -42,6 +47,9 @@ struct AttnParams {
   int num_tokens, num_seqs, num_q_heads, num_kv_heads, group, head_dim, block_size;
   int block_shift;   // log2(block_size): validation admits powers of two only
   int max_seqlen_q, num_splits, causal;
+  // Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right];
+  // -1 = unbounded on that side.
+  int window_left, window_right;
   float softmax_scale;
 };
 

@@ -25,6 +25,19 @@ int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ct
   return best;
 }
 
+int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n) {
+  const int64_t context_tiles = (std::max(in.max_seqlen_k, 1) + block_n - 1) / block_n;
+  const int64_t right = in.all_causal ? 0 : in.window_right;
+  if (in.window_left < 0 || right < 0) return static_cast<int>(context_tiles);
+  // A CTA's block_m rows hold at most (block_m - 1) / group + 2 consecutive tokens; its keys run
+  // from the first one's position - left to the last one's position + right.
+  const int group = in.num_kv_heads > 0 ? std::max(in.num_q_heads / in.num_kv_heads, 1) : 1;
+  const int64_t tokens = std::min<int64_t>(std::max(in.max_seqlen_q, 1), (block_m - 1) / group + 2);
+  const int64_t keys = in.window_left + right + tokens;
+  // An unaligned run of `keys` keys touches at most one tile more than an aligned one.
+  return static_cast<int>(std::min(context_tiles, (keys + block_n - 2) / block_n + 1));
+}
+
 Plan make_plan(const PlanInput& in) {
   const mma_sync::TileShape shape = mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype));
   Plan plan{};
@@ -36,7 +49,7 @@ Plan make_plan(const PlanInput& in) {
   const int group = in.num_kv_heads > 0 ? in.num_q_heads / in.num_kv_heads : 0;
   const int64_t rows = static_cast<int64_t>(std::max(in.max_seqlen_q, 1)) * group;
   plan.m_tiles = static_cast<int>((rows + plan.block_m - 1) / plan.block_m);
-  const int key_tiles = (std::max(in.max_seqlen_k, 1) + plan.block_n - 1) / plan.block_n;
+  const int key_tiles = key_tiles_per_cta(in, plan.block_m, plan.block_n);
   const int64_t ctas = static_cast<int64_t>(in.num_seqs) * in.num_kv_heads * plan.m_tiles;
   int splits = in.num_splits > 0 ? in.num_splits
                                  : choose_splits(ctas, key_tiles, in.num_seqs, in.resident_ctas);

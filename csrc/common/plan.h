@@ -26,6 +26,11 @@ struct PlanInput {
   int num_seqs = 0, num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   int kv_dtype = kE4M3;
   int max_seqlen_q = 0, max_seqlen_k = 0;
+  // The sliding window (-1 = unbounded side) and whether every sequence is causal (a launch-wide
+  // flag; per-sequence flags live on the device, so a plan assumes bidirectional): the split
+  // count is sized from the keys a CTA's window spans, not the whole context.
+  int window_left = -1, window_right = -1;
+  bool all_causal = false;
   int64_t resident_ctas = 0;  // the kernel's CTAs resident on the whole GPU (occupancy x SMs)
   int num_splits = 0;         // > 0 forces the split count (tests), clamped to what fits
 };
@@ -43,6 +48,10 @@ struct Plan {
 // The split count the planner picks: 1 unless (sequences x KV heads x M tiles) CTAs leave the
 // resident slots underused, else the fewest splits filling whole waves to kWaveFill.
 int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas);
+
+// Key tiles one CTA streams at most: those of max_seqlen_k, or fewer when a window bounds both
+// sides of every row (the right side by causality or by window_right).
+int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n);
 
 // The whole plan. Needs no GPU.
 Plan make_plan(const PlanInput& in);

@@ -1,6 +1,7 @@
-// Epilogue of the mma.sync family: normalises O by the row sum and v_scale and writes it to
-// `out` (one split) or to the split-KV workspace with its log-sum-exp (several splits, merged by
-// csrc/cascade/merge.cu); and the padded rows past the last sequence, written as zeros.
+// Epilogue of the mma.sync family: normalises O by the row sum (plus the attention sink, when
+// given) and v_scale and writes it to `out` (one split) or to the split-KV workspace with its
+// log-sum-exp (several splits, merged with the sink by csrc/cascade/merge.cu); and the padded
+// rows past the last sequence, written as zeros.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,21 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
     if (row >= w.rows) continue;
     const int tok = w.q_start + row / p.group;
     const int head = w.kvh * p.group + row % p.group;
-    const float l = st.l[h];
-    const float inv = l > 0.f ? v_scale / l : 0.f;
+    float l = st.l[h];
+    float scale = v_scale;
+    if (p.num_splits == 1 && p.sinks != nullptr) {
+      // The sink joins the denominator (SPEC section 3): O / (l + 2^(sink - m)) in log2 units,
+      // taken at m' = max(m, sink) so that neither term overflows, as O a / (l a + 2^(sink - m'))
+      // with a = 2^(m - m'). Split, the merge adds it once instead (cascade/merge.cu). m is
+      // finite: every row sees at least its own position.
+      const float m = st.m[h] * scale_log2;
+      const float sink = p.sinks[head] * kLog2e;
+      const float m_sink = fmaxf(m, sink);
+      const float a = ex2(m - m_sink);
+      l = l * a + ex2(sink - m_sink);
+      scale *= a;
+    }
+    const float inv = l > 0.f ? scale / l : 0.f;
     if (p.num_splits == 1) {
       QT* orow = static_cast<QT*>(p.out) + tok * p.o_stride_t + head * p.o_stride_h;
 #pragma unroll

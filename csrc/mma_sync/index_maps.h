@@ -137,34 +137,73 @@ FP8NCA_HD constexpr int key_groups(const TileShape& s, int rows_in_tile) {
   return row_warps == 1 ? s.max_key_groups : row_warps == 2 ? 2 : 1;
 }
 
-struct KeyRange {
-  int n_keys;     // keys any row of the CTA sees: [0, n_keys)
-  int min_limit;  // the smallest last visible key among its rows (masking below it is skipped)
+// A sliding window (SPEC section 3): the row at position pos sees keys [pos - left, pos + right]
+// on top of its mask; -1 leaves that side unbounded.
+struct Window {
+  int left, right;
 };
 
-// Keys seen by rows [row0, last_row] of a sequence (SPEC section 3): causal row r (token
-// r / group) sees keys up to kv_len - q_len + r / group.
-FP8NCA_HD constexpr KeyRange cta_keys(bool causal, int kv_len, int q_len, int row0, int last_row,
-                                      int group) {
-  return causal ? KeyRange{kv_len - q_len + last_row / group + 1, kv_len - q_len + row0 / group}
-                : KeyRange{kv_len, kv_len - 1};
+struct RowKeys {
+  int lo, hi;  // the keys one row sees: lo <= key <= hi
+};
+
+// Keys row `row` sees (masking.py visible_range): its token row / group sits at position
+// pos = kv_len - q_len + row / group; causal rows see up to pos, bidirectional ones up to
+// kv_len - 1, and the window narrows both sides. The window is compared before it is added, so
+// any int window is safe. Never empty for a valid row: pos itself is visible.
+FP8NCA_HD constexpr RowKeys row_keys(const Window& win, bool causal, int kv_len, int q_len,
+                                     int row, int group) {
+  const int pos = kv_len - q_len + row / group;
+  const int hi = causal ? pos : kv_len - 1;
+  return RowKeys{win.left >= 0 && win.left < pos ? pos - win.left : 0,
+                 win.right >= 0 && win.right < hi - pos ? pos + win.right : hi};
 }
 
-// Last key row `row` may see.
-FP8NCA_HD constexpr int row_limit(bool causal, int kv_len, int q_len, int row, int group) {
-  return causal ? kv_len - q_len + row / group : kv_len - 1;
+// Whether `key` is visible to a row: lo <= key <= hi in one unsigned comparison (the mask's
+// per-element test costs what the causal-only test did).
+FP8NCA_HD constexpr bool key_visible(const RowKeys& r, int key) {
+  return static_cast<unsigned>(key - r.lo) <= static_cast<unsigned>(r.hi - r.lo);
+}
+
+struct KeyRange {
+  int first;       // the first key any row of the CTA sees
+  int n_keys;      // one past the last such key: keys from here on are zero-filled, never read
+  int free_first;  // a key tile starting at n0 needs no mask when
+  int free_count;  //   0 <= n0 - free_first < free_count: every row sees all of its keys
+};
+
+// Keys seen by rows [row0, last_row] of a sequence. Both bounds of row_keys grow with the row,
+// so the union of the rows' ranges is [lo(row0), hi(last_row)] (contiguous: each range holds
+// its row's position), and a tile is seen whole by every row when it lies inside
+// [lo(last_row), hi(row0)].
+FP8NCA_HD constexpr KeyRange cta_keys(const Window& win, bool causal, int kv_len, int q_len,
+                                      int row0, int last_row, int group, int block_n) {
+  const RowKeys first = row_keys(win, causal, kv_len, q_len, row0, group);
+  const RowKeys last = row_keys(win, causal, kv_len, q_len, last_row, group);
+  const int free_count = first.hi - last.lo - block_n + 2;
+  return KeyRange{first.lo, last.hi + 1, last.lo, free_count > 0 ? free_count : 0};
+}
+
+// Whether the key tile starting at key n0 needs the mask (one unsigned comparison per tile).
+FP8NCA_HD constexpr bool tile_needs_mask(const KeyRange& k, int n0) {
+  return static_cast<unsigned>(n0 - k.free_first) >= static_cast<unsigned>(k.free_count);
 }
 
 struct TileRange {
-  int begin, end;  // key tiles [begin, end) of one split (empty when begin >= end)
+  int begin, end;  // key tiles [begin, end) (empty when begin >= end)
 };
 
-// Split `split` of `num_splits` takes an equal run of the sequence's key tiles, derived on the
-// device from its real length, so a plan made for a longer max_seqlen_k still splits evenly.
-FP8NCA_HD constexpr TileRange split_tiles(int n_tiles, int num_splits, int split) {
-  const int per_split = (n_tiles + num_splits - 1) / num_splits;
-  const int begin = split * per_split;
-  return TileRange{begin, begin + per_split < n_tiles ? begin + per_split : n_tiles};
+// The key tiles holding a CTA's keys: whole tiles outside its window are never loaded.
+FP8NCA_HD constexpr TileRange cta_tiles(const KeyRange& k, int block_n) {
+  return TileRange{k.first / block_n, (k.n_keys + block_n - 1) / block_n};
+}
+
+// Split `split` of `num_splits` takes an equal run of the CTA's tiles, derived on the device
+// from the real lengths, so a plan made for a longer max_seqlen_k still splits evenly.
+FP8NCA_HD constexpr TileRange split_tiles(const TileRange& tiles, int num_splits, int split) {
+  const int per_split = (tiles.end - tiles.begin + num_splits - 1) / num_splits;
+  const int begin = tiles.begin + split * per_split;
+  return TileRange{begin, begin + per_split < tiles.end ? begin + per_split : tiles.end};
 }
 
 }  // namespace fp8nca::mma_sync

@@ -3,9 +3,10 @@
 //   tile_scheduler.cuh  which (sequence, KV head, M tile, split) a CTA computes, its key range
 //   mainloop.cuh        Q fragments, the paged cp.async K/V tile copy, the once-per-CTA
 //                       dequantisation of FP8 tiles to 16 bits, S = Q K^T and O += P V
-//   mask.cuh            the causal mask on an S tile
+//   mask.cuh            the mask (causal or bidirectional, sliding window) on an S tile
 //   softmax.cuh         the online softmax and the merge of key groups
-//   epilogue.cuh        O normalised into `out` or the split-KV workspace; padded rows zeroed
+//   epilogue.cuh        O normalised (attention sinks joining the denominator) into `out`, or
+//                       into the split-KV workspace; padded rows zeroed
 // index_maps.h holds every index map (host and device), traits.cuh the per-variant constants.
 // One CTA streams its split's KV range through shared memory, kStages deep; every warp runs
 // mma.sync m16n8k16 with fp32 accumulation (FlashAttention-2). Warps the rows leave idle (a
@@ -44,13 +45,13 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const WarpRole role = warp_role<C.nt>(C, w, warp);
-  // Last key each of this thread's two rows sees (rows past `rows` clamped; never stored).
+  // Keys each of this thread's two rows sees (rows past `rows` clamped; never stored).
   const int g = lane >> 2;
-  int limit[2];
+  RowKeys row_range[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = min(w.row0 + 16 * role.wm + g + 8 * h, w.rows - 1);
-    limit[h] = row_limit(w.causal, w.kv_len, w.q_len, row, p.group);
+    row_range[h] = row_keys(w.window, w.causal, w.kv_len, w.q_len, row, p.group);
   }
 
   uint4* q_frag = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32 + lane;
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
     if (!role.active) continue;
     float s[C.nt][4];
     qk_tile<D, QT>(ks, q_frag, role, lane, s);
-    apply_mask(s, tile * C.block_n, C.block_n, w.keys, limit, role, lane);
+    apply_mask(s, tile * C.block_n, w.keys, row_range, role, lane);
     softmax_update(s, st, o, scale_log2, role);
     pv_tile<D, PVType<QT, KV>>(ks + C.block_n * C.k_row, s, role, lane, o);
   }

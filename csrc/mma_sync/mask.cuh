@@ -1,6 +1,8 @@
-// The attention mask on one S tile (SPEC section 3): a key past a row's last visible key gets
-// -inf. Bidirectional rows see [0, kv_len); keys past kv_len are already excluded by the tile
-// range and the zero-filled copy, so only tiles reaching past the CTA's smallest limit pay.
+// The attention mask on one S tile (SPEC section 3): a key outside a row's visible range
+// [lo, hi] (the causal or bidirectional bound and the sliding window, index_maps.h row_keys)
+// gets -inf. Keys past the CTA's last visible key are zero-filled by the copy, and tiles outside
+// its window are never loaded, so only the tiles that some row sees in part pay (the partial last
+// tile of a bidirectional row; the diagonal of a causal one; a window's edges).
 #pragma once
 
 #include <cmath>
@@ -10,10 +12,10 @@
 namespace fp8nca::mma_sync {
 
 template <int kNT>
-__device__ __forceinline__ void apply_mask(float (&s)[kNT][4], int n0, int block_n,
-                                           const KeyRange& keys, const int (&limit)[2],
-                                           const WarpRole& role, int lane) {
-  if (n0 + block_n - 1 <= keys.min_limit) return;
+__device__ __forceinline__ void apply_mask(float (&s)[kNT][4], int n0, const KeyRange& keys,
+                                           const RowKeys (&row)[2], const WarpRole& role,
+                                           int lane) {
+  if (!tile_needs_mask(keys, n0)) return;
   const int t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
@@ -22,7 +24,7 @@ __device__ __forceinline__ void apply_mask(float (&s)[kNT][4], int n0, int block
     for (int e = 0; e < 4; ++e) {
       // Accumulator e of n-tile j is row g + 8 (e >> 1), key 8j + 2t + (e & 1) (PTX ISA layout).
       const int key = n0 + 8 * j + 2 * t + (e & 1);
-      if (key > limit[e >> 1]) s[j][e] = -INFINITY;
+      if (!key_visible(row[e >> 1], key)) s[j][e] = -INFINITY;
     }
   }
 }

@@ -1,5 +1,6 @@
 // Work decomposition of the mma.sync family: which (sequence, KV head, M tile, split) a CTA
-// computes, its key range derived on the device from the real sequence lengths, and how its
+// computes, its key range derived on the device from the real sequence lengths and the sliding
+// window (only the key tiles the window touches are split and loaded), and how its
 // warps share rows and keys. The grid is (M tiles, KV heads, sequences x splits [+ 1]); the
 // optional last z slice writes the padded rows (see epilogue.cuh).
 #pragma once
@@ -17,11 +18,12 @@ struct WorkTile {
   int seq, kvh, split;
   int q_start, q_len, kv_len;
   bool causal;
+  Window window;
   int rows;              // query rows of this KV head in the sequence (q_len x group)
   int row0;              // first row of the CTA's M tile
   int rows_in_tile;
-  KeyRange keys;
-  TileRange tiles;       // key tiles of this split
+  KeyRange keys;         // keys any row of the CTA sees (mask and window combined)
+  TileRange tiles;       // key tiles of this split, inside the window
 };
 
 // Fills `w` for this CTA; false when its M tile lies past the sequence's rows.
@@ -38,9 +40,10 @@ __device__ __forceinline__ bool schedule_tile(const AttnParams& p, WorkTile& w) 
   w.rows_in_tile = min(kBlockM, w.rows - w.row0);
   w.kv_len = seq_len_at(p, w.seq);
   w.causal = seq_is_causal(p, w.seq);
-  w.keys = cta_keys(w.causal, w.kv_len, w.q_len, w.row0, w.row0 + w.rows_in_tile - 1, p.group);
-  const int n_tiles = (w.keys.n_keys + kBlockN - 1) / kBlockN;
-  w.tiles = split_tiles(n_tiles, p.num_splits, w.split);
+  w.window = Window{p.window_left, p.window_right};
+  w.keys = cta_keys(w.window, w.causal, w.kv_len, w.q_len, w.row0, w.row0 + w.rows_in_tile - 1,
+                    p.group, kBlockN);
+  w.tiles = split_tiles(cta_tiles(w.keys, kBlockN), p.num_splits, w.split);
   return true;
 }
 
