@@ -70,26 +70,45 @@ def test_wgmma_reader_is_the_kernels_operand_map(rows, head_dim):
     assert np.array_equal(wgmma_byte_offset(r, d, rows), L.operand_offset(r, d, rows))
 
 
+def tile_pages(problem, variant, seq, key0, kv_len):
+    """The page id every producer lane holds for the key tile at key0 (read_tile_pages): lane
+    l reads the tile's page lane_page(l), or holds 0 past the sequence's last page."""
+    col0, _ = L.tile_page_slot(key0, variant.key_tile, variant.page_size)
+    num_cols = X.ceil_div(kv_len, variant.page_size)
+    pages = np.zeros(32, np.int64)
+    for lane in range(32):
+        col = col0 + L.lane_page(lane, variant.key_tile, variant.page_size)
+        if col < num_cols:
+            pages[lane] = int(problem.block_table[seq, col])
+    return pages
+
+
 def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache):
-    """The producer warpgroup's stores of one staged item, replayed thread by thread."""
-    kt, d = variant.key_tile, variant.head_dim
+    """The producer warpgroup's stores of one staged item, replayed thread by thread: the row's
+    page from the lane that read it (a shuffle), the thread's and the step's page/slot parts,
+    unchecked loads for a tile inside the sequence and zeros past kv_len in its last tile."""
+    kt, d, page_size = variant.key_tile, variant.head_dim, variant.page_size
     stage = np.zeros(kt * d)
     strides, base = cache.stride()[:3], cache.storage_offset()
-    thread = np.arange(L.WARPGROUP)
-    chunk = L.loader_chunk(thread, d)
-    for step in range(L.loader_steps(kt, d)):
-        row = L.loader_row(thread, step, d)
-        for t in range(L.WARPGROUP):
-            j = key0 + int(row[t])
+    pages = tile_pages(problem, variant, seq, key0, kv_len)  # the same in every warp
+    _, slot0 = L.tile_page_slot(key0, kt, page_size)
+    full = key0 + kt <= kv_len
+    for t in range(L.WARPGROUP):
+        thread_page, thread_slot = L.loader_thread_page_slot(t, d, page_size)
+        chunk = L.loader_chunk(t, d)
+        for step in range(L.loader_steps(kt, d)):
+            step_page, step_slot = L.loader_step_page_slot(step, d, page_size)
             values = np.zeros(L.CHUNK)  # rows past kv_len are stored as zeros
-            if j < kv_len:
-                col, slot = X.page_slot(j, variant.page_size)
-                page = int(problem.block_table[seq, col])
-                off = base + X.key_offset(page, slot, kv_head, *strides) + int(chunk[t]) * L.CHUNK
-                values = _fp8_to_float(cache_bytes[off : off + L.CHUNK], cache.dtype)
+            if full or key0 + L.loader_row(t, step, d) < kv_len:
+                source_lane = (thread_page + step_page) % 32  # shfl.idx takes 5 lane bits
+                page = int(pages[source_lane])
+                slot = slot0 + thread_slot + step_slot
+                off = base + X.key_offset(page, slot, kv_head, *strides) + chunk * L.CHUNK
+                values = np.full(L.CHUNK, np.nan)  # outside the cache: garbage
+                if 0 <= off <= len(cache_bytes) - L.CHUNK:
+                    values = _fp8_to_float(cache_bytes[off : off + L.CHUNK], cache.dtype)
             for half in range(2):
-                dim = int(chunk[t]) * L.CHUNK + half * (L.CHUNK // 2)
-                at = L.operand_offset(int(row[t]), dim, kt) // 2
+                at = L.loader_store_offset(t, step, half, d, kt) // 2
                 stage[at : at + L.CHUNK // 2] = values[half * 8 : half * 8 + 8]
     return read_operand(stage, kt, d)
 
@@ -313,8 +332,8 @@ def _split_drops_last_tile(kv_len, num_splits, split, key_tile, minimum):
 
 # Relabelings that the kernel applies consistently on both sides (a bijective change of which
 # thread loads which row, say) are harmless; the plants below break coverage or agreement.
-def _loader_steps_overlap(thread, step, head_dim):
-    return ORIGINAL["loader_row"](thread, step // 2 * 2, head_dim)
+def _loader_rows_of_half_the_threads(thread, step, head_dim):
+    return ORIGINAL["loader_row"](thread % (L.WARPGROUP // 2), step, head_dim)
 
 
 def _acc_row_without_warp(thread, i):
@@ -325,14 +344,46 @@ def _q_rows_overlap(thread, step, head_dim):
     return ORIGINAL["q_row"](thread, step // 2 * 2, head_dim)
 
 
-ORIGINAL = {"split_tiles": X.split_tiles, "loader_row": L.loader_row, "q_row": L.q_row}
+def _lane_reads_next_page(lane, key_tile, page_size):
+    return (lane + 1) % L.pages_per_tile(key_tile, page_size)
+
+
+def _step_slot_dropped(step, head_dim, page_size):
+    return ORIGINAL["loader_step_page_slot"](step, head_dim, page_size)[0], 0
+
+
+def _thread_page_dropped(thread, head_dim, page_size):
+    return 0, ORIGINAL["loader_thread_page_slot"](thread, head_dim, page_size)[1]
+
+
+def _tile_slot_dropped(key0, key_tile, page_size):
+    return key0 // page_size, 0
+
+
+def _store_step_one_row(step, head_dim):
+    return step * L.SW128_ROW_BYTES
+
+
+ORIGINAL = {
+    "split_tiles": X.split_tiles,
+    "loader_row": L.loader_row,
+    "q_row": L.q_row,
+    "loader_step_page_slot": L.loader_step_page_slot,
+    "loader_thread_page_slot": L.loader_thread_page_slot,
+}
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
     "key_visible": (X, _causal_off_by_one, "f16_causal_split3"),
-    "page_slot": (X, _slot_in_half_page, "int32_flags_strided_vllm"),
+    # a page that holds two key tiles: the second tile's slot
+    "page_slot": (X, _slot_in_half_page, "bool_flags_page256"),
+    "tile_page_slot": (L, _tile_slot_dropped, "bool_flags_page256"),
+    "lane_page": (L, _lane_reads_next_page, "bf16_bidir_gqa4"),
+    "loader_step_page_slot": (L, _step_slot_dropped, "int32_flags_strided_vllm"),
+    "loader_thread_page_slot": (L, _thread_page_dropped, "f16_d64_gqa8"),
+    "loader_store_step": (L, _store_step_one_row, "bf16_bidir_gqa4"),
     "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
     "split_tiles": (X, _split_drops_last_tile, "f16_causal_split3"),
-    "loader_row": (L, _loader_steps_overlap, "bf16_bidir_gqa4"),
+    "loader_row": (L, _loader_rows_of_half_the_threads, "bf16_bidir_gqa4"),
     "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
     "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),
     "QUAD_SHUFFLES": (L, (1,), "bf16_bidir_gqa4"),

@@ -81,6 +81,40 @@ def test_q_loader_writes_every_chunk_of_the_q_tile_once(head_dim):
     assert seen == list(range(0, 64 * head_dim * 2, L.CHUNK))
 
 
+PAGE_SIZES = (16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_producer_page_and_slot_parts_add_up_to_the_rows_page_and_slot(head_dim, page_size):
+    """The producer's row address is the tile's first (column, slot), plus the thread's part
+    (computed once), plus the step's (a constant): together, page_slot of the key it loads,
+    for every thread, step and tile start; the page comes from a lane of its own warp that
+    read exactly that column."""
+    key_tile = T.Variant(head_dim, 1, page_size, "float16").key_tile
+    lanes = [L.lane_page(lane, key_tile, page_size) for lane in range(32)]
+    for key0 in range(0, 4 * max(page_size, key_tile), key_tile):
+        col0, slot0 = L.tile_page_slot(key0, key_tile, page_size)
+        for t in range(L.WARPGROUP):
+            for step in range(L.loader_steps(key_tile, head_dim)):
+                page, slot = L.loader_page_slot(t, step, head_dim, page_size)
+                j = key0 + L.loader_row(t, step, head_dim)
+                assert (col0 + lanes[page], slot0 + slot) == X.page_slot(j, page_size)
+                assert page < L.pages_per_tile(key_tile, page_size) <= 32
+
+
+@pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
+def test_producer_store_offsets_are_the_operand_map_of_the_row(head_dim):
+    """A step adds whole swizzle groups of rows: base + step constant is operand_offset."""
+    key_tile = T.Variant(head_dim, 1, 16, "float16").key_tile
+    for t in range(L.WARPGROUP):
+        for step in range(L.loader_steps(key_tile, head_dim)):
+            for half in range(2):
+                dim = L.loader_chunk(t, head_dim) * 16 + half * 8
+                want = L.operand_offset(L.loader_row(t, step, head_dim), dim, key_tile)
+                assert L.loader_store_offset(t, step, half, head_dim, key_tile) == want
+
+
 def test_accumulator_maps_cover_the_tile_once_and_quads_share_rows():
     cells = sorted((L.acc_row(t, i), L.acc_col(t, j)) for t in range(128) for i in range(2)
                    for j in range(32))  # fmt: skip

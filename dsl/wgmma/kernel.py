@@ -10,12 +10,14 @@ of ``key_tile`` keys, each consumer warpgroup w (64 rows, the wgmma M) computes
     P = online-softmax(mask(S))          in registers, fp32, rounded to the 16-bit MMA dtype
     O_w += P V       wgmma RS: A = P (registers), B = V (16-bit, smem, MN-major: no transpose)
 
-The MMA dtype is the query dtype: e4m3 -> fp16 and e4m3 -> bf16 are both exact. The producer
-warpgroup reads each FP8 K/V row chunk from its page (one block-table read per row), converts it
-once per CTA and stores it into a 128-byte-swizzled ring of staged items that every consumer
-reads (so R = 128 streams the KV once per CTA). k_scale is folded into the softmax scale and
-v_scale into the output (SPEC section 3). With more than one split, each CTA writes the fp32
-partial O (normalised, times v_scale) and the log2 LSE that the existing merge kernel reads.
+The MMAs are fp16 for both query dtypes: e4m3 -> fp16 is exact, and a bf16 query row is made
+fp16 exactly by its own power of two (dsl/common/precision.py). The producer warpgroup reads
+each FP8 K/V row chunk from its page (the block table is read once per page and tile, and K and
+V share the read), converts it once per CTA and stores it into a 128-byte-swizzled ring of
+staged items that every consumer reads (so R = 128 streams the KV once per CTA). k_scale is
+folded into the softmax scale and v_scale into the output (SPEC section 3). With more than one
+split, each CTA writes the fp32 partial O (normalised, times v_scale) and the log2 LSE that the
+existing merge kernel reads.
 
 Structure after the CUTLASS Hopper FMHA example (examples/python/CuTeDSL/cute/hopper/kernel/
 attention/fmha.py) and FlashAttention-3's hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp (producer /
@@ -378,86 +380,167 @@ class WgmmaPagedAttention:
         """Per key tile, the K item then the V item: each thread loads its FP8 chunks (issued
         before it waits for a free stage, so the loads are in flight meanwhile), converts them
         exactly to the MMA dtype and stores them swizzled; rows past kv_len are stored as zeros
-        (P is 0 there, and 0 x NaN would poison O)."""
+        (P is 0 there, and 0 x NaN would poison O).
+
+        Integer work per row is one shuffle and one wide multiply-add: the block table is read
+        once per page per tile (lane p of each warp reads the tile's page p, a tile ahead, and
+        K and V both take a row's page from that lane); everything else of a row's address
+        (KV head, slot, chunk) is a per-thread pointer computed once."""
+        v = self.v
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
+        lane = wg_tidx % 32
+        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, v.page_size)
+        chunk = L.loader_chunk(wg_tidx, v.head_dim)
+        k_thread = k_ptr + cute.assume(
+            X.key_offset(0, thread_slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
+            + chunk * L.CHUNK,
+            divby=L.CHUNK,
+        )
+        v_thread = v_ptr + cute.assume(
+            X.key_offset(0, thread_slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
+            + chunk * L.CHUNK,
+            divby=L.CHUNK,
+        )
+        # The host refuses cache strides of 2^31 elements or more: page x block stride is then
+        # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
+        k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
+        v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
+        bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
+        num_cols = X.ceil_div(kv_len, v.page_size)
+        pages = self.read_tile_pages(bt_row, bt_stride_b, num_cols, first_tile * v.key_tile, lane)
         for s in cutlass.range(iters):
-            key0 = (first_tile + s) * self.v.key_tile
+            key0 = (first_tile + s) * v.key_tile
+            pages_next = self.read_tile_pages(
+                bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane
+            )
+            _, slot0 = L.tile_page_slot(key0, v.key_tile, v.page_size)
+            full = key0 + v.key_tile <= kv_len
             # K then V of the tile; each item's loads are issued before the wait for a free
             # stage. One item in registers at a time: 32 of the producer's registers.
-            raw_k = self.load_chunks(
-                k_ptr, block_table_ptr, k_stride_b, k_stride_s, k_stride_h, bt_stride_s,
-                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
-            )  # fmt: skip
+            raw_k = self.load_item(
+                k_thread, k_block, k_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
+            )
             k_handle = kv_producer.acquire_and_advance()
-            self.store_item(raw_k, ring16 + k_handle.index * (self.v.item_bytes // 2), wg_tidx)
+            self.store_item(raw_k, ring16 + k_handle.index * (v.item_bytes // 2), wg_tidx)
             k_handle.commit()
-            raw_v = self.load_chunks(
-                v_ptr, block_table_ptr, v_stride_b, v_stride_s, v_stride_h, bt_stride_s,
-                bt_stride_b, seq, kv_head, kv_len, key0, wg_tidx,
-            )  # fmt: skip
+            raw_v = self.load_item(
+                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
+            )
             v_handle = kv_producer.acquire_and_advance()
-            self.store_item(raw_v, ring16 + v_handle.index * (self.v.item_bytes // 2), wg_tidx)
+            self.store_item(raw_v, ring16 + v_handle.index * (v.item_bytes // 2), wg_tidx)
             v_handle.commit()
+            pages = pages_next
         kv_producer.tail()
 
     @cute.jit
-    def load_chunks(
+    def read_tile_pages(
         self,
-        cache_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        stride_b: cutlass.Int64,
-        stride_s: cutlass.Int64,
-        stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
+        bt_row: cute.Pointer,
         bt_stride_b: cutlass.Int64,
-        seq: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        kv_len: cutlass.Int32,
+        num_cols: cutlass.Int32,
         key0: cutlass.Int32,
+        lane: cutlass.Int32,
+    ) -> cutlass.Int32:
+        """This lane's page of the key tile at key0 (lane_page; 0 past the sequence's last)."""
+        v = self.v
+        col0, _ = L.tile_page_slot(key0, v.key_tile, v.page_size)
+        col = col0 + L.lane_page(lane, v.key_tile, v.page_size)
+        page = cutlass.Int32(0)
+        if col < num_cols:
+            entry = bt_row + cutlass.Int64(col) * bt_stride_b
+            page = cute.make_tensor(entry, cute.make_layout(1))[0]
+        return page
+
+    @cute.jit
+    def load_item(
+        self,
+        thread_ptr: cute.Pointer,
+        block_stride: cutlass.Int32,
+        slot_stride: cutlass.Int32,
+        pages: cutlass.Int32,
+        thread_page,
+        slot0,
+        full: cutlass.Boolean,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ) -> cute.Tensor:
-        """This thread's FP8 chunks of one staged item (K or V of the key tile at key0), one
-        block-table read per row; zeros for rows past kv_len."""
-        v = self.v
-        steps = L.loader_steps(v.key_tile, v.head_dim)
-        chunk = L.loader_chunk(wg_tidx, v.head_dim)
-        page_size = v.page_size
-        raw = cute.make_rmem_tensor(cute.make_layout((L.CHUNK, steps)), self.kv_dtype)
-        raw.fill(0.0)
-        for step in cutlass.range_constexpr(steps):
-            j = key0 + L.loader_row(wg_tidx, step, v.head_dim)
-            if j < kv_len:
-                col, slot = X.page_slot(j, page_size)
-                page = cutlass.Int64(
-                    cute.make_tensor(
-                        block_table_ptr + (cutlass.Int64(seq) * bt_stride_s + col * bt_stride_b),
-                        cute.make_layout(1),
-                    )[0]
-                )
-                # Whole 16-byte chunks: the host refuses strides that are not multiples of 16.
-                off = X.key_offset(page, slot, kv_head, stride_b, stride_s, stride_h)
-                src = cute.make_tensor(
-                    cache_ptr + cute.assume(off + chunk * L.CHUNK, divby=L.CHUNK),
-                    cute.make_layout(L.CHUNK),
-                )
-                raw[None, step].store(src.load())
+        """This thread's FP8 chunks of one staged item (K or V of the key tile at key0): a tile
+        wholly inside the sequence loads every row unchecked; the last one zeros rows past
+        kv_len."""
+        raw = cute.make_rmem_tensor(
+            cute.make_layout((L.CHUNK, L.loader_steps(self.v.key_tile, self.v.head_dim))),
+            self.kv_dtype,
+        )
+        if full:
+            self.load_rows(
+                raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
+                kv_len, wg_tidx, False,
+            )  # fmt: skip
+        else:
+            self.load_rows(
+                raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
+                kv_len, wg_tidx, True,
+            )  # fmt: skip
         return raw
+
+    @cute.jit
+    def load_rows(
+        self,
+        raw: cute.Tensor,
+        thread_ptr: cute.Pointer,
+        block_stride: cutlass.Int32,
+        slot_stride: cutlass.Int32,
+        pages: cutlass.Int32,
+        thread_page,
+        slot0,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        checked: cutlass.Constexpr,
+    ):
+        """One 16-byte load per step: the row's page from the lane that read it, then
+        thread pointer + page x block stride + (tile slot + step slot) x slot stride."""
+        v = self.v
+        if cutlass.const_expr(checked):
+            raw.fill(0.0)
+        for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
+            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, v.page_size)
+            page = pages
+            if cutlass.const_expr(L.pages_per_tile(v.key_tile, v.page_size) > 1):
+                page = cute.arch.shuffle_sync(pages, offset=thread_page + step_page)
+            # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
+            # IMAD.WIDE.U32 with the thread pointer as its addend.
+            off = cutlass.Int64(
+                cutlass.Uint64(page.to(cutlass.Uint32))
+                * cutlass.Uint64(block_stride.to(cutlass.Uint32))
+            )
+            slot = slot0 + step_slot
+            if cutlass.const_expr(not isinstance(slot, int) or slot != 0):
+                off = off + cutlass.Int64(slot * slot_stride)
+            src = cute.make_tensor(
+                thread_ptr + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
+            )
+            if cutlass.const_expr(checked):
+                if key0 + L.loader_row(wg_tidx, step, v.head_dim) < kv_len:
+                    raw[None, step].store(src.load())
+            else:
+                raw[None, step].store(src.load())
 
     @cute.jit
     def store_item(self, raw: cute.Tensor, stage: cute.Pointer, wg_tidx: cutlass.Int32):
         """Convert this thread's chunks exactly to the MMA dtype and store them, two 16-byte
         stores per chunk, into the swizzled stage; then fence them for wgmma's async proxy."""
         v = self.v
-        chunk = L.loader_chunk(wg_tidx, v.head_dim)
+        # Element offsets (16-bit) of this thread's two halves at step 0; a step adds rows.
+        bases = [L.loader_store_base(wg_tidx, half, v.head_dim, v.key_tile) // 2 for half in (0, 1)]
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
-            row = L.loader_row(wg_tidx, step, v.head_dim)
             wide = cute.make_rmem_tensor(cute.make_layout((L.CHUNK // 2, 2)), self.mma_dtype)
             wide.store(raw[None, step].load().to(self.mma_dtype).reshape((L.CHUNK // 2, 2)))
             for half in cutlass.range_constexpr(2):
-                dim = chunk * L.CHUNK + half * (L.CHUNK // 2)
+                at = bases[half] + L.loader_store_step(step, v.head_dim) // 2
                 dst = cute.make_tensor(
-                    stage + cute.assume(L.operand_offset(row, dim, v.key_tile) // 2, divby=8),
-                    cute.make_layout(L.CHUNK // 2),
+                    stage + cute.assume(at, divby=8), cute.make_layout(L.CHUNK // 2)
                 )
                 dst.store(wide[None, half].load())
         cute.arch.fence_view_async_shared()  # generic-proxy stores -> wgmma's async proxy

@@ -12,6 +12,8 @@ S = Q K^T and the K of O += P V); a staged item is one key tile of K or of V, de
 16-bit MMA dtype.
 """
 
+from dsl.common import indexing as X
+
 ROWS_PER_WARPGROUP = 64  # the wgmma M: query rows one consumer warpgroup owns
 WARPGROUP = 128  # threads per warpgroup
 CHUNK = 16  # bytes per vector load / store
@@ -58,6 +60,78 @@ def loader_row(thread, step, head_dim):
 def loader_chunk(thread, head_dim):
     """16-byte FP8 chunk (head dims 16 c .. 16 c + 15) of its row that ``thread`` loads."""
     return thread % loader_chunks_per_row(head_dim)
+
+
+def loader_rows_per_step(head_dim):
+    """Key rows the producer warpgroup covers per step (a power of two, a multiple of 8)."""
+    return WARPGROUP // loader_chunks_per_row(head_dim)
+
+
+def loader_store_base(thread, half, head_dim, key_tile):
+    """Byte offset in a staged item where ``thread`` stores the 8 converted elements ``half``
+    (0, 1) of the chunk it loads at step 0 (computed once per producer thread)."""
+    dim = loader_chunk(thread, head_dim) * CHUNK + half * (CHUNK // 2)
+    return operand_offset(loader_row(thread, 0, head_dim), dim, key_tile)
+
+
+def loader_store_step(step, head_dim):
+    """What step ``step`` adds to that offset: whole 128-byte rows, because a step advances a
+    multiple of 8 rows and leaves the swizzle phase (row % 8) alone (a plain int: an
+    immediate in the kernel's stores)."""
+    return step * loader_rows_per_step(head_dim) * SW128_ROW_BYTES
+
+
+def loader_store_offset(thread, step, half, head_dim, key_tile):
+    """Where the kernel stores half ``half`` of the chunk ``thread`` loads at ``step``: its base
+    plus the step's rows, as the kernel adds them."""
+    return loader_store_base(thread, half, head_dim, key_tile) + loader_store_step(step, head_dim)
+
+
+# Pages: the block table is read once per page, not per row. A key tile starts on a page
+# boundary (page_size <= key_tile) or lies inside one page (page_size > key_tile; both are
+# powers of two), so tile_page_slot gives the block-table column and slot of its first key, and
+# the row a thread loads at a step sits ``loader_page_slot`` pages and slots past it.
+def pages_per_tile(key_tile, page_size):
+    """Pages one key tile spans."""
+    return max(1, key_tile // page_size)
+
+
+def tile_page_slot(key0, key_tile, page_size):
+    """(block-table column, slot) of key tile start key0: the slot is 0 (a plain int the kernel
+    folds) unless a page holds several tiles."""
+    col, slot = X.page_slot(key0, page_size)
+    return col, (0 if page_size <= key_tile else slot)
+
+
+def loader_thread_page_slot(thread, head_dim, page_size):
+    """(page past the tile's first, slot past its first key's) of the row ``thread`` loads at
+    step 0; computed once per producer thread."""
+    first = loader_row(thread, 0, head_dim)
+    if loader_rows_per_step(head_dim) <= page_size:
+        return 0, first  # first < rows per step <= page_size: a plain 0 the kernel folds
+    return first // page_size, first % page_size
+
+
+def loader_step_page_slot(step, head_dim, page_size):
+    """What step ``step`` adds to that (plain ints, folded into the kernel): the rows a step
+    advances and the thread's first row are powers of two below / multiples of the page, so
+    pages and slots add without carry."""
+    down = step * loader_rows_per_step(head_dim)
+    return down // page_size, down % page_size
+
+
+def loader_page_slot(thread, step, head_dim, page_size):
+    """(page past the tile's first, slot past its first key's) of the row ``thread`` loads at
+    ``step``: the thread's part plus the step's, as the kernel adds them."""
+    thread_page, thread_slot = loader_thread_page_slot(thread, head_dim, page_size)
+    step_page, step_slot = loader_step_page_slot(step, head_dim, page_size)
+    return thread_page + step_page, thread_slot + step_slot
+
+
+def lane_page(lane, key_tile, page_size):
+    """Which of the tile's pages lane ``lane`` of every producer warp reads from the block table
+    (one read per lane per tile); the page of a row comes from lane ``page`` by a shuffle."""
+    return lane % pages_per_tile(key_tile, page_size)
 
 
 # ---------------------------------------------------------------------------------- Q tile

@@ -21,12 +21,13 @@ FORBIDDEN = sass_check.FORBIDDEN  # local memory: spills or stack arrays
 
 def expected_counts(variant: Variant) -> dict[str, int]:
     """Static counts the kernel's structure fixes: one HGMMA per 16-deep k-step of each GEMM,
-    one 16-byte load per producer chunk (K and V) and per Q chunk, two 16-byte stores per FP8
-    chunk (one per 8 converted elements), one conversion per FP8 pair."""
+    one 16-byte load per producer chunk (K and V, twice: the unchecked path of a tile inside
+    the sequence and the checked one of its last tile) and per Q chunk, two 16-byte stores per
+    FP8 chunk (one per 8 converted elements), one conversion per FP8 pair."""
     steps = loader_steps(variant.key_tile, variant.head_dim)
     return {
         "HGMMA": variant.head_dim // 16 + variant.key_tile // 16,
-        "LDG.E.128": 2 * steps + q_steps(variant.head_dim),
+        "LDG.E.128": 2 * 2 * steps + q_steps(variant.head_dim),
         "STS.128": 2 * 2 * steps + q_steps(variant.head_dim),
         "F2FP.F16.E4M3.UNPACK_B": 2 * steps * 16 // 2,
     }
