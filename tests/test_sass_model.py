@@ -422,3 +422,25 @@ def test_tool_models_the_triton_drafter_kernel(tmp_path):
     }
     for row in document["rows"]:
         assert row["instr_per_kv_byte"][pipes.TENSOR] > 0 and row["ctas_per_sm"] >= 1
+
+
+def test_triton_rows_model_the_window_and_sink_variant(monkeypatch):
+    """--triton-window / --triton-sinks launch the WINDOW / SINKS variant (no compile here)."""
+    pytest.importorskip("triton")
+    from benchmarks.sass_model import triton_kernels
+
+    compiled_launches = []
+
+    def fake_compile(launch, cc):
+        compiled_launches.append((launch, cc))
+        metadata = SimpleNamespace(shared=1024)
+        return SimpleNamespace(kernel=None, compiled=SimpleNamespace(metadata=metadata))
+
+    monkeypatch.setattr(triton_kernels, "compile_launch", fake_compile)
+    monkeypatch.setattr(rows, "make_row", lambda gpu, kernel, facts, shape, label: label)
+    shapes = rows.ShapeSet((64,), ("bfloat16",), ("float8_e4m3fn",), (32,))
+    assert rows.triton_rows("window", shapes, window=(64, 64), sinks=True) == ["window"] * 2
+    assert rows.triton_rows("", shapes) == [""] * 2
+    flags = [(launch.kwargs["WINDOW"], launch.kwargs["SINKS"]) for launch, _ in compiled_launches]
+    assert flags == [(True, True)] * 2 + [(False, False)] * 2
+    assert [cc for _, cc in compiled_launches] == [90, 100, 90, 100]

@@ -37,6 +37,11 @@ def _key(label: str, what: str | Path) -> str:
     return f"[{label}] {what}" if label else str(what)
 
 
+def _window(text: str) -> tuple[int, int]:
+    left, right = (int(side) for side in text.split(","))
+    return left, right
+
+
 def default_extension() -> Path | None:
     package = Path(__file__).resolve().parents[2] / "fp8_noncausal_attn"
     built = sorted(package.glob("_C*.so"))
@@ -52,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--triton-label", default="", help="label of the Triton rows")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernel")
+    parser.add_argument(
+        "--triton-window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
+        help="model the Triton kernel's sliding-window variant (label it with --triton-label)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--triton-sinks", action="store_true", help="model the Triton kernel's sink variant"
+    )
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA extension")
     parser.add_argument(
         "--dsl", action="append", default=[], metavar="[LABEL=]DIR",
@@ -102,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         rows += found
     if not args.no_triton:
-        rows += triton_rows(args.triton_label, shapes)
+        rows += triton_rows(args.triton_label, shapes, args.triton_window, args.triton_sinks)
         tile_facts[_key(args.triton_label, "triton")] = (
             "triton_attention.launch_plan (captured launch)"
         )

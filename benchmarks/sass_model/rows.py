@@ -153,8 +153,15 @@ def triton_facts(launch, shape: Shape, compiled) -> TileFacts:
     )
 
 
-def triton_rows(label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list[dict]:
-    """Rows of the Triton drafter kernel, compiled as launched for sm_90 and sm_100."""
+def triton_rows(
+    label: str = "",
+    shapes: ShapeSet = ALL_SHAPES,
+    window: tuple[int, int] = (-1, -1),
+    sinks: bool = False,
+) -> list[dict]:
+    """Rows of the Triton drafter kernel, compiled as launched for sm_90 and sm_100; with a
+    ``window`` / ``sinks`` the launch is of that variant (the WINDOW / SINKS constexprs change
+    the compiled kernel; label its rows apart, e.g. ``label="window"``)."""
     import torch
 
     from fp8_noncausal_attn import triton_attention
@@ -172,8 +179,9 @@ def triton_rows(label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list[dict]:
             query_dtype=getattr(torch, shape.q_dtype), scales="none",
         )  # fmt: skip
         problem = validate_attention(
-            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
-        )
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+            window=window, sinks=torch.zeros(8 * GROUP) if sinks else None,
+        )  # fmt: skip
         with captured_launches(triton_attention, "_paged_attention_kernel") as launches:
             triton_attention.paged_attention(problem, torch.empty_like(problem.query), 1)
         (launch,) = launches
