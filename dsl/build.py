@@ -41,16 +41,27 @@ CI_VARIANTS = tuple(
 )
 
 
-# The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): e4m3, page size 16,
-# both query dtypes; head_dim 64 and 128 with 64 or 128 query rows per CTA (one or two consumer
-# warpgroups), head_dim 256 with 64 (two consumers would spill). Same C interface as tcgen05,
-# in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
-WGMMA_VARIANTS = tuple(
-    wgmma_traits.Variant(d, c, 16, q)
-    for d, consumers in ((64, (1, 2)), (128, (1, 2)), (256, (1,)))
-    for c in consumers
-    for q in Q_DTYPES
-)
+# The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): both query dtypes;
+# head_dim 64 and 128 with 64 or 128 query rows per CTA (one or two consumer warpgroups),
+# head_dim 256 with 64 (two consumers would spill). The page size and the cache dtype are
+# compile-time constants of a variant: the default table is e4m3 with pages of 16 (the drafter
+# default); ``--page-size`` (16..256) and ``--kv-dtype float8_e5m2`` build others. Same C
+# interface as tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
+def wgmma_variants(
+    page_sizes: tuple[int, ...] = (16,), kv_dtypes: tuple[str, ...] = ("float8_e4m3fn",)
+) -> tuple:
+    """Every wgmma shape and query dtype at the given page sizes and cache dtypes."""
+    return tuple(
+        wgmma_traits.Variant(d, c, page, q, kv)
+        for kv in kv_dtypes
+        for page in page_sizes
+        for d, consumers in ((64, (1, 2)), (128, (1, 2)), (256, (1,)))
+        for c in consumers
+        for q in Q_DTYPES
+    )
+
+
+WGMMA_VARIANTS = wgmma_variants()
 WGMMA_CI_VARIANTS = WGMMA_VARIANTS
 FAMILIES = {
     "tcgen05": (ARCHS, lambda: VARIANTS, lambda: CI_VARIANTS),
@@ -76,6 +87,7 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
 
     kernel_class = Tcgen05PagedAttention
     if isinstance(variant, wgmma_traits.Variant):
+        from dsl.wgmma.kernel import DTYPES as _DTYPES
         from dsl.wgmma.kernel import WgmmaPagedAttention as kernel_class
 
     def ptr(dtype, align=16):
@@ -261,11 +273,31 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", action="append", help="default: all of the family's")
     parser.add_argument("--variant", action="append", help="variant name; default: all")
     parser.add_argument("--ci", action="store_true", help="only the CI variants")
+    parser.add_argument(
+        "--page-size", action="append", type=int, help="wgmma: page sizes to build (default 16)"
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        action="append",
+        choices=wgmma_traits.KV_DTYPES,
+        help="wgmma: cache dtypes to build (default float8_e4m3fn)",
+    )
     args = parser.parse_args(argv)
     archs, all_variants, ci_variants = FAMILIES[args.family]
     if args.arch and not set(args.arch) <= set(archs):
         parser.error(f"--arch {args.arch}: the {args.family} family builds {list(archs)}")
     pool = ci_variants() if args.ci else all_variants()
+    if args.page_size or args.kv_dtype:
+        if args.family != "wgmma" or args.ci:
+            parser.error("--page-size / --kv-dtype: only for the full wgmma table")
+        pool = wgmma_variants(
+            tuple(args.page_size or (16,)), tuple(args.kv_dtype or ("float8_e4m3fn",))
+        )
+        for variant in pool:
+            try:
+                variant.check()
+            except ValueError as error:
+                parser.error(str(error))
     variants = [v for v in pool if not args.variant or v.name in args.variant]
     if not variants:
         parser.error(f"no variant named {args.variant}; known: {[v.name for v in pool]}")

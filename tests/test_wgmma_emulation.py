@@ -277,6 +277,11 @@ CASES = {
         q_lens=[9], kv_lens=[200], num_q_heads=8, num_kv_heads=1, block_size=16, head_dim=64,
         causal=False, query_dtype=torch.float16, splits=2,
     ),
+    # e5m2 cache, page size 128 (one page per key tile), GQA 4, split in 2
+    "bf16_e5m2_page128": dict(
+        q_lens=[10, 3], kv_lens=[300, 129], num_q_heads=8, num_kv_heads=2, block_size=128,
+        cache_dtype=torch.float8_e5m2, causal=False, splits=2,
+    ),
     "bf16_d256_causal": dict(
         q_lens=[6, 3], kv_lens=[150, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
         head_dim=256, causal=True, splits=1,
@@ -294,7 +299,8 @@ def _run_case(name: str) -> tuple[torch.Tensor, float, float]:
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     q_dtype = str(case.query.dtype).split(".")[1]
-    variant = T.Variant(head_dim, consumers, problem.block_size, q_dtype)
+    kv_dtype = str(case.key_cache.dtype).split(".")[1]
+    variant = T.Variant(head_dim, consumers, problem.block_size, q_dtype, kv_dtype)
     out = emulate(problem, variant, splits).to(case.query.dtype)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     n = int(case.cu_seqlens_q[-1])

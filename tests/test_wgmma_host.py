@@ -19,6 +19,17 @@ def test_variant_table_covers_both_query_dtypes_and_is_buildable():
         v.check()
 
 
+def test_page_sizes_and_e5m2_build_on_request_with_their_names():
+    """``--page-size`` / ``--kv-dtype`` widen the table: every page size 16..256 and both FP8
+    caches are buildable variants, named by their page and cache dtype."""
+    table = build.wgmma_variants((16, 32, 64, 128, 256), T.KV_DTYPES)
+    assert len(table) == 5 * 2 * len(build.WGMMA_VARIANTS)
+    assert build.wgmma_variants() == build.WGMMA_VARIANTS
+    for v in table:
+        v.check()
+    assert "wgmma_d128_m128_p256_f16_e5m2" in {v.name for v in table}
+
+
 @pytest.mark.parametrize(
     ("head_dim", "consumers", "key_tile", "stages", "smem", "regs"),
     [
@@ -47,7 +58,7 @@ def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages
         (dict(page_size=8), "page_size 8"),
         (dict(page_size=48), "page_size 48"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="float8_e5m2"), "dtypes"),
+        (dict(kv_dtype="float8_e4m3fnuz"), "dtypes"),
     ],
 )
 def test_unbuildable_variants_are_refused(kwargs, message):

@@ -17,10 +17,12 @@ def variant_name(
     return f"{family}_d{head_dim}_{rows_tag}_p{page_size}_{q}_{kv}"
 
 
-def check_page_and_dtypes(page_size: int, q_dtype: str, kv_dtype: str) -> None:
+def check_page_and_dtypes(
+    page_size: int, q_dtype: str, kv_dtype: str, kv_dtypes: tuple[str, ...] = KV_DTYPES
+) -> None:
     """Raise ValueError unless the page size is a power of two in 16..256 and the query / KV
-    dtypes are ones the families build."""
+    dtypes are ones the family builds (``kv_dtypes``: the family's FP8 cache dtypes)."""
     if page_size & (page_size - 1) or not 16 <= page_size <= 256:
         raise ValueError(f"page_size {page_size}: a power of two in 16..256")
-    if q_dtype not in Q_DTYPES or kv_dtype not in KV_DTYPES:
+    if q_dtype not in Q_DTYPES or kv_dtype not in kv_dtypes:
         raise ValueError(f"dtypes {q_dtype}/{kv_dtype} not built")

@@ -13,10 +13,16 @@ from dsl.wgmma.layouts import loader_steps, q_steps
 from dsl.wgmma.traits import PRODUCER_REGISTERS, Variant
 
 # The MMA (HGMMA = wgmma), the load path (16-byte global loads of FP8 pages and of Q, 16-byte
-# shared stores of the dequantised operands), the exact FP8 -> 16-bit conversion and the
-# mbarrier pipeline between producer and consumers (SYNCS).
-REQUIRED = ("HGMMA", "LDG.E.128", "STS.128", "F2FP.F16.E4M3.UNPACK_B", "SYNCS")
+# shared stores of the dequantised operands), the exact FP8 -> fp16 conversion of the variant's
+# cache dtype (``conversion``) and the mbarrier pipeline between producer and consumers (SYNCS).
+REQUIRED = ("HGMMA", "LDG.E.128", "STS.128", "SYNCS")
 FORBIDDEN = sass_check.FORBIDDEN  # local memory: spills or stack arrays
+_CONVERSIONS = {"float8_e4m3fn": "F2FP.F16.E4M3.UNPACK_B", "float8_e5m2": "F2FP.F16.E5M2.UNPACK_B"}
+
+
+def conversion(variant: Variant) -> str:
+    """The exact FP8 -> fp16 conversion (two elements per instruction) of the variant's cache."""
+    return _CONVERSIONS[variant.kv_dtype]
 
 
 def expected_counts(variant: Variant) -> dict[str, int]:
@@ -29,7 +35,7 @@ def expected_counts(variant: Variant) -> dict[str, int]:
         "HGMMA": variant.head_dim // 16 + variant.key_tile // 16,
         "LDG.E.128": 2 * 2 * steps + q_steps(variant.head_dim),
         "STS.128": 2 * 2 * steps + q_steps(variant.head_dim),
-        "F2FP.F16.E4M3.UNPACK_B": 2 * steps * 16 // 2,
+        conversion(variant): 2 * steps * 16 // 2,
     }
 
 

@@ -11,6 +11,9 @@ from dsl.wgmma.layouts import ROWS_PER_WARPGROUP, WARPGROUP
 
 ARCHS = ("sm_90a",)
 HEAD_DIMS = (64, 128, 256)
+# Both FP8 caches convert exactly to fp16 (F2FP.F16.E4M3 / .E5M2.UNPACK_B, half an instruction
+# per element), so e5m2 costs the producer nothing more.
+KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 REGISTER_FILE = 65536  # 32-bit registers per SM
 MAX_STAGES = 4  # staged 16-bit K/V items between the producer and the consumers
@@ -97,7 +100,7 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the wgmma family builds {HEAD_DIMS}")
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
-        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype)
+        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.head_dim == 256 and self.consumers == 2:
             raise ValueError(
                 f"{self.name}: O takes 128 of a consumer's 224 registers at head_dim 256 and "
