@@ -9,6 +9,7 @@ spills or stack arrays), which would cost far more than their arithmetic. Also t
 version), which need no GPU.
 """
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -135,6 +136,34 @@ def test_hot_kernels_do_not_spill(arch):
         assert not re.search(r"\b(LDL|STL)\b", functions[name]), f"{name} uses local memory"
 
 
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
+def test_mask_runs_only_on_tiles_that_need_it(arch):
+    """The mask (causal or bidirectional bound and sliding window, csrc/mma_sync/mask.cuh) sets
+    scores to -inf with FSEL inside the main loop, but in no block that every iteration runs:
+    tiles that every row sees whole branch around it, so the unwindowed bidirectional loop pays
+    one comparison per tile for the window (control flow of benchmarks.sass_model)."""
+    require_arch(arch)
+    from benchmarks.sass_model.cfg import ControlFlowGraph
+    from benchmarks.sass_model.pipes import is_tensor
+    from benchmarks.sass_model.sass import parse
+
+    def masks(graph, blocks) -> bool:
+        return any(
+            ins.base == "FSEL" and "-INF" in ins.operands
+            for b in blocks
+            for ins in graph.block_instructions(b)
+        )
+
+    kernel = FAMILIES["mma_sync"][0]
+    for name, sass in sass_functions(arch).items():
+        if kernel not in name:
+            continue
+        graph = ControlFlowGraph(parse(sass))
+        loop = graph.main_loop(is_tensor)
+        assert masks(graph, loop.body), f"{name} on sm_{arch}: no mask in the main loop"
+        assert not masks(graph, graph.every_iteration(loop)), f"{name} on sm_{arch} masks all"
+
+
 def drafter_problem(batch: int, kv_len: int, q_len: int = 8):
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
@@ -165,6 +194,28 @@ def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
     if 1 < splits < _C.MAX_SPLITS:
         assert ctas / (-(-ctas // resident) * resident) >= _C.WAVE_FILL
     assert cuda_backend.MAX_SPLITS == _C.MAX_SPLITS
+
+
+@pytest.mark.parametrize(
+    "batch,window,causal,expected",
+    [
+        (8, (-1, -1), False, 6),
+        (8, (127, 127), False, 1),  # 127 + 8 keys: 4 tiles, too few to split
+        (8, (127, -1), False, 1),  # the right side ends at the context's end
+        (8, (-1, 127), False, 6),  # unbounded on the left: the whole context
+        (8, (127, -1), True, 1),
+        (1, (-1, -1), False, 32),
+        (1, (4095, 4095), False, 16),  # 4095 + 8 keys: 66 tiles, 4 per split at least
+        (1, (1023, 1023), False, 4),
+        (1, (1023, 0), True, 4),
+    ],
+)
+def test_windowed_plan_sizes_splits_from_the_window(batch, window, causal, expected):
+    """The C++ plan sizes split-KV from the key tiles one CTA's window spans over a 128k
+    context (batch x 8 tokens x 32/8 heads, d128), not from the context."""
+    _extension_path()
+    problem = dataclasses.replace(drafter_problem(batch, 131072), window=window, causal=causal)
+    assert cuda_backend.num_splits_for(problem, 396) == expected
 
 
 @pytest.mark.parametrize("forced", [None, 1, 5])

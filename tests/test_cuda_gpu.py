@@ -8,7 +8,7 @@ from conftest import TOLERANCE
 from matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn import cuda_backend, dispatch
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -58,25 +58,47 @@ def test_cuda_matches_reference(index):
     assert relative_error(out, ref) <= TOLERANCE[params["query_dtype"]], params
 
 
+# Sliding window and attention sinks (SPEC section 3). Per q head sink logits, large positive and
+# negative among them: +25 outweighs every key of its head, -40 changes nothing.
+SINKS = [25.0, -40.0, 0.5, 3.0, -3.0, 12.0, 0.0, -8.0]
+# Windows inside one 16-key page, spanning pages and 64-key tiles, past the context, one-sided.
+WINDOWS = [(3, 2), (40, 17), (300, 300), (1000, 1000), (-1, 0), (70, -1), (-1, 5)]
+
+
+def window_problem(case, window, sinks):
+    """The problem with ``window`` (and the sinks when ``sinks``), its reference output and the
+    keyword arguments that add them to a call."""
+    kwargs = {
+        "window": window,
+        "sinks": torch.tensor(SINKS[: case.query.shape[1]], device="cuda") if sinks else None,
+    }
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
+    )
+    return problem, run(case, backend="reference", **kwargs), kwargs
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(
     "cache_dtype,query_dtype",
     [(c, q) for c in CACHE_DTYPES for q in QUERY_DTYPES if compiled_pair(c, q)],
 )
-def test_every_compiled_kernel(cache_dtype, query_dtype, head_dim):
-    """Each of the 18 (head_dim, query dtype, cache dtype) kernels, split and unsplit."""
+@pytest.mark.parametrize("window,sinks", [((-1, -1), False), ((100, 20), True)], ids=str)
+def test_every_compiled_kernel(cache_dtype, query_dtype, head_dim, window, sinks):
+    """Each of the 18 (head_dim, query dtype, cache dtype) kernels, split and unsplit, plain and
+    with a sliding window and attention sinks (which auto now runs on the CUDA kernels)."""
     case = make_case(
-        [8, 1, 16], [200, 33, 16], num_q_heads=8, num_kv_heads=2, head_dim=head_dim,
+        [8, 1, 16], [900, 33, 16], num_q_heads=8, num_kv_heads=2, head_dim=head_dim,
         cache_dtype=cache_dtype, query_dtype=query_dtype, causal=[False, True, False],
         device="cuda", seed=head_dim,
     )  # fmt: skip
-    check(case, query_dtype)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
-    )
-    out = torch.empty_like(case.query)
-    cuda_backend.paged_attention(problem, out, num_splits=3)
-    assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[query_dtype]
+    problem, ref, kwargs = window_problem(case, window, sinks)
+    assert dispatch.resolve_backend("auto", problem) == "cuda"
+    check(case, query_dtype, **kwargs)  # the API's path, the plan's split count
+    for num_splits in (1, 3):
+        out = torch.empty_like(case.query)
+        cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+        assert relative_error(out, ref) <= TOLERANCE[query_dtype], num_splits
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7, 32])
@@ -341,3 +363,52 @@ def test_a_batch_of_only_padding_is_zeroed():
     out = torch.full_like(case.query, float("nan"))
     cuda_backend.paged_attention(empty, out)
     assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 32])
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("causal", [False, True, [True, False, False]], ids=str)
+def test_window_and_sinks_match_reference(causal, window, sinks, num_splits):
+    """Split-KV over the windowed tile range (the plan's count, or forced), the sink in the
+    unsplit epilogue or once in the merge."""
+    case = make_case(
+        [8, 5, 24], [700, 61, 2000], num_q_heads=8, num_kv_heads=2, head_dim=128, causal=causal,
+        device="cuda", seed=17,
+    )  # fmt: skip
+    problem, ref, _ = window_problem(case, window, sinks)
+    out = torch.full_like(case.query, float("nan"))
+    cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
+    """Pages of every 64-key tile that no query's window touches hold FP8 NaN bytes (K and V): a
+    kernel that loads one (even masked, 0 * NaN = NaN in P V) gives NaN."""
+    q_len, kv_len, block_size, window = 8, 5000, 16, (300, 3)
+    case = make_case(
+        [q_len], [kv_len], num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=block_size,
+        device="cuda", seed=6,
+    )  # fmt: skip
+    problem, ref, _ = window_problem(case, window, sinks=True)
+    first_tile = (kv_len - q_len - window[0]) // 64
+    end_tile = -(-kv_len // 64)
+    pages = case.block_table[0].tolist()
+    poisoned = [
+        pages[n]
+        for n in range(-(-kv_len // block_size))
+        if not first_tile <= n * block_size // 64 < end_tile
+    ]
+    for cache in (case.key_cache, case.value_cache):
+        cache.view(torch.uint8)[poisoned] = 0x7F  # e4m3 NaN
+    out = torch.empty_like(case.query)
+    cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
+    unwindowed = torch.empty_like(case.query)
+    cuda_backend.paged_attention(
+        dataclasses.replace(problem, window=(-1, -1)), unwindowed, num_splits=num_splits
+    )
+    assert not torch.isfinite(unwindowed.float()).all()

@@ -27,13 +27,15 @@ int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ct
 
 int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n) {
   const int64_t context_tiles = (std::max(in.max_seqlen_k, 1) + block_n - 1) / block_n;
-  const int64_t right = in.all_causal ? 0 : in.window_right;
-  if (in.window_left < 0 || right < 0) return static_cast<int>(context_tiles);
+  if (in.window_left < 0) return static_cast<int>(context_tiles);
   // A CTA's block_m rows hold at most (block_m - 1) / group + 2 consecutive tokens; its keys run
-  // from the first one's position - left to the last one's position + right.
+  // from the first one's position - left to the last one's position + right (+ 0 if causal),
+  // and never past the context, whose last max_seqlen_q positions hold every query token.
   const int group = in.num_kv_heads > 0 ? std::max(in.num_q_heads / in.num_kv_heads, 1) : 1;
-  const int64_t tokens = std::min<int64_t>(std::max(in.max_seqlen_q, 1), (block_m - 1) / group + 2);
-  const int64_t keys = in.window_left + right + tokens;
+  const int64_t q_len = std::max(in.max_seqlen_q, 1);
+  const int64_t tokens = std::min<int64_t>(q_len, (block_m - 1) / group + 2);
+  const int64_t right = in.all_causal ? 0 : in.window_right;
+  const int64_t keys = in.window_left + (right >= 0 ? std::min(q_len, tokens + right) : q_len);
   // An unaligned run of `keys` keys touches at most one tile more than an aligned one.
   return static_cast<int>(std::min(context_tiles, (keys + block_n - 2) / block_n + 1));
 }

@@ -49,8 +49,8 @@ struct Plan {
 // resident slots underused, else the fewest splits filling whole waves to kWaveFill.
 int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas);
 
-// Key tiles one CTA streams at most: those of max_seqlen_k, or fewer when a window bounds both
-// sides of every row (the right side by causality or by window_right).
+// Key tiles one CTA streams at most: those of max_seqlen_k, or, under a window bounded on the
+// left, those of left + the CTA's tokens + right (the right side capped by the context's end).
 int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n);
 
 // The whole plan. Needs no GPU.
