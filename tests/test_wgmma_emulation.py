@@ -205,10 +205,15 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             key0 = (first + s) * kt
             p_matrix = np.zeros((L.ROWS_PER_WARPGROUP, kt))
             corrections = np.zeros((L.WARPGROUP, 2))
+            # per thread: only a tile some key of which one of its rows does not see is masked
+            nearest = last_key.min(axis=1)  # [t]
+            needs_mask = np.broadcast_to(
+                X.tile_needs_mask(key0 + kt, kv_len, nearest), nearest.shape
+            )
             for i in range(2):
                 frag = scores[rows_of[:, i : i + 1], s_cols]  # [t, kt / 4]
                 visible = X.key_visible(key0 + s_cols, kv_len, last_key[:, i : i + 1])
-                frag = np.where(visible, frag, -np.inf)
+                frag = np.where(visible | ~needs_mask[:, None], frag, -np.inf)
                 m_tile = quad_reduce(frag.max(axis=1), np.maximum)
                 m_new = np.maximum(row_max[:, i], m_tile)
                 m_use = np.where(m_new == -np.inf, 0.0, m_new) * scale[:, i]
@@ -260,6 +265,12 @@ CASES = {
     "bf16_m128_causal_split2": dict(
         q_lens=[12, 40], kv_lens=[200, 290], num_q_heads=8, num_kv_heads=2, block_size=16,
         causal=True, consumers=2, splits=2,
+    ),
+    # causal prefill, q_len == kv_len: whole key tiles inside the sequence still need the
+    # causal mask on the diagonal (two 128-row CTAs)
+    "f16_causal_prefill_m128": dict(
+        q_lens=[130], kv_lens=[130], num_q_heads=2, num_kv_heads=2, block_size=16,
+        causal=True, query_dtype=torch.float16, consumers=2, splits=1,
     ),
     # per-sequence int32 flags read through strided index tensors, page size 32, MHA, vLLM cache
     "int32_flags_strided_vllm": dict(
@@ -331,6 +342,10 @@ def _head_from_token(r, group, kv_head):
     return kv_head * group + r // group % group
 
 
+def _tile_mask_ignores_causal(key_end, kv_len, last_key):
+    return key_end > kv_len
+
+
 def _split_drops_last_tile(kv_len, num_splits, split, key_tile, minimum):
     first, end = ORIGINAL["split_tiles"](kv_len, num_splits, split, key_tile, minimum)
     return first, minimum(end, X.ceil_div(kv_len, key_tile) - 1)
@@ -380,6 +395,7 @@ ORIGINAL = {
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
     "key_visible": (X, _causal_off_by_one, "f16_causal_split3"),
+    "tile_needs_mask": (X, _tile_mask_ignores_causal, "f16_causal_prefill_m128"),
     # a page that holds two key tiles: the second tile's slot
     "page_slot": (X, _slot_in_half_page, "bool_flags_page256"),
     "tile_page_slot": (L, _tile_slot_dropped, "bool_flags_page256"),

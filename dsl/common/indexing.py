@@ -67,3 +67,9 @@ def last_visible_key(token, q_len, kv_len, causal, select):
 def key_visible(j, kv_len, last_key):
     """Mask predicate: key j is seen by a query row whose last visible key is ``last_key``."""
     return (j < kv_len) & (j <= last_key)
+
+
+def tile_needs_mask(key_end, kv_len, last_key):
+    """Some key below ``key_end`` is hidden from a row whose last visible key is ``last_key``:
+    the negation of key_visible for the tile's last key (keys are visible up to a bound)."""
+    return (key_end > kv_len) | (key_end - 1 > last_key)

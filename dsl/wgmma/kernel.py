@@ -688,11 +688,19 @@ class WgmmaPagedAttention:
 
             s_mn = cute.make_tensor(acc_s.iterator, acc_mn_layout(acc_s.layout))
             key0 = (first_tile + s) * v.key_tile
+            # Only a tile some key of which one of this thread's rows does not see is masked
+            # (the last tile, the causal diagonal): the rest skip the per-element predicate.
+            # Per thread, and no shuffle inside, so diverging lanes are harmless.
+            nearest = cutlass.min(last_key[0], last_key[1])
+            if X.tile_needs_mask(key0 + v.key_tile, kv_len, nearest):
+                for i in cutlass.range_constexpr(2):
+                    for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                        col = key0 + L.acc_col(wg_tidx, j)
+                        visible = X.key_visible(col, kv_len, last_key[i])
+                        s_mn[i, j] = cutlass.select_(visible, s_mn[i, j], -f32.inf)
             for i in cutlass.range_constexpr(2):
                 m_tile = -f32.inf
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    visible = X.key_visible(key0 + L.acc_col(wg_tidx, j), kv_len, last_key[i])
-                    s_mn[i, j] = cutlass.select_(visible, s_mn[i, j], -f32.inf)
                     m_tile = cute.arch.fmax(m_tile, s_mn[i, j])
                 for offset in L.QUAD_SHUFFLES:
                     m_tile = cute.arch.fmax(
