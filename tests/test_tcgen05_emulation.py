@@ -130,7 +130,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     k_str, v_str = kc.stride()[:3], vc.stride()[:3]
     bt = problem.block_table
     ring = np.zeros((T.LOAD_STAGES, L.KEY_TILE * L.ITEM_BYTES), np.uint8)
-    thread = np.arange(128)
+    page_size = variant.page_size
+    num_cols = X.ceil_div(kv_len, page_size)
     converted = []
     for i in range(L.item_count(iters, d_tiles)):
         is_v, tile, dslice = L.item_of(i, iters, d_tiles, _select)
@@ -138,16 +139,32 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         src, strides, base = (
             (vbytes, v_str, vc.storage_offset()) if is_v else (kbytes, k_str, kc.storage_offset())
         )
-        chunk = L.loader_chunk(thread)
-        for step in range(L.LOADER_STEPS):
-            row = L.loader_row(thread, step)
-            j = (first + tile) * L.KEY_TILE + row
-            for t in np.nonzero(j < kv_len)[0]:
-                col, slot = X.page_slot(int(j[t]), variant.page_size)
-                page = int(bt[seq, col])
-                off = base + X.key_offset(page, slot, kv_head, *strides)
-                off += dslice * L.ITEM_BYTES + int(chunk[t]) * L.CHUNK
-                dst = L.staged_offset(int(row[t]), int(chunk[t]))
+        key0 = (first + tile) * L.KEY_TILE
+        col0, slot0 = L.tile_page_slot(key0, page_size)
+        # Lane l of every converter warp reads the block table once per item.
+        lane_pages = [
+            int(bt[seq, col0 + L.lane_page(lane, page_size)])
+            if col0 + L.lane_page(lane, page_size) < num_cols
+            else 0
+            for lane in range(32)
+        ]
+        full = key0 + L.KEY_TILE <= kv_len
+        for t in range(128):
+            # The thread's pointer (KV head, its slot and chunk), computed once in the kernel.
+            thread_off = (
+                base
+                + X.key_offset(0, L.loader_row(t, 0), kv_head, *strides)
+                + L.loader_chunk(t) * L.CHUNK
+                + dslice * L.ITEM_BYTES
+            )
+            ring_thread = L.loader_ring_offset(t, 0)
+            for step in range(L.LOADER_STEPS):
+                step_page, step_slot = L.loader_step_page_slot(step, page_size)
+                page = lane_pages[step_page if L.pages_per_tile(page_size) > 1 else t % 32]
+                if not (full or key0 + L.loader_row(t, step) < kv_len):
+                    continue
+                off = thread_off + X.key_offset(page, slot0 + step_slot, 0, *strides)
+                dst = ring_thread + L.loader_ring_offset(0, step)
                 stage[dst : dst + L.CHUNK] = src[off : off + L.CHUNK]
         converted.append(_fp8_to_float(umma_sw128_read(stage)))
 
@@ -246,10 +263,6 @@ def test_emulated_tcgen05_kernel_matches_reference(name):
     assert error <= tolerance
 
 
-def _no_swizzle(row, chunk):
-    return row * L.ITEM_BYTES + chunk * L.CHUNK
-
-
 def _causal_off_by_one(j, kv_len, position, causal):
     return (j < kv_len) & ((causal == 0) | (j < position))
 
@@ -259,8 +272,8 @@ def _k_and_v_swapped(i, iters, d_tiles, select):
     return not is_v, tile, dslice
 
 
-def _slot_off_by_one(j, page_size):
-    return j // page_size, (j + 1) % page_size
+def _page_off_by_one(j, page_size):
+    return j // page_size + 1, j % page_size
 
 
 def _head_from_token(r, group, kv_head):
@@ -272,7 +285,32 @@ def _split_drops_last_tile(kv_len, num_splits, split, minimum):
     return first, minimum(end, X.ceil_div(kv_len, L.KEY_TILE) - 1)
 
 
-PLANTED_ORIGINALS = {"item_of": L.item_of, "split_tiles": L.split_tiles}
+def _chunk_unswizzled(thread):
+    return thread % (L.ITEM_BYTES // L.CHUNK)
+
+
+def _step_page_dropped(step, page_size):
+    return 0, PLANTED_ORIGINALS["loader_step_page_slot"](step, page_size)[1]
+
+
+def _step_slot_dropped(step, page_size):
+    return PLANTED_ORIGINALS["loader_step_page_slot"](step, page_size)[0], 0
+
+
+def _lane_page_shifted(lane, page_size):
+    return (lane + 1) % L.pages_per_tile(page_size)
+
+
+def _ring_rows_shifted(thread, step):
+    return PLANTED_ORIGINALS["loader_ring_offset"](thread, step % (L.LOADER_STEPS - 1))
+
+
+PLANTED_ORIGINALS = {
+    "item_of": L.item_of,
+    "split_tiles": L.split_tiles,
+    "loader_step_page_slot": L.loader_step_page_slot,
+    "loader_ring_offset": L.loader_ring_offset,
+}
 
 
 def _head_dim_slices_reversed(i, iters, d_tiles, select):
@@ -283,13 +321,17 @@ def _head_dim_slices_reversed(i, iters, d_tiles, select):
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
 # it must break)
 PLANTED = {
-    "staged_offset": (L, "staged_offset", _no_swizzle, "bf16_bidir_gqa4"),
     "key_visible": (L, "key_visible", _causal_off_by_one, "f16_causal_split3"),
     "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
     "item_of_d256": (L, "item_of", _head_dim_slices_reversed, "f16_d256_split2"),
-    "page_slot": (X, "page_slot", _slot_off_by_one, "int32_flags_strided"),
+    "page_slot": (X, "page_slot", _page_off_by_one, "int32_flags_strided"),
     "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
     "split_tiles": (L, "split_tiles", _split_drops_last_tile, "f16_causal_split3"),
+    "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
+    "loader_step_page": (L, "loader_step_page_slot", _step_page_dropped, "bf16_bidir_gqa4"),
+    "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),
+    "lane_page": (L, "lane_page", _lane_page_shifted, "f16_causal_split3"),
+    "loader_ring_offset": (L, "loader_ring_offset", _ring_rows_shifted, "bf16_bidir_gqa4"),
 }
 
 

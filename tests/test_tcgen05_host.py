@@ -72,6 +72,31 @@ def test_loader_covers_every_chunk_of_an_item_once():
     assert seen == list(range(0, L.KEY_TILE * L.ITEM_BYTES, L.CHUNK))
 
 
+def test_loader_ring_offset_is_the_swizzled_offset_of_its_row_and_chunk():
+    for t in range(128):
+        for s in range(L.LOADER_STEPS):
+            want = L.staged_offset(L.loader_row(t, s), L.loader_chunk(t))
+            assert L.loader_ring_offset(t, s) == want, (t, s)
+            # The kernel adds a per-thread base and a per-step immediate.
+            assert L.loader_ring_offset(t, 0) + L.loader_ring_offset(0, s) == want, (t, s)
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256])
+def test_loader_pages_and_slots_are_those_of_its_rows(page_size):
+    """Tile start + the step's (page, slot) + the thread's own slot = page_slot of the row; a
+    step's page comes from the lane that read it."""
+    for key0 in range(0, 4 * page_size + 2 * L.KEY_TILE, L.KEY_TILE):
+        col0, slot0 = L.tile_page_slot(key0, page_size)
+        for t in range(128):
+            for s in range(L.LOADER_STEPS):
+                step_page, step_slot = L.loader_step_page_slot(s, page_size)
+                got = (col0 + step_page, slot0 + step_slot + L.loader_row(t, 0))
+                assert got == X.page_slot(key0 + L.loader_row(t, s), page_size)
+                assert step_page < L.pages_per_tile(page_size)
+        read = {L.lane_page(lane, page_size) for lane in range(32)}
+        assert read == set(range(L.pages_per_tile(page_size)))
+
+
 def test_item_order_has_every_k_and_v_item_once():
     for iters in range(1, 6):
         for d_tiles in (1, 2):

@@ -135,64 +135,68 @@ class ConvertRole:
         copy16 = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(), kv_dtype, num_bits_per_copy=128
         )
-        ring_fp8 = cute.recast_ptr(ring, dtype=kv_dtype)
         total = L.item_count(iters, d_tiles)
         lookahead = T.LOAD_STAGES - 1
 
+        # Everything of a copy's address but its page, once per thread: the source pointer of
+        # (KV head, the thread's slot and chunk) in K and in V, and its ring destination; a
+        # copy then costs one shuffle (its page) and one wide multiply-add.
+        lane = wg_tidx % 32
+        chunk = L.loader_chunk(wg_tidx)
+        thread_slot = L.loader_row(wg_tidx, 0)
+        k_thread = (
+            k_ptr
+            + cute.assume(
+                X.key_offset(0, thread_slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
+                + chunk * L.CHUNK,
+                divby=L.CHUNK,
+            )
+        ).toint()
+        v_thread = (
+            v_ptr
+            + cute.assume(
+                X.key_offset(0, thread_slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
+                + chunk * L.CHUNK,
+                divby=L.CHUNK,
+            )
+        ).toint()
+        # The host refuses cache strides of 2^31 elements or more: page x block stride is then
+        # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
+        k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
+        v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
+        ring_thread = cute.recast_ptr(ring, dtype=kv_dtype) + cute.assume(
+            L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
+        )
+        bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
+        num_cols = X.ceil_div(kv_len, v.page_size)
+
+        # The block table is read an item ahead (lane p of each warp: the item's page p), so the
+        # read's latency hides behind the copies of the item before.
+        pages = self.read_item_pages(0, iters, first_tile, bt_row, bt_stride_b, num_cols, lane)
         for p in cutlass.range_constexpr(lookahead):
             if p < total:
-                self.load_item(
-                    p,
-                    p,
-                    copy16,
-                    ring_fp8,
-                    k_ptr,
-                    v_ptr,
-                    block_table_ptr,
-                    k_stride_b,
-                    k_stride_s,
-                    k_stride_h,
-                    v_stride_b,
-                    v_stride_s,
-                    v_stride_h,
-                    bt_stride_s,
-                    bt_stride_b,
-                    seq,
-                    kv_head,
-                    kv_len,
-                    first_tile,
-                    iters,
-                    wg_tidx,
+                pages_next = self.read_item_pages(
+                    p + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, lane
                 )
+                self.load_item(
+                    p, p, copy16, ring_thread, pages, k_thread, v_thread, k_block, k_slot,
+                    v_block, v_slot, kv_len, first_tile, iters, wg_tidx,
+                )  # fmt: skip
+                pages = pages_next
             cute.arch.cp_async_commit_group()
 
         for i in cutlass.range(total):
             ring_bar.arrive_and_wait()  # every thread is done reading the stage refilled next
             nxt = i + lookahead
             if nxt < total:
-                self.load_item(
-                    nxt,
-                    nxt % T.LOAD_STAGES,
-                    copy16,
-                    ring_fp8,
-                    k_ptr,
-                    v_ptr,
-                    block_table_ptr,
-                    k_stride_b,
-                    k_stride_s,
-                    k_stride_h,
-                    v_stride_b,
-                    v_stride_s,
-                    v_stride_h,
-                    bt_stride_s,
-                    bt_stride_b,
-                    seq,
-                    kv_head,
-                    kv_len,
-                    first_tile,
-                    iters,
-                    wg_tidx,
+                pages_next = self.read_item_pages(
+                    nxt + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, lane
                 )
+                self.load_item(
+                    nxt, nxt % T.LOAD_STAGES, copy16, ring_thread, pages, k_thread, v_thread,
+                    k_block, k_slot, v_block, v_slot, kv_len, first_tile, iters, wg_tidx,
+                )  # fmt: skip
+                pages = pages_next
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(lookahead)
             ring_bar.arrive_and_wait()  # item i is in shared memory, from every thread
@@ -219,64 +223,115 @@ class ConvertRole:
         return
 
     @cute.jit
+    def read_item_pages(
+        self,
+        item: cutlass.Int32,
+        iters: cutlass.Int32,
+        first_tile: cutlass.Int32,
+        bt_row: cute.Pointer,
+        bt_stride_b: cutlass.Int64,
+        num_cols: cutlass.Int32,
+        lane: cutlass.Int32,
+    ) -> cutlass.Int32:
+        """This lane's page (layouts.lane_page) of the key tile of staged item ``item``; 0 past
+        the sequence's last page (and for an item past the split's last)."""
+        v = self.v
+        _, tile, _ = L.item_of(item, iters, v.d_tiles, cutlass.select_)
+        col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, v.page_size)
+        col = col0 + L.lane_page(lane, v.page_size)
+        page = cutlass.Int32(0)
+        if col < num_cols:
+            entry = bt_row + cutlass.Int64(col) * bt_stride_b
+            page = cute.make_tensor(entry, cute.make_layout(1))[0]
+        return page
+
+    @cute.jit
     def load_item(
         self,
         item: cutlass.Int32,
         stage: cutlass.Int32,
         copy16: cute.CopyAtom,
-        ring_fp8: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        seq: cutlass.Int32,
-        kv_head: cutlass.Int32,
+        ring_thread: cute.Pointer,
+        pages: cutlass.Int32,
+        k_thread: cutlass.Int64,
+        v_thread: cutlass.Int64,
+        k_block: cutlass.Int32,
+        k_slot: cutlass.Int32,
+        v_block: cutlass.Int32,
+        v_slot: cutlass.Int32,
         kv_len: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ):
-        """cp.async this thread's 16-byte chunks of staged item ``item`` into ring ``stage``:
-        one block-table read per row (page), rows past kv_len skipped."""
+        """cp.async this thread's 16-byte chunks of staged item ``item`` into ring ``stage``: a
+        tile wholly inside the sequence copies every row unchecked; the last one skips rows past
+        kv_len (the ring was zeroed once, and earlier items left finite bytes there)."""
         is_v, tile, dslice = L.item_of(item, iters, self.v.d_tiles, cutlass.select_)
-        chunk = L.loader_chunk(wg_tidx)
+        key0 = (first_tile + tile) * L.KEY_TILE
+        _, slot0 = L.tile_page_slot(key0, self.v.page_size)
+        thread_src = cute.make_ptr(
+            self.kv_dtype,
+            cutlass.Int64(cutlass.select_(is_v, v_thread, k_thread))
+            + cutlass.Int64(dslice * L.ITEM_BYTES),
+            cute.AddressSpace.gmem,
+            assumed_align=L.CHUNK,
+        )
+        block = cutlass.Int32(cutlass.select_(is_v, v_block, k_block))
+        slot_stride = cutlass.Int32(cutlass.select_(is_v, v_slot, k_slot))
+        dst = ring_thread + cute.assume(stage * (L.KEY_TILE * L.ITEM_BYTES), divby=L.CHUNK)
+        if key0 + L.KEY_TILE <= kv_len:
+            self.copy_rows(
+                copy16, dst, thread_src, block, slot_stride, pages, slot0, key0, kv_len,
+                wg_tidx, False,
+            )  # fmt: skip
+        else:
+            self.copy_rows(
+                copy16, dst, thread_src, block, slot_stride, pages, slot0, key0, kv_len,
+                wg_tidx, True,
+            )  # fmt: skip
+
+    @cute.jit
+    def copy_rows(
+        self,
+        copy16: cute.CopyAtom,
+        dst: cute.Pointer,
+        thread_src: cute.Pointer,
+        block: cutlass.Int32,
+        slot_stride: cutlass.Int32,
+        pages: cutlass.Int32,
+        slot0,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        checked: cutlass.Constexpr,
+    ):
+        """One cp.async per step: the step's page from the lane that read it, then thread
+        pointer + page x block stride + (tile slot + step slot) x slot stride -> the thread's
+        ring destination + the step's immediate."""
+        v = self.v
         for step in cutlass.range_constexpr(L.LOADER_STEPS):
-            row = L.loader_row(wg_tidx, step)
-            j = (first_tile + tile) * L.KEY_TILE + row
-            if j < kv_len:
-                col, slot = X.page_slot(j, self.v.page_size)
-                page = cutlass.Int64(
-                    cute.make_tensor(
-                        block_table_ptr + (cutlass.Int64(seq) * bt_stride_s + col * bt_stride_b),
-                        cute.make_layout(1),
-                    )[0]
-                )
-                within = dslice * L.ITEM_BYTES + chunk * L.CHUNK
-                # Offsets are whole 16-byte chunks: the host refuses strides that are not
-                # multiples of 16 elements.
-                dst_off = stage * (L.KEY_TILE * L.ITEM_BYTES) + L.staged_offset(row, chunk)
-                dst = cute.make_tensor(
-                    ring_fp8 + cute.assume(dst_off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
-                )
-                if is_v:
-                    off = X.key_offset(page, slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
-                    src = cute.make_tensor(
-                        v_ptr + cute.assume(off + within, divby=L.CHUNK), cute.make_layout(L.CHUNK)
-                    )
-                    cute.copy(copy16, src, dst)
-                else:
-                    off = X.key_offset(page, slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
-                    src = cute.make_tensor(
-                        k_ptr + cute.assume(off + within, divby=L.CHUNK), cute.make_layout(L.CHUNK)
-                    )
-                    cute.copy(copy16, src, dst)
+            step_page, step_slot = L.loader_step_page_slot(step, v.page_size)
+            page = pages
+            if cutlass.const_expr(L.pages_per_tile(v.page_size) > 1):
+                page = cute.arch.shuffle_sync(pages, offset=step_page)
+            # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
+            # IMAD.WIDE.U32 with the thread pointer as its addend.
+            off = cutlass.Int64(
+                cutlass.Uint64(page.to(cutlass.Uint32)) * cutlass.Uint64(block.to(cutlass.Uint32))
+            )
+            slot = slot0 + step_slot
+            if cutlass.const_expr(not isinstance(slot, int) or slot != 0):
+                off = off + cutlass.Int64(slot * slot_stride)
+            src = cute.make_tensor(
+                thread_src + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
+            )
+            at = cute.make_tensor(dst + L.loader_ring_offset(0, step), cute.make_layout(L.CHUNK))
+            if cutlass.const_expr(checked):
+                if key0 + L.loader_row(wg_tidx, step) < kv_len:
+                    cute.copy(copy16, src, at)
+            else:
+                cute.copy(copy16, src, at)
 
     @cute.jit
     def q_prologue(

@@ -51,21 +51,66 @@ def item_of(i, iters, d_tiles, select):
     return is_v, tile, i % d_tiles
 
 
+ROWS_PER_STEP = 128 * CHUNK // ITEM_BYTES  # key rows one copy step of the warpgroup covers
+LOADER_STEPS = KEY_TILE // ROWS_PER_STEP  # cp.async copies per thread per item
+
+
 def loader_row(thread, step):
     """Key row (0..127 inside the tile) that converter thread ``thread`` copies at ``step``.
 
     128 threads copy 128 rows x 8 chunks: 8 consecutive threads cover one 128-byte row (one
-    coalesced 128-byte segment), 16 rows per step, 8 steps.
+    coalesced 128-byte segment), 16 rows per step, 8 steps. A thread's rows are 16 apart, so
+    ``row % SWIZZLE_ROWS`` is the same at every step.
     """
-    return thread // (ITEM_BYTES // CHUNK) + step * (128 * CHUNK // ITEM_BYTES)
+    return thread // (ITEM_BYTES // CHUNK) + step * ROWS_PER_STEP
 
 
 def loader_chunk(thread):
-    """16-byte chunk (0..7) of its row that converter thread ``thread`` copies."""
-    return thread % (ITEM_BYTES // CHUNK)
+    """Source 16-byte chunk (0..7) of its row that converter thread ``thread`` copies.
+
+    The thread owns *destination* chunk ``thread % 8`` of its rows, which holds source chunk
+    ``(thread % 8) ^ (row % 8)`` (the swizzle is an involution), so its ring offsets are one
+    affine map (``loader_ring_offset``) and the swizzle costs nothing per copy.
+    """
+    return (thread % (ITEM_BYTES // CHUNK)) ^ (loader_row(thread, 0) % SWIZZLE_ROWS)
 
 
-LOADER_STEPS = KEY_TILE * ITEM_BYTES // (128 * CHUNK)  # cp.async copies per thread per item
+def loader_ring_offset(thread, step):
+    """Byte offset in a staged item where thread ``thread``'s copy at ``step`` lands:
+    ``staged_offset(loader_row(thread, step), loader_chunk(thread))`` as the kernel computes
+    it, a per-thread base plus an immediate per step (test_tcgen05_host checks they agree)."""
+    return thread * CHUNK + step * ROWS_PER_STEP * ITEM_BYTES
+
+
+# Pages: the block table is read once per page and item, not per row. A key tile starts on a
+# page boundary (page_size <= KEY_TILE) or lies inside one page (page_size > KEY_TILE; both are
+# powers of two, page_size >= ROWS_PER_STEP), so a step's 16 rows share one page:
+# ``tile_page_slot`` gives the block-table column and slot of the tile's first key and
+# ``loader_step_page_slot`` what a step adds (plain ints the kernel folds); a thread's own row
+# adds ``loader_row(thread, 0)`` slots (< 16, never a page).
+def pages_per_tile(page_size):
+    """Pages one key tile spans."""
+    return max(1, KEY_TILE // page_size)
+
+
+def tile_page_slot(key0, page_size):
+    """(block-table column, slot) of the key tile starting at key ``key0``: the slot is 0 (a
+    plain int the kernel folds) unless a page holds several tiles."""
+    col, slot = X.page_slot(key0, page_size)
+    return col, (0 if page_size <= KEY_TILE else slot)
+
+
+def loader_step_page_slot(step, page_size):
+    """(pages past the tile's first, slots past its first key's) of the 16 rows of ``step``."""
+    down = step * ROWS_PER_STEP
+    return down // page_size, down % page_size
+
+
+def lane_page(lane, page_size):
+    """Which of the tile's pages lane ``lane`` of every converter warp reads from the block
+    table (one read per lane per item); a step takes its page from lane
+    ``loader_step_page_slot(step)[0]`` by a shuffle."""
+    return lane % pages_per_tile(page_size)
 
 
 def staged_offset(row, chunk):
