@@ -52,7 +52,7 @@ def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):
 # Beyond the default table (e4m3, pages of 16), built on request (--page-size, --kv-dtype):
 # the tile-spanning pages path (32: two pages per tile, a slot per step), the page holding
 # several tiles (256: a slot per tile) and the e5m2 conversion, at the register-tight
-# 128-row producer (setmaxnreg 56). Compiled only (about 15 s each), not linked.
+# 128-row producer (setmaxnreg 104). Compiled only (about 15 s each), not linked.
 EXTRA = (
     T.Variant(128, 2, 32, "bfloat16"),
     T.Variant(128, 2, 256, "float16"),
@@ -81,19 +81,22 @@ def test_sass_checker_reports_a_missing_instruction_and_a_wrong_count(built, mon
     assert any(p.endswith(f"HGMMA, expected {wrong['HGMMA']}") for p in found)
 
 
-def test_sass_checker_reports_producer_registers_above_its_setmaxnreg_limit(built, monkeypatch):
+def test_sass_checker_reports_role_registers_above_their_setmaxnreg_limits(built, monkeypatch):
     """The 128-row variants hand registers from the producer to the consumers; code that
-    touched more than the producer keeps would lose them at run time. Lower the limit the
-    checker holds the producer to below what it uses: the checker must say so."""
+    touched more than its role keeps would lose them at run time. Lower the limit the checker
+    holds each role to below what it uses: the checker must say so."""
     out, record = built
     by_name = {v.name: v for v in build.WGMMA_CI_VARIANTS}
     entries = [e for e in record["variants"] if by_name[e["variant"]].set_max_registers]
     assert entries
     for entry in entries:
         cubin = out / entry["cubins"][0]
-        used = sass.producer_registers(cubin)
-        assert 0 < used <= T.PRODUCER_REGISTERS
-        monkeypatch.setattr(sass, "PRODUCER_REGISTERS", used - 1)
-        assert f"producer touches {used} registers > {used - 1}" in sass.problems(
-            cubin, by_name[entry["variant"]]
-        )
+        used = sass.role_registers(cubin)
+        assert 0 < used["producer"] <= T.PRODUCER_REGISTERS
+        assert 0 < used["consumer"] <= T.CONSUMER_REGISTERS
+        for role in ("producer", "consumer"):
+            limit = f"{role.upper()}_REGISTERS"
+            with monkeypatch.context() as patch:
+                patch.setattr(sass, limit, used[role] - 1)
+                found = sass.problems(cubin, by_name[entry["variant"]])
+            assert f"{role} touches {used[role]} registers > {used[role] - 1}" in found

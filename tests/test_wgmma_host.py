@@ -35,7 +35,7 @@ def test_page_sizes_and_e5m2_build_on_request_with_their_names():
     [
         (64, 1, 128, 4, 1024 + 8192 + 4 * 16384, 255),
         (128, 1, 128, 4, 1024 + 16384 + 4 * 32768, 255),
-        (128, 2, 128, 4, 1024 + 32768 + 4 * 32768, 224),  # setmaxnreg: producer 56, 2 x 224
+        (128, 2, 128, 4, 1024 + 32768 + 4 * 32768, 200),  # setmaxnreg: producer 104, 2 x 200
         (256, 1, 64, 4, 1024 + 32768 + 4 * 32768, 255),
     ],
 )
@@ -46,7 +46,9 @@ def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages
     assert v.smem_bytes <= T.SMEM_BYTES
     assert v.registers_per_thread["consumer"] == regs
     per_role = v.registers_per_thread
-    assert 128 * (per_role["producer"] + consumers * per_role["consumer"]) <= T.REGISTER_FILE
+    # setmaxnreg moves registers inside the launch's allocation (168 x 384 at 128 rows)
+    launch = v.threads * min(255, T.REGISTER_FILE // v.threads // 8 * 8)
+    assert 128 * (per_role["producer"] + consumers * per_role["consumer"]) <= launch
 
 
 @pytest.mark.parametrize(

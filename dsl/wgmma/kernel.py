@@ -416,17 +416,18 @@ class WgmmaPagedAttention:
             )
             _, slot0 = L.tile_page_slot(key0, v.key_tile, v.page_size)
             full = key0 + v.key_tile <= kv_len
-            # K then V of the tile; each item's loads are issued before the wait for a free
-            # stage. One item in registers at a time: 32 of the producer's registers.
+            # K then V of the tile, both items' loads issued before the wait for a free stage
+            # and before either store, so 2 x key_tile x head_dim bytes per CTA are in flight
+            # (64 of the producer's registers).
             raw_k = self.load_item(
                 k_thread, k_block, k_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
+            )
+            raw_v = self.load_item(
+                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
             )
             k_handle = kv_producer.acquire_and_advance()
             self.store_item(raw_k, ring16 + k_handle.index * (v.item_bytes // 2), wg_tidx)
             k_handle.commit()
-            raw_v = self.load_item(
-                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
-            )
             v_handle = kv_producer.acquire_and_advance()
             self.store_item(raw_v, ring16 + v_handle.index * (v.item_bytes // 2), wg_tidx)
             v_handle.commit()

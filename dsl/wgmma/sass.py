@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dsl import sass_check
 from dsl.wgmma.layouts import loader_steps, q_steps
-from dsl.wgmma.traits import PRODUCER_REGISTERS, Variant
+from dsl.wgmma.traits import CONSUMER_REGISTERS, PRODUCER_REGISTERS, Variant
 
 # The MMA (HGMMA = wgmma), the load path (16-byte global loads of FP8 pages and of Q, 16-byte
 # shared stores of the dequantised operands), the exact FP8 -> fp16 conversion of the variant's
@@ -39,10 +39,11 @@ def expected_counts(variant: Variant) -> dict[str, int]:
     }
 
 
-def producer_registers(cubin: Path) -> int | None:
-    """Registers the code between ``setmaxnreg.dec`` and ``setmaxnreg.inc`` touches (1 + the
-    highest Rn). ptxas lays the producer's branch out there; registers above the decreased
-    limit would be lost at run time, so they must stay under it. None without setmaxnreg."""
+def role_registers(cubin: Path) -> dict[str, int] | None:
+    """Registers each role's code touches (1 + the highest Rn): ptxas lays the producer's
+    branch out between ``setmaxnreg.dec`` and ``setmaxnreg.inc``, the consumers' after the
+    latter. Registers above a role's setmaxnreg limit would be lost at run time, so each must
+    stay under its own. None without setmaxnreg."""
     text = subprocess.run(
         [str(sass_check.cuobjdump_path()), "-sass", str(cubin)],
         check=True,
@@ -52,8 +53,17 @@ def producer_registers(cubin: Path) -> int | None:
     start, end = text.find("USETMAXREG.DEALLOC"), text.find("USETMAXREG.TRY_ALLOC")
     if start < 0 or end < start:
         return None
-    used = [int(n) for n in re.findall(r"\bR(\d+)\b", text[start:end])]
-    return max(used) + 1 if used else 0
+    found = {}
+    for role, code in (("producer", text[start:end]), ("consumer", text[end:])):
+        used = [int(n) for n in re.findall(r"\bR(\d+)\b", code)]
+        found[role] = max(used) + 1 if used else 0
+    return found
+
+
+def producer_registers(cubin: Path) -> int | None:
+    """Registers the producer's code touches (role_registers), None without setmaxnreg."""
+    roles = role_registers(cubin)
+    return None if roles is None else roles["producer"]
 
 
 def problems(cubin: Path, variant: Variant) -> list[str]:
@@ -67,11 +77,13 @@ def problems(cubin: Path, variant: Variant) -> list[str]:
         if sass_check.count(ops, name) != want:
             found.append(f"{sass_check.count(ops, name)} x {name}, expected {want}")
     if variant.set_max_registers:
-        producer = producer_registers(cubin)
-        if producer is None:
+        roles = role_registers(cubin)
+        if roles is None:
             found.append("missing USETMAXREG (setmaxnreg between producer and consumers)")
-        elif producer > PRODUCER_REGISTERS:
-            found.append(f"producer touches {producer} registers > {PRODUCER_REGISTERS}")
+        else:
+            for role, limit in (("producer", PRODUCER_REGISTERS), ("consumer", CONSUMER_REGISTERS)):
+                if roles[role] > limit:
+                    found.append(f"{role} touches {roles[role]} registers > {limit}")
     if usage["REG"] > variant.registers_per_thread["consumer"]:
         found.append(f"{usage['REG']} registers > {variant.registers_per_thread['consumer']}")
     return found

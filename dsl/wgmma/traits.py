@@ -23,8 +23,8 @@ BARRIER_BYTES = 1024  # mbarriers (full/empty per stage), aligned ahead of the 1
 # swizzled 16-bit ring), warpgroups 1..consumers each own 64 query rows and run both GEMMs and
 # the online softmax. With two consumers the producer gives registers away (setmaxnreg).
 PRODUCER_WARPGROUP = 0
-PRODUCER_REGISTERS = 56
-CONSUMER_REGISTERS = 224
+PRODUCER_REGISTERS = 104
+CONSUMER_REGISTERS = 200
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,17 @@ class Variant:
         return (1 + self.consumers) * WARPGROUP
 
     @property
+    def launch_registers(self) -> int:
+        """Registers per thread the launch allocates (ptxas' cap for this many threads: the
+        even share of the register file in units of 8, at most 255). setmaxnreg only moves
+        registers between warpgroups inside this allocation."""
+        return min(255, REGISTER_FILE // self.threads // 8 * 8)
+
+    @property
     def set_max_registers(self) -> bool:
         """Rebalance registers between roles only where the even share is too small for the
         consumers (384 threads: 168 each)."""
-        return REGISTER_FILE // self.threads < CONSUMER_REGISTERS
+        return self.launch_registers < CONSUMER_REGISTERS
 
     @property
     def item_bytes(self) -> int:
@@ -91,8 +98,7 @@ class Variant:
         """ptxas' cap per role: the even share, or the setmaxnreg split."""
         if self.set_max_registers:
             return {"producer": PRODUCER_REGISTERS, "consumer": CONSUMER_REGISTERS}
-        even = min(255, REGISTER_FILE // self.threads // 8 * 8)
-        return {"producer": even, "consumer": even}
+        return {"producer": self.launch_registers, "consumer": self.launch_registers}
 
     def check(self) -> None:
         """Raise ValueError when the variant cannot be built."""
@@ -103,12 +109,17 @@ class Variant:
         check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.head_dim == 256 and self.consumers == 2:
             raise ValueError(
-                f"{self.name}: O takes 128 of a consumer's 224 registers at head_dim 256 and "
+                f"{self.name}: O takes 128 of a consumer's {CONSUMER_REGISTERS} registers at "
+                "head_dim 256 and "
                 "the kernel spills; R > 64 takes several 64-row CTAs"
             )
         if self.stages < 2:
             raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
         regs = self.registers_per_thread
         total = WARPGROUP * (regs["producer"] + self.consumers * regs["consumer"])
-        if total > REGISTER_FILE:
-            raise ValueError(f"{self.name}: {total} registers > {REGISTER_FILE}")
+        if total > self.threads * self.launch_registers:
+            # setmaxnreg.inc would wait forever for registers the CTA was never given
+            raise ValueError(
+                f"{self.name}: {total} registers > the launch's "
+                f"{self.threads} x {self.launch_registers}"
+            )
