@@ -173,20 +173,27 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     m_prev = np.full(rows, -np.inf)
     l_sum = np.zeros(rows)
     o = np.zeros((head_dim, rows))
+    min_last_key = min(
+        kv_len - 1,
+        X.last_visible_key(X.row_token(row_base, group), q_len, kv_len, causal, _select),
+    )
     for s in range(iters):
         k_tile = np.concatenate([converted[kq[s, dk]] for dk in range(d_tiles)], axis=1)
         v_tile = np.concatenate([converted[vp[s, dm]] for dm in range(d_tiles)], axis=1)
         scores = k_tile @ q16.T  # S^T [key, row]
-        j = (first + s) * L.KEY_TILE + np.arange(L.KEY_TILE)
+        key0 = (first + s) * L.KEY_TILE
+        j = key0 + np.arange(L.KEY_TILE)
+        # Tiles every column sees whole skip the mask (the kernel's fast path).
         visible = L.key_visible(j[:, None], kv_len, last_key[None, :], 1)
-        scores = np.where(visible, scores, -np.inf)
-        m_new = np.maximum(m_prev, scores.max(axis=0))
+        if L.tile_unmasked(key0, kv_len, min_last_key):
+            visible = np.ones_like(visible)
+        m_new = np.maximum(m_prev, np.where(visible, scores, -np.inf).max(axis=0))
         m_use = np.where(m_new == -np.inf, 0.0, m_new)
         with np.errstate(invalid="ignore"):
-            p = np.exp2((scores - m_use) * col_scale)
+            p = np.where(visible, np.exp2(scores * col_scale - m_use * col_scale), 0.0)
             correction = np.exp2((m_prev - m_use) * col_scale)
         p16 = p.astype(np.float16).astype(np.float64)
-        l_sum = l_sum * correction + p16.sum(axis=0)  # the sums of P as BMM2 multiplies it
+        l_sum = l_sum * correction + p.sum(axis=0)  # the kernel sums P before its fp16 rounding
         o = o * correction + v_tile.T @ p16
         m_prev = m_new
 
@@ -267,6 +274,10 @@ def _causal_off_by_one(j, kv_len, position, causal):
     return (j < kv_len) & ((causal == 0) | (j < position))
 
 
+def _unmasked_ignores_causal(key0, kv_len, min_last_key):
+    return key0 + L.KEY_TILE <= kv_len
+
+
 def _k_and_v_swapped(i, iters, d_tiles, select):
     is_v, tile, dslice = PLANTED_ORIGINALS["item_of"](i, iters, d_tiles, select)
     return not is_v, tile, dslice
@@ -327,6 +338,7 @@ PLANTED = {
     "page_slot": (X, "page_slot", _page_off_by_one, "int32_flags_strided"),
     "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
     "split_tiles": (L, "split_tiles", _split_drops_last_tile, "f16_causal_split3"),
+    "tile_unmasked": (L, "tile_unmasked", _unmasked_ignores_causal, "f16_causal_split3"),
     "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
     "loader_step_page": (L, "loader_step_page_slot", _step_page_dropped, "bf16_bidir_gqa4"),
     "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),

@@ -123,6 +123,13 @@ def staged_offset(row, chunk):
     return row * ITEM_BYTES + ((chunk ^ (row % SWIZZLE_ROWS)) * CHUNK)
 
 
+def tile_unmasked(key0, kv_len, min_last_key):
+    """Every key of the tile starting at ``key0`` is visible to every column (the softmax skips
+    the mask there): the tile lies inside the sequence and ends at or before the smallest last
+    visible key of the CTA's columns."""
+    return (key0 + KEY_TILE <= kv_len) & (key0 + KEY_TILE - 1 <= min_last_key)
+
+
 def key_visible(j, kv_len, position, causal):
     """Mask predicate: key j is seen by a query at ``position`` (causal: 0 or 1)."""
     return (j < kv_len) & ((causal == 0) | (j <= position))

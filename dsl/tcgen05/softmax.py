@@ -149,23 +149,31 @@ class SoftmaxRole:
         l_mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
         l_mine.fill(0.0)
 
+        # A tile every column sees whole (layouts.tile_unmasked) skips the mask: the last key
+        # the CTA's first column (smallest token) may see bounds every column's.
+        min_last_key = cutlass.min(
+            kv_len - 1,
+            X.last_visible_key(
+                X.row_token(row_base, group), q_len, kv_len, causal, cutlass.select_
+            ),
+        )
         for s in cutlass.range(iters):
             parity = s % 2
             s_handle = s_consumer.wait_and_advance()
-            j = (first_tile + s) * L.KEY_TILE + wg_tidx
-            # Pass 1: masked column maxima, chunk by chunk.
+            key0 = (first_tile + s) * L.KEY_TILE
+            unmasked = L.tile_unmasked(key0, kv_len, min_last_key)
+            # Pass 1: column maxima, chunk by chunk.
             mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-            for c in cutlass.range_constexpr(chunks):
-                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
-                cute.arch.fence_view_async_tmem_load()
-                for i in cutlass.range_constexpr(chunk):
-                    n = c * chunk + i
-                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
-                    masked = cutlass.select_(visible, scores[i], -acc_dtype.inf)
-                    col_max = cute.arch.warp_redux_sync(masked, kind="fmax", nan=True)
-                    if n % 32 == lane:
-                        mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
+            if unmasked:
+                self.max_pass(
+                    load_s, tStS, tSsP, s_handle.index, s_last_key, m_prev, mine, key0, kv_len,
+                    wg_tidx, lane, False,
+                )  # fmt: skip
+            else:
+                self.max_pass(
+                    load_s, tStS, tSsP, s_handle.index, s_last_key, m_prev, mine, key0, kv_len,
+                    wg_tidx, lane, True,
+                )  # fmt: skip
             for k in cutlass.range_constexpr(lane_slots):
                 c = k * 32 + lane
                 if c < rows:
@@ -177,43 +185,37 @@ class SoftmaxRole:
                     )
             softmax_bar.arrive_and_wait()
 
+            # Lane c of each warp: column c's correction, and its exp2 bias (maximum x scale,
+            # 0 for a column with nothing visible yet) into this warp's column of s_sum, so
+            # pass 2 is one FFMA per score. s_sum[:, warp] is only this warp's (it holds the
+            # column sums after the loop).
             correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             for k in cutlass.range_constexpr(lane_slots):
                 c = cutlass.min(k * 32 + lane, rows - 1)
                 m_new = s_max[c, parity]
                 m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
                 correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
+                s_sum[c, wg_warp] = m_use * s_col_scale[c]
                 m_prev[k] = m_new
+            cute.arch.sync_warp()
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
-            # memory, and the column sums of P as BMM2 multiplies it: lane c of each warp gets
-            # its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
+            # memory (converted two at a time), and the column sums of P: lane c of each warp
+            # gets its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
             p_handle = p_producer.acquire_and_advance()
-            for c in cutlass.range_constexpr(chunks):
-                scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-                cute.copy(load_s, tStS[(None, c, 0, 0, s_handle.index)], scores)
-                cute.arch.fence_view_async_tmem_load()
-                probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
-                for i in cutlass.range_constexpr(chunk):
-                    n = c * chunk + i
-                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
-                    m_new = s_max[n, parity]
-                    m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
-                    p = _exp2((scores[i] - m_use) * s_col_scale[n])
-                    probs[i] = cutlass.Float32(
-                        cutlass.select_(visible, p, cutlass.Float32(0.0))
-                    ).to(self.mma_dtype)
-                cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_handle.index)])
-                part = _warp_column_sums(
-                    [
-                        probs[i].to(acc_dtype) if i < chunk else cutlass.Float32(0.0)
-                        for i in range(32)
-                    ],
-                    lane,
-                )
-                l_mine[c] = l_mine[c] * correction[c] + part
+            if unmasked:
+                self.p_pass(
+                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_last_key, s_col_scale,
+                    s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane, False,
+                )  # fmt: skip
+            else:
+                self.p_pass(
+                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_last_key, s_col_scale,
+                    s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane, True,
+                )  # fmt: skip
             cute.arch.fence_view_async_shared()
             p_handle.commit()
             s_handle.release()  # after the second read of S
+            cute.arch.sync_warp()  # every lane has read the biases before the next tile's
 
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
@@ -292,3 +294,88 @@ class SoftmaxRole:
                             )
         if iters > 0:
             o_last.release()
+
+    @cute.jit
+    def max_pass(
+        self,
+        load_s: cute.TiledCopy,
+        tStS: cute.Tensor,
+        tSsP: cute.Tensor,
+        stage: cutlass.Int32,
+        s_last_key: cute.Tensor,
+        m_prev: cute.Tensor,
+        mine: cute.Tensor,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        lane: cutlass.Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """Column maxima of this tile's scores across the warp's 32 key lanes (masked keys as
+        -inf when ``masked``); lane c keeps column 32 k + c's max with its running one."""
+        rows = self.v.rows
+        chunk = min(rows, 32)
+        acc_dtype = self.acc_dtype
+        j = key0 + wg_tidx
+        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
+        for c in cutlass.range_constexpr(rows // chunk):
+            scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+            cute.copy(load_s, tStS[(None, c, 0, 0, stage)], scores)
+            cute.arch.fence_view_async_tmem_load()
+            for i in cutlass.range_constexpr(chunk):
+                n = c * chunk + i
+                value = scores[i]
+                if cutlass.const_expr(masked):
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    value = cutlass.select_(visible, scores[i], -acc_dtype.inf)
+                col_max = cute.arch.warp_redux_sync(value, kind="fmax", nan=True)
+                if n % 32 == lane:
+                    mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
+
+    @cute.jit
+    def p_pass(
+        self,
+        load_s: cute.TiledCopy,
+        tStS: cute.Tensor,
+        tSsP: cute.Tensor,
+        s_stage: cutlass.Int32,
+        p_stage: cutlass.Int32,
+        s_last_key: cute.Tensor,
+        s_col_scale: cute.Tensor,
+        s_sum: cute.Tensor,
+        correction: cute.Tensor,
+        l_mine: cute.Tensor,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        wg_warp: cutlass.Int32,
+        lane: cutlass.Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """P = exp2(S x scale - bias) of this tile (0 at masked keys when ``masked``), written
+        to shared memory in fp16 (vector conversion: two values per instruction), and the
+        column sums of P (fp32) into the lane-owned running sums."""
+        rows = self.v.rows
+        chunk = min(rows, 32)
+        acc_dtype = self.acc_dtype
+        j = key0 + wg_tidx
+        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
+        for c in cutlass.range_constexpr(rows // chunk):
+            scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+            cute.copy(load_s, tStS[(None, c, 0, 0, s_stage)], scores)
+            cute.arch.fence_view_async_tmem_load()
+            probs32 = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+            for i in cutlass.range_constexpr(chunk):
+                n = c * chunk + i
+                p = _exp2(scores[i] * s_col_scale[n] - s_sum[n, wg_warp])
+                if cutlass.const_expr(masked):
+                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
+                probs32[i] = p
+            probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
+            probs.store(probs32.load().to(self.mma_dtype))
+            cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_stage)])
+            part = _warp_column_sums(
+                [probs32[i] if i < chunk else cutlass.Float32(0.0) for i in range(32)], lane
+            )
+            l_mine[c] = l_mine[c] * correction[c] + part
