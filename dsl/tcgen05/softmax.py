@@ -26,16 +26,26 @@ def _warp_column_sums(values, lane):
     """Butterfly transpose-reduce: ``values`` are this lane's 32 column entries (Python list of
     Float32); returns, on lane c, the sum over the warp's 32 lanes of column c. 31 shuffles in
     5 stages: at each, a lane keeps the half of its columns selected by its lane bit and sends
-    the other half to its partner, so column index bits end up equal to the lane bits."""
+    the other half to its partner, so column index bits end up equal to the lane bits. The adds
+    go two columns per packed FADD2 where a stage has two or more."""
     width = 16
     while width >= 1:
         upper = (lane & width) != 0
-        halved = []
+        keep, received = [], []
         for i in range(width):
             send = cutlass.select_(upper, values[i], values[i + width])
-            keep = cutlass.select_(upper, values[i + width], values[i])
-            halved.append(keep + cute.arch.shuffle_sync_bfly(send, offset=width))
-        values = halved
+            keep.append(cutlass.select_(upper, values[i + width], values[i]))
+            received.append(cute.arch.shuffle_sync_bfly(send, offset=width))
+        if width == 1:
+            values = [keep[0] + received[0]]
+        else:
+            values = []
+            for i in range(0, width, 2):
+                values.extend(
+                    cute.arch.add_packed_f32x2(
+                        (keep[i], keep[i + 1]), (received[i], received[i + 1])
+                    )
+                )
         width //= 2
     return values[0]
 
@@ -185,17 +195,17 @@ class SoftmaxRole:
                     )
             softmax_bar.arrive_and_wait()
 
-            # Lane c of each warp: column c's correction, and its exp2 bias (maximum x scale,
-            # 0 for a column with nothing visible yet) into this warp's column of s_sum, so
-            # pass 2 is one FFMA per score. s_sum[:, warp] is only this warp's (it holds the
-            # column sums after the loop).
+            # Lane c of each warp: column c's correction, and its exp2 offset (-maximum x
+            # scale, 0 for a column with nothing visible yet) into this warp's column of s_sum,
+            # so pass 2 is half a packed FFMA2 per score. s_sum[:, warp] is only this warp's
+            # (it holds the column sums after the loop).
             correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             for k in cutlass.range_constexpr(lane_slots):
                 c = cutlass.min(k * 32 + lane, rows - 1)
                 m_new = s_max[c, parity]
                 m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
                 correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
-                s_sum[c, wg_warp] = m_use * s_col_scale[c]
+                s_sum[c, wg_warp] = -(m_use * s_col_scale[c])
                 m_prev[k] = m_new
             cute.arch.sync_warp()
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
@@ -352,7 +362,7 @@ class SoftmaxRole:
         lane: cutlass.Int32,
         masked: cutlass.Constexpr,
     ):
-        """P = exp2(S x scale - bias) of this tile (0 at masked keys when ``masked``), written
+        """P = exp2(S x scale + offset) of this tile (0 at masked keys when ``masked``), written
         to shared memory in fp16 (vector conversion: two values per instruction), and the
         column sums of P (fp32) into the lane-owned running sums."""
         rows = self.v.rows
@@ -365,13 +375,19 @@ class SoftmaxRole:
             cute.copy(load_s, tStS[(None, c, 0, 0, s_stage)], scores)
             cute.arch.fence_view_async_tmem_load()
             probs32 = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-            for i in cutlass.range_constexpr(chunk):
+            for i in cutlass.range_constexpr(0, chunk, 2):
                 n = c * chunk + i
-                p = _exp2(scores[i] * s_col_scale[n] - s_sum[n, wg_warp])
-                if cutlass.const_expr(masked):
-                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
-                    p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
-                probs32[i] = p
+                args = cute.arch.fma_packed_f32x2(
+                    (scores[i], scores[i + 1]),
+                    (s_col_scale[n], s_col_scale[n + 1]),
+                    (s_sum[n, wg_warp], s_sum[n + 1, wg_warp]),
+                )
+                for h in cutlass.range_constexpr(2):
+                    p = _exp2(args[h])
+                    if cutlass.const_expr(masked):
+                        visible = L.key_visible(j, kv_len, s_last_key[n + h], 1)
+                        p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
+                    probs32[i + h] = p
             probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
             probs.store(probs32.load().to(self.mma_dtype))
             cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_stage)])
