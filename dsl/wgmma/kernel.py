@@ -402,8 +402,9 @@ class WgmmaPagedAttention:
             + chunk * L.CHUNK,
             divby=L.CHUNK,
         )
-        # The host refuses cache strides of 2^31 elements or more: page x block stride is then
-        # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
+        # The host refuses a block stride, or page_size x slot stride, of 2^31 elements or more
+        # (docs/wgmma.md): page x block stride is then one 32 x 32 -> 64-bit multiply-add, and
+        # offsets inside a page stay 32-bit.
         k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
         v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
         bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
@@ -469,7 +470,8 @@ class WgmmaPagedAttention:
     ) -> cute.Tensor:
         """This thread's FP8 chunks of one staged item (K or V of the key tile at key0): a tile
         wholly inside the sequence loads every row unchecked; the last one zeros rows past
-        kv_len."""
+        kv_len. ``thread_page`` and ``slot0`` are plain ints where the variant fixes them to 0
+        (layouts.loader_thread_page_slot, tile_page_slot), else Int32."""
         raw = cute.make_rmem_tensor(
             cute.make_layout((L.CHUNK, L.loader_steps(self.v.key_tile, self.v.head_dim))),
             self.kv_dtype,
