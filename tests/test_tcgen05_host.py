@@ -2,7 +2,9 @@
 memory budgets, and the shared-memory layouts the kernel writes by hand, compared with the
 layouts the CUTLASS DSL builds for the UMMA operands (those need the DSL, else skipped)."""
 
+import numpy as np
 import pytest
+import torch
 
 from dsl import build
 from dsl.common import indexing as X
@@ -95,6 +97,48 @@ def test_loader_pages_and_slots_are_those_of_its_rows(page_size):
                 assert step_page < L.pages_per_tile(page_size)
         read = {L.lane_page(lane, page_size) for lane in range(32)}
         assert read == set(range(L.pages_per_tile(page_size)))
+
+
+def _prmt(a, b, selector):
+    """PTX prmt.b32 (default mode) on numpy uint64 arrays: byte k of the result is byte
+    ``selector`` nibble k (& 7) of {b, a}, or that byte's sign replicated when the nibble's bit 3
+    is set."""
+    src = (np.asarray(b, np.uint64) << np.uint64(32)) | np.asarray(a, np.uint64)
+    out = np.zeros_like(src)
+    for k in range(4):
+        nibble = (selector >> (4 * k)) & 0xF
+        byte = (src >> np.uint64(8 * (nibble & 7))) & np.uint64(0xFF)
+        if nibble & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * k)
+    return out
+
+
+def _f16_lanes(bits):
+    halves = np.stack([bits & 0xFFFF, bits >> np.uint64(16)], axis=-1).astype(np.uint16)
+    return halves.view(np.float16).astype(np.float64)
+
+
+def test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position():
+    """layouts.e4m3x4_to_f16x2_scaled (the converter's integer-pipe share) gives value x 2^-8
+    for all 256 bytes in all four byte positions; the e4m3fn NaN bytes give +-480 x 2^-8."""
+    x, y = np.meshgrid(np.arange(256, dtype=np.uint64), np.arange(256, dtype=np.uint64))
+    x, y = x.ravel(), y.ravel()
+    words = x | y << np.uint64(8) | y << np.uint64(16) | x << np.uint64(24)
+    lo, hi = L.e4m3x4_to_f16x2_scaled(words, _prmt)
+    got = np.concatenate([_f16_lanes(lo), _f16_lanes(hi)], axis=1)  # bytes x, y, y, x
+    value = torch.from_numpy(np.arange(256, dtype=np.uint8)).view(torch.float8_e4m3fn)
+    value = value.double().numpy()
+    value[0x7F], value[0xFF] = 480.0, -480.0
+    want = np.stack([value[x], value[y], value[y], value[x]], axis=1) * 2.0**-8
+    assert np.array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))  # -0 stays -0
+
+
+def test_integer_e4m3_conversion_test_catches_a_wrong_mask(monkeypatch):
+    monkeypatch.setattr(L, "E4M3_MASK", 0xFF80FF80)  # forgets to clear the sign copy in bit 14
+    with pytest.raises(AssertionError):
+        test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position()
 
 
 def test_item_order_has_every_k_and_v_item_once():

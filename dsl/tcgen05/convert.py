@@ -206,7 +206,7 @@ class ConvertRole:
                 raw = cute.make_rmem_tensor(v_raw_shape, kv_dtype)
                 cute.copy(thr_load_v, tVsV[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(v_cvt_shape, mma_dtype)
-                cvt.store(raw.load().to(mma_dtype).reshape(v_cvt_shape))
+                self.convert_exactly(raw, cvt, v_cvt_shape)
                 handle = cvt_producer.acquire_and_advance()
                 cute.copy(thr_store_v, cvt, tVtV[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
@@ -215,12 +215,30 @@ class ConvertRole:
                 raw = cute.make_rmem_tensor(k_raw_shape, kv_dtype)
                 cute.copy(thr_load_k, tKsK[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(k_cvt_shape, mma_dtype)
-                cvt.store(raw.load().to(mma_dtype).reshape(k_cvt_shape))
+                self.convert_exactly(raw, cvt, k_cvt_shape)
                 handle = cvt_producer.acquire_and_advance()
                 cute.copy(thr_store_k, cvt, tKtK[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
                 handle.commit()
         return
+
+    @cute.jit
+    def convert_exactly(self, raw: cute.Tensor, cvt: cute.Tensor, cvt_shape: cute.Shape):
+        """FP8 -> fp16, exact: F2FP (two values per instruction) for most words, the integer
+        pipe for the first ``traits.INTEGER_CONVERTED_WORDS`` (layouts.e4m3x4_to_f16x2_scaled,
+        then x 2^8). Both tensors are compact, so word w of ``raw`` is words 2w, 2w + 1 of
+        ``cvt``."""
+        cvt.store(raw.load().to(self.mma_dtype).reshape(cvt_shape))
+        raw_words = cute.recast_tensor(raw, cutlass.Int32)
+        cvt_words = cute.recast_tensor(cvt, cutlass.Int32)
+        two_pow_8 = cutlass.Int32(0x5C005C00)  # fp16x2 (256, 256)
+        minus_zero = cutlass.Int32(-0x7FFF8000)  # fp16x2 (-0, -0): keeps -0 as -0
+        for w in cutlass.range_constexpr(T.INTEGER_CONVERTED_WORDS):
+            halves = L.e4m3x4_to_f16x2_scaled(
+                raw_words[w], lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel))
+            )
+            for h in cutlass.range_constexpr(2):
+                cvt_words[2 * w + h] = cute.arch.fma_packed_f16x2(halves[h], two_pow_8, minus_zero)
 
     @cute.jit
     def read_item_pages(

@@ -123,6 +123,28 @@ def staged_offset(row, chunk):
     return row * ITEM_BYTES + ((chunk ^ (row % SWIZZLE_ROWS)) * CHUNK)
 
 
+# FP8 -> fp16 on the integer pipe, for a share of each item (traits.INTEGER_CONVERTED_WORDS): the
+# conversion pipe (F2FP, 16 results / clk / SM) would otherwise bound the converter. e4m3 byte
+# S EEEE MMM placed as S | EEEEMMM << 7 in a 16-bit lane is the fp16 of its value x 2^-8 for
+# every byte (normal and subnormal; the e4m3fn NaN bytes 0x7f / 0xff become +-480, not NaN):
+# PRMT sign-extends each byte into its lane (byte b at bits 0-7, its sign at bits 8-15), a shift
+# by 7 moves it in place and the mask keeps the sign (bit 15) and EEEEMMM (bits 13-7). The
+# kernel then multiplies by 2^8 (HFMA2, exact).
+E4M3_LANES_LO = 0x9180  # PRMT selector: lanes (byte 0, byte 1), each byte sign-extended
+E4M3_LANES_HI = 0xB3A2  # lanes (byte 2, byte 3)
+E4M3_SHIFT = 7
+E4M3_MASK = 0xBF80BF80
+
+
+def e4m3x4_to_f16x2_scaled(word, prmt):
+    """(fp16x2 bits of bytes 0-1, of bytes 2-3) of a 32-bit word of four e4m3 bytes, each value
+    times 2^-8. ``prmt(a, b, selector)`` is PTX ``prmt.b32`` (the kernel's cute.arch.prmt, a
+    Python replica in the tests)."""
+    lo = (prmt(word, 0, E4M3_LANES_LO) << E4M3_SHIFT) & E4M3_MASK
+    hi = (prmt(word, 0, E4M3_LANES_HI) << E4M3_SHIFT) & E4M3_MASK
+    return lo, hi
+
+
 def tile_unmasked(key0, kv_len, min_last_key):
     """Every key of the tile starting at ``key0`` is visible to every column (the softmax skips
     the mask there): the tile lies inside the sequence and ends at or before the smallest last
