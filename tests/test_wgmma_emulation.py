@@ -164,11 +164,15 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     num_rows = X.rows_per_kv_head(q_len, group)
     if not row_base < num_rows:
         return {}
-    first, end = X.split_tiles(kv_len, num_splits, split, kt, min)
-    iters = end - first
     causal = problem.causal
     if problem.causal_per_seq is not None:
         causal = int(problem.causal_per_seq[seq] != 0)
+    first, end = X.split_tiles(kv_len, num_splits, split, kt, min)
+    # causal: no tile past the last key the CTA's last row sees
+    last_row = min(row_base + variant.rows, num_rows) - 1
+    cta_last_key = X.last_visible_key(X.row_token(last_row, group), q_len, kv_len, causal, _select)
+    end = X.visible_end_tile(first, end, int(cta_last_key), kt, min, max)
+    iters = end - first
     base_scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
 
@@ -346,6 +350,10 @@ def _tile_mask_ignores_causal(key_end, kv_len, last_key):
     return key_end > kv_len
 
 
+def _visible_end_floor(first, end, last_key, key_tile, minimum, maximum):
+    return maximum(first, minimum(end, last_key // key_tile))
+
+
 def _split_drops_last_tile(kv_len, num_splits, split, key_tile, minimum):
     first, end = ORIGINAL["split_tiles"](kv_len, num_splits, split, key_tile, minimum)
     return first, minimum(end, X.ceil_div(kv_len, key_tile) - 1)
@@ -405,6 +413,7 @@ PLANTED = {
     "loader_store_step": (L, _store_step_one_row, "bf16_bidir_gqa4"),
     "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
     "split_tiles": (X, _split_drops_last_tile, "f16_causal_split3"),
+    "visible_end_tile": (X, _visible_end_floor, "f16_causal_prefill_m128"),
     "loader_row": (L, _loader_rows_of_half_the_threads, "bf16_bidir_gqa4"),
     "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
     "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),

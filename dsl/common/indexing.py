@@ -44,6 +44,12 @@ def split_tiles(kv_len, num_splits, split, key_tile, minimum):
     return first, end
 
 
+def visible_end_tile(first, end, last_key, key_tile, minimum, maximum):
+    """End of a split's key tiles [first, end) once the tiles past ``last_key`` (the last key
+    any row of the CTA sees) are dropped; never before ``first`` (then the range is empty)."""
+    return maximum(first, minimum(end, ceil_div(last_key + 1, key_tile)))
+
+
 def page_slot(j, page_size):
     """(block-table column, slot in the page) of key j; page_size is a power of two."""
     return j // page_size, j % page_size

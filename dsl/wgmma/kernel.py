@@ -258,6 +258,16 @@ class WgmmaPagedAttention:
         row_base = row_tile * v.rows
         num_rows = X.rows_per_kv_head(q_len, group)
         first_tile, end_tile = X.split_tiles(kv_len, num_splits, split, v.key_tile, cutlass.min)
+        # Causal: no row of this CTA sees a key past its last row's last visible key, so the
+        # tiles after it are skipped (both roles run the same count).
+        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
+        last_row = cutlass.min(row_base + v.rows, num_rows) - 1
+        cta_last_key = X.last_visible_key(
+            X.row_token(last_row, group), q_len, kv_len, causal, cutlass.select_
+        )
+        end_tile = X.visible_end_tile(
+            first_tile, end_tile, cta_last_key, v.key_tile, cutlass.min, cutlass.max
+        )
         iters = end_tile - first_tile
 
         # ---------------------------------------------------------------- shared memory
@@ -325,14 +335,11 @@ class WgmmaPagedAttention:
                     ws_lse_ptr,
                     k_scale_ptr,
                     v_scale_ptr,
-                    causal_ptr,
                     q_stride_t,
                     q_stride_h,
                     o_stride_t,
                     o_stride_h,
-                    causal_stride,
-                    causal_width,
-                    causal_global,
+                    causal,
                     seq,
                     split,
                     num_splits,
@@ -566,14 +573,11 @@ class WgmmaPagedAttention:
         ws_lse_ptr: cute.Pointer,
         k_scale_ptr: cute.Pointer,
         v_scale_ptr: cute.Pointer,
-        causal_ptr: cute.Pointer,
         q_stride_t: cutlass.Int64,
         q_stride_h: cutlass.Int64,
         o_stride_t: cutlass.Int64,
         o_stride_h: cutlass.Int64,
-        causal_stride: cutlass.Int64,
-        causal_width: cutlass.Int32,
-        causal_global: cutlass.Int32,
+        causal: cutlass.Int32,
         seq: cutlass.Int32,
         split: cutlass.Int32,
         num_splits: cutlass.Int32,
@@ -644,7 +648,6 @@ class WgmmaPagedAttention:
         pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
 
         # ---- per-row constants: the two rows this thread holds in every accumulator.
-        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
         last_key = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
