@@ -232,6 +232,11 @@ CASES = {
         q_lens=[12, 20], kv_lens=[200, 150], num_q_heads=8, num_kv_heads=2, block_size=16,
         causal=True, rows=64, splits=2,
     ),
+    # the 128-row variant: R = 128 and 40 (GQA 8) in one CTA per KV head, causal, split in 2
+    "bf16_rows128_causal": dict(
+        q_lens=[16, 5], kv_lens=[300, 200], num_q_heads=16, num_kv_heads=2, block_size=16,
+        causal=True, rows=128, splits=2,
+    ),
     # per-sequence int32 flags read through strided index tensors, page size 32, MHA
     "int32_flags_strided": dict(
         q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,

@@ -379,21 +379,25 @@ class ConvertRole:
             part = wg_tidx % per_row
             token = X.row_token(row_base + r, group)
             head = X.row_head(row_base + r, group, kv_head)
-            # Held in the query dtype (half the registers of fp32), widened on use.
-            vals = cute.make_rmem_tensor(cute.make_layout(seg), self.q_dtype)
-            vals.fill(0.0)
-            if row_base + r < num_rows:
-                offset = (
-                    cutlass.Int64(q_start + token) * q_stride_t
-                    + cutlass.Int64(head) * q_stride_h
-                    + part * seg
-                )
-                src = cute.make_tensor(q_ptr + offset, cute.make_layout(seg))
-                for i in cutlass.range_constexpr(seg):
-                    vals[i] = src[i]
+            # Read in pieces of at most 32 elements, held in the query dtype (half the
+            # registers of fp32) and widened on use; a row longer than one piece (one thread
+            # per row at 128 rows) is read twice, for its maximum and for the stores, instead
+            # of held whole in registers.
+            piece = min(seg, 32)
+            pieces = seg // piece
+            valid = row_base + r < num_rows
+            offset = (
+                cutlass.Int64(q_start + token) * q_stride_t
+                + cutlass.Int64(head) * q_stride_h
+                + part * seg
+            )
+            vals = self.q_piece(q_ptr + offset, 0, piece, valid)
             biggest = cutlass.Float32(0.0)
-            for i in cutlass.range_constexpr(seg):
-                biggest = cute.arch.fmax(biggest, cute.math.absf(vals[i].to(cutlass.Float32)))
+            for k in cutlass.range_constexpr(pieces):
+                if cutlass.const_expr(k > 0):
+                    vals = self.q_piece(q_ptr + offset, k * piece, piece, valid)
+                for i in cutlass.range_constexpr(piece):
+                    biggest = cute.arch.fmax(biggest, cute.math.absf(vals[i].to(cutlass.Float32)))
             for b in cutlass.range_constexpr(int(math.log2(per_row))):
                 biggest = cute.arch.fmax(
                     biggest, cute.arch.shuffle_sync_bfly(biggest, offset=1 << b)
@@ -407,10 +411,30 @@ class ConvertRole:
                 exponent = P.row_scale_exponent((bits >> 23) & 0xFF)
                 factor = cute.math.exp2(exponent.to(cutlass.Float32))
                 inverse = cute.math.exp2(-exponent.to(cutlass.Float32))
-            for i in cutlass.range_constexpr(seg):
-                d = part * seg + i
-                tBsQ[((r, d % 16), 0, (d % L.ITEM_BYTES) // 16, d // L.ITEM_BYTES)] = (
-                    vals[i].to(cutlass.Float32) * factor
-                ).to(self.mma_dtype)
+            for k in cutlass.range_constexpr(pieces):
+                if cutlass.const_expr(pieces > 1):
+                    vals = self.q_piece(q_ptr + offset, k * piece, piece, valid)
+                for i in cutlass.range_constexpr(piece):
+                    d = part * seg + k * piece + i
+                    tBsQ[((r, d % 16), 0, (d % L.ITEM_BYTES) // 16, d // L.ITEM_BYTES)] = (
+                        vals[i].to(cutlass.Float32) * factor
+                    ).to(self.mma_dtype)
             if part == 0:
                 s_row_scale[r] = inverse
+
+    @cute.jit
+    def q_piece(
+        self,
+        row_ptr: cute.Pointer,
+        first: cutlass.Constexpr,
+        length: cutlass.Constexpr,
+        valid: cutlass.Boolean,
+    ) -> cute.Tensor:
+        """Elements first .. first + length - 1 of a query row (zeros for a row past R)."""
+        vals = cute.make_rmem_tensor(cute.make_layout(length), self.q_dtype)
+        vals.fill(0.0)
+        if valid:
+            src = cute.make_tensor(row_ptr + first, cute.make_layout(length))
+            for i in cutlass.range_constexpr(length):
+                vals[i] = src[i]
+        return vals
