@@ -207,6 +207,8 @@ class SoftmaxRole:
                 correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
                 s_sum[c, wg_warp] = -(m_use * s_col_scale[c])
                 m_prev[k] = m_new
+            # Every lane's offsets before any lane reads them (the next tile's writes come after
+            # softmax_bar, when no lane reads these any more).
             cute.arch.sync_warp()
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
             # memory (converted two at a time), and the column sums of P: lane c of each warp
@@ -225,7 +227,6 @@ class SoftmaxRole:
             cute.arch.fence_view_async_shared()
             p_handle.commit()
             s_handle.release()  # after the second read of S
-            cute.arch.sync_warp()  # every lane has read the biases before the next tile's
 
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
