@@ -8,4 +8,6 @@ bash scripts/setup.sh
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
+# they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile "$@"
