@@ -236,6 +236,46 @@ def test_plan_reports_grid_and_workspace(forced):
     assert plan["smem_bytes"] <= 99 * 1024  # fits sm_89 / sm_120 SMs
 
 
+def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
+    """cuda_backend hands the launch the sinks pointer and the window sides (a side past any
+    int32 position capped, -1 kept), and the plan the window and the launch-wide causal flag."""
+    import contextlib
+
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    calls = {}
+
+    def plan(**kwargs):
+        calls["plan"] = kwargs
+        return {"num_splits": 1}
+
+    ext = types.SimpleNamespace(
+        plan=plan, paged_attention=lambda **kwargs: calls.setdefault("launch", kwargs)
+    )
+    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
+        cuda_stream=0))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    case = make_case([3], [40], num_q_heads=4, num_kv_heads=2, causal=True)
+    sinks = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+        window=(2**40, -1), sinks=sinks,
+    )  # fmt: skip
+    cuda_backend.kernel_plan(problem, resident=100)
+    assert calls["plan"]["window_left"] == 2**31 - 1 and calls["plan"]["window_right"] == -1
+    assert calls["plan"]["causal"] is True
+    cuda_backend.run(problem, cuda_backend.CudaPlan(1, None, None), torch.empty_like(case.query))
+    launch = calls["launch"]
+    assert launch["sinks"] == sinks.data_ptr()
+    assert (launch["window_left"], launch["window_right"]) == (2**31 - 1, -1)
+    calls.clear()
+    plain = dataclasses.replace(problem, window=(-1, -1), sinks=None)
+    cuda_backend.run(plain, cuda_backend.CudaPlan(1, None, None), torch.empty_like(case.query))
+    assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
+
+
 def fake_extension(archs: str, ptx: str, driver: int, runtime: int = 13000):
     return types.SimpleNamespace(
         CUDA_ARCHS=archs, PTX_ARCH=ptx, CUDA_RUNTIME_VERSION=runtime,
