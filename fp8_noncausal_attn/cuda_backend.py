@@ -11,12 +11,14 @@ no kept workspace is given. Nothing here synchronises with the host.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
+from . import dsl_families
 from .problem import AttentionProblem
 
 # Element codes of csrc/common/params.h.
@@ -239,11 +241,34 @@ class CudaPlan:
     num_splits: int
     ws_o: torch.Tensor | None
     ws_lse: torch.Tensor | None
+    # The kernel family that runs (dsl_families.FAMILY_NAMES), why when an opt-in request was
+    # refused, and an opted-in DSL family's own plan (the mma.sync fields above stay the
+    # fallback for a layer whose tensors that family cannot take).
+    family: str = dsl_families.DEFAULT_FAMILY
+    family_reason: str = ""
+    dsl: dsl_families.DslPlan | None = None
 
 
-def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> CudaPlan:
-    """Backend contract, plan time (host sizes only). ``num_splits`` forces the split-KV count
-    (tests use it to cover the merge kernel); by default :func:`num_splits_for` chooses it,
+def plan(
+    problem: AttentionProblem,
+    workspace=None,
+    num_splits: int | None = None,
+    family: str | None = None,
+) -> CudaPlan:
+    """Backend contract, plan time (host sizes only). ``family`` asks for a kernel family
+    (default ``$FP8NCA_CUDA_FAMILY``, else mma_sync; the DSL families are opt-in, see
+    :mod:`fp8_noncausal_attn.dsl_families`): one that cannot run the batch leaves mma_sync with
+    the reason in ``family_reason``. ``num_splits`` forces the split-KV count (tests use it to
+    cover the merge kernel)."""
+    portable = _mma_sync_plan(problem, workspace, num_splits)
+    dsl, why = dsl_families.plan(problem, workspace, family, num_splits)
+    if dsl is None:
+        return dataclasses.replace(portable, family_reason=why) if why else portable
+    return dataclasses.replace(portable, family=dsl.family, dsl=dsl)
+
+
+def _mma_sync_plan(problem: AttentionProblem, workspace, num_splits: int | None) -> CudaPlan:
+    """The mma.sync family's plan: by default :func:`num_splits_for` chooses the split count,
     capped by what ``workspace`` (``fp8_noncausal_attn.plan.Workspace``) holds."""
     num_splits = int(kernel_plan(problem, resident_ctas(problem), num_splits)["num_splits"])
     if workspace is None or num_splits == 1:
@@ -272,6 +297,12 @@ def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
         raise RuntimeError(why)
     if problem.num_tokens == 0:  # with no sequence, every row is padding: the kernel zeroes it
         return
+    if plan.dsl is not None:
+        why = dsl_families.run_unsupported_reason(problem, out)
+        if why is None:
+            dsl_families.run(problem, plan.dsl, out)
+            return
+        dsl_families.warn_once(f"{plan.dsl.family} cannot take this layer, mma_sync runs: {why}")
     q = problem.query
     device = q.device
     num_splits, ws_o, ws_lse = plan.num_splits, plan.ws_o, plan.ws_lse

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import cuda_backend, reference, triton_attention
+from . import cuda_backend, dsl_families, reference, triton_attention
 from .problem import AttentionProblem
 
 # Imported eagerly (each imports its compiled kernels lazily) so that torch.compile can trace
@@ -116,13 +116,17 @@ def available_backends() -> dict[str, dict[str, object]]:
 
     Returns ``{name: {"available": bool, "reason": str}}`` for ``cuda``, ``triton`` and
     ``reference``, plus ``"auto": {"choice": name, "reason": str}`` for the current default
-    device (CUDA when a GPU is visible, else CPU). Asks every backend afresh and updates the
-    answers that calls use.
+    device (CUDA when a GPU is visible, else CPU). ``cuda`` also has ``"families"``:
+    ``{family: {"available", "status", "reason"}}`` for its kernel families (``mma_sync``, the
+    default; ``wgmma`` and ``tcgen05``: compiled and SASS-checked, NEVER RUN ON HARDWARE,
+    opt-in, never chosen by ``auto``), the one ``FP8NCA_CUDA_FAMILY`` asks for marked
+    ``"requested": True``. Asks every backend afresh and updates the answers that calls use.
     """
     report: dict[str, dict[str, object]] = {}
     for name in BACKEND_NAMES:
         runs, why = _availability[name] = backend_module(name).availability()
         report[name] = {"available": runs, "reason": why}
+    report["cuda"]["families"] = dsl_families.report(*_availability["cuda"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     choice, why = auto_choice(device)
     report["auto"] = {"choice": choice, "reason": why}

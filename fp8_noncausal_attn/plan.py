@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from . import dispatch
+from . import dispatch, dsl_families
 from .api import paged_attention, run_one_shot
 from .masking import normalize_causal
 from .problem import AttentionProblem
@@ -92,6 +92,7 @@ class BatchPlan:
         "backend", "module", "backend_plan", "run_check", "block_table", "cu_seqlens_q",
         "seq_lens", "causal", "causal_per_seq", "causal_arg", "softmax_scale", "max_seqlen_q",
         "max_seqlen_k", "num_tokens", "max_page", "check_values", "traced", "requested", "window",
+        "family", "family_reason",
     )  # fmt: skip
 
 
@@ -209,6 +210,7 @@ class PagedAttention:
         backend: str = "auto",
         validate: bool = False,
         window: tuple[int, int] = (-1, -1),
+        family: str | None = None,
     ) -> BatchPlan:
         """Plan one batch: backend, tiles, splits. Once per batch, before :meth:`run`.
 
@@ -224,6 +226,12 @@ class PagedAttention:
                 ``cu_seqlens_q[-1]`` are padding, written as zeros); default
                 ``min(max_num_tokens, num_seqs * max_seqlen_q)``.
             backend: ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
+            family: the CUDA kernel family to ask for when the plan runs the CUDA backend:
+                ``"mma_sync"`` (the default), or, opt-in, ``"wgmma"`` (sm_90) or ``"tcgen05"``
+                (sm_100/sm_103): compiled and SASS-checked, NEVER RUN ON HARDWARE. None: the
+                environment variable ``FP8NCA_CUDA_FAMILY``, else mma_sync. A family that cannot
+                run the batch leaves mma_sync, with the reason in the plan's ``family_reason``
+                (and a warning). The plan's ``family`` says which runs (None off CUDA).
             validate: also run the checks that need device values on the host (a sync).
             window: ``(left, right)`` sliding window (FlashAttention's convention, ``-1`` =
                 unbounded; see :func:`fp8_noncausal_attn.paged_attention`). A plan property, as
@@ -248,6 +256,12 @@ class PagedAttention:
         max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
         max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
         num_tokens = optional_host_int(num_tokens, "num_tokens")
+        if family is not None:
+            if torch.compiler.is_compiling():
+                raise ValueError(
+                    "family= is not carried through torch.compile: set FP8NCA_CUDA_FAMILY"
+                )
+            dsl_families.requested_family(family)  # an unknown name fails here, by name
         if backend != "auto" and backend not in dispatch.BACKENDS:
             raise ValueError(
                 f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
@@ -282,6 +296,7 @@ class PagedAttention:
         plan.num_tokens, plan.max_page, plan.check_values = num_tokens, max_page, check_values
         plan.traced = compiling
         plan.requested = plan.backend = backend
+        plan.family, plan.family_reason = None, ""
         plan.module = None
         if device.type == "meta":
             # Meta tensors carry shapes only: runs check them and launch nothing.
@@ -293,7 +308,14 @@ class PagedAttention:
             plan.backend = dispatch.resolve_backend(backend, problem)
             module: ModuleType = dispatch.backend_module(plan.backend)
             plan.module = module
-            plan.backend_plan = module.plan(problem, self.workspace)
+            if plan.backend == "cuda" and family is not None:
+                plan.backend_plan = module.plan(problem, self.workspace, family=family)
+            else:
+                plan.backend_plan = module.plan(problem, self.workspace)
+            plan.family = getattr(plan.backend_plan, "family", None)
+            plan.family_reason = getattr(plan.backend_plan, "family_reason", "")
+            if family not in (None, dsl_families.DEFAULT_FAMILY) and plan.family is None:
+                plan.family_reason = f"family {family!r} is a CUDA family, {plan.backend} runs"
             plan.run_check = getattr(module, "run_unsupported_reason", None)
         self._plan = plan
         return plan

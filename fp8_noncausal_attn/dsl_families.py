@@ -1,0 +1,470 @@
+"""The CUTLASS-DSL kernel families of the CUDA backend: ``wgmma`` (Hopper, sm_90a) and
+``tcgen05`` (Blackwell, sm_100a / sm_103a), compiled ahead of time into one shared library per
+family (``libfp8nca_<family>.so``, libc only, the cubins inside) and called here through ctypes.
+
+NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU machines
+(dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They are therefore opt-in only
+(``FP8NCA_CUDA_FAMILY=wgmma`` / ``tcgen05``, or ``PagedAttention.plan(family=...)``), ``auto``
+never picks them, and a request they cannot serve falls back to the portable mma.sync family with
+the reason (in the plan's ``family_reason`` and a warning, once per reason).
+
+Where the libraries come from: the package build compiles them when ``FP8NCA_BUILD_DSL=1``
+(setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
+by ``os.pathsep``, searched first) names folders holding one built locally with
+``python -m dsl.build --family <family> --out DIR``. Neither the DSL nor a JIT is needed at run
+time. The C interface (dsl/build.py ``ARGUMENTS``)::
+
+    int fp8nca_<family>_variant_count(void);
+    const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_p16_bf16_e4m3@sm_90a"
+    int fp8nca_<family>_run(int i, <LAUNCH_ARGUMENTS>);  // 0, the DSL's error, -1: unknown i
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .problem import AttentionProblem
+
+FAMILY_ENV = "FP8NCA_CUDA_FAMILY"
+LIBRARY_DIR_ENV = "FP8NCA_DSL_LIBRARY_DIR"
+DEFAULT_FAMILY = "mma_sync"
+STATUS = "compiled and SASS-checked, NEVER RUN ON HARDWARE; opt-in"
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the host knows of one DSL family without the DSL (dsl/<family>/traits.py)."""
+
+    name: str
+    archs: dict[tuple[int, int], str]  # compute capability -> the arch of its cubins
+    gpus: str  # the GPUs that capability means, for messages
+
+    def key_tile(self, head_dim: int) -> int:
+        """Keys per main-loop tile (dsl/<family>/traits.py; a test ties them): split-KV ranges
+        are whole tiles."""
+        return 64 if self.name == "wgmma" and head_dim > 128 else 128
+
+
+# An arch-specific cubin (sm_90a, sm_100a) runs only on that exact GPU: sm_100a not on a B300.
+FAMILIES = {
+    "wgmma": Family("wgmma", {(9, 0): "sm_90a"}, "sm_90 (H100, H200)"),
+    "tcgen05": Family(
+        "tcgen05", {(10, 0): "sm_100a", (10, 3): "sm_103a"}, "sm_100/sm_103 (B200, B300)"
+    ),
+}
+FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
+
+# The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
+# pointers, int64 strides in elements, int32 sizes and flags, the softmax scale, the stream.
+LAUNCH_ARGUMENTS = (
+    ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+    ("out", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
+    ("cu_seqlens_q", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
+    ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
+    ("causal_flags", ctypes.c_void_p), ("ws_o", ctypes.c_void_p), ("ws_lse", ctypes.c_void_p),
+    ("q_stride_t", ctypes.c_int64), ("q_stride_h", ctypes.c_int64),
+    ("o_stride_t", ctypes.c_int64), ("o_stride_h", ctypes.c_int64),
+    ("k_stride_b", ctypes.c_int64), ("k_stride_s", ctypes.c_int64),
+    ("k_stride_h", ctypes.c_int64), ("v_stride_b", ctypes.c_int64),
+    ("v_stride_s", ctypes.c_int64), ("v_stride_h", ctypes.c_int64),
+    ("bt_stride_s", ctypes.c_int64), ("bt_stride_b", ctypes.c_int64),
+    ("causal_stride", ctypes.c_int64), ("causal_width", ctypes.c_int32),
+    ("causal", ctypes.c_int32), ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
+    ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+    ("row_tiles", ctypes.c_int32), ("num_splits", ctypes.c_int32),
+    ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+)  # fmt: skip
+
+# Split-KV planning, as the mma.sync family's C++ plan does it (csrc/common/plan.h): at most 32
+# splits, at least 4 key tiles each, the fewest that fill whole waves to 90%, and
+# sequences x splits within the grid's z limit.
+MAX_SPLITS = 32
+MIN_TILES_PER_SPLIT = 4
+WAVE_FILL = 0.9
+MAX_GRID_Z = 65535
+# The producers' page arithmetic is 32 x 32 -> 64 bits with 32-bit in-page offsets.
+MAX_PAGE_ELEMENTS = 2**31
+
+_DTYPE_TAGS = {"bf16": torch.bfloat16, "f16": torch.float16,
+               "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # fmt: skip
+_NAME = re.compile(
+    r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)_p(?P<page_size>\d+)_"
+    r"(?P<q>bf16|f16)_(?P<kv>e4m3|e5m2)@(?P<arch>sm_\d+a)"
+)
+
+
+@dataclass(frozen=True)
+class BuiltVariant:
+    """One kernel of a library: its index in the C interface and what its name says."""
+
+    index: int
+    name: str  # "<variant>@<arch>"
+    head_dim: int
+    rows: int  # query rows per CTA
+    page_size: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    arch: str
+
+
+def parse_variant(index: int, name: str) -> BuiltVariant:
+    """``"wgmma_d128_m64_p16_bf16_e4m3@sm_90a"`` -> its fields (ValueError if malformed)."""
+    found = _NAME.fullmatch(name)
+    if found is None:
+        raise ValueError(f"not a DSL variant name: {name!r}")
+    return BuiltVariant(
+        index, name, int(found["head_dim"]), int(found["rows"]), int(found["page_size"]),
+        _DTYPE_TAGS[found["q"]], _DTYPE_TAGS[found["kv"]], found["arch"],
+    )  # fmt: skip
+
+
+class Library:
+    """One family's loaded library: its variants and its launch function."""
+
+    def __init__(self, family: str, path: Path) -> None:
+        self.family, self.path = family, path
+        self._cdll = ctypes.CDLL(str(path))
+        count = getattr(self._cdll, f"fp8nca_{family}_variant_count")
+        count.restype, count.argtypes = ctypes.c_int, []
+        name = getattr(self._cdll, f"fp8nca_{family}_variant_name")
+        name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+        self._run = getattr(self._cdll, f"fp8nca_{family}_run")
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [ctypes.c_int] + [kind for _, kind in LAUNCH_ARGUMENTS]
+        self.variants = tuple(parse_variant(i, name(i).decode()) for i in range(count()))
+
+    def launch(self, index: int, arguments: dict[str, int | float]) -> int:
+        """Call ``fp8nca_<family>_run(index, ...)``; returns its status (0: launched)."""
+        return self._run(index, *arguments.values())
+
+
+def library_dirs(family: str) -> list[Path]:
+    """Where ``libfp8nca_<family>.so`` is looked for: ``$FP8NCA_DSL_LIBRARY_DIR``'s folders,
+    then the package's ``_<family>/``."""
+    local = [Path(p) for p in os.environ.get(LIBRARY_DIR_ENV, "").split(os.pathsep) if p]
+    return [*local, Path(__file__).resolve().parent / f"_{family}"]
+
+
+@functools.cache
+def load_library(family: str) -> tuple[Library | None, str]:
+    """The family's library (loaded once per process; no GPU needed), or None and why not."""
+    file = f"libfp8nca_{family}.so"
+    for folder in library_dirs(family):
+        if (folder / file).is_file():
+            try:
+                return Library(family, folder / file), ""
+            except (OSError, AttributeError, ValueError) as err:
+                return None, f"{folder / file} does not load as the {family} library ({err})"
+    return None, (
+        f"{file} is not in this package (build it with FP8NCA_BUILD_DSL=1, or point "
+        f"{LIBRARY_DIR_ENV} at a folder built by python -m dsl.build --family {family} --out DIR)"
+    )
+
+
+def requested_family(family: str | None = None) -> str:
+    """The family asked for: ``family``, else ``$FP8NCA_CUDA_FAMILY``, else mma_sync."""
+    chosen = family if family is not None else os.environ.get(FAMILY_ENV, "").strip()
+    chosen = chosen or DEFAULT_FAMILY
+    if chosen not in FAMILY_NAMES:
+        source = "family" if family is not None else FAMILY_ENV
+        raise ValueError(f"{source} must be one of {FAMILY_NAMES}, got {chosen!r}")
+    return chosen
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA ``device``; None for other devices."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def resident_ctas(device: torch.device) -> int:
+    """CTAs of a DSL kernel the GPU holds at once: one per SM (each takes most of an SM's shared
+    memory, and a tcgen05 CTA all 512 TMEM columns)."""
+    return _multiprocessors(device.index if device.index is not None else 0)
+
+
+def choose_variant(
+    variants: tuple[BuiltVariant, ...],
+    arch: str,
+    head_dim: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    page_size: int,
+    rows: int,
+) -> tuple[BuiltVariant | None, str]:
+    """The built variant for ``rows`` = max_seqlen_q x group query rows per KV head: the one
+    with the fewest rows per CTA that holds them all, else the one with the most (several row
+    tiles). None and the reason when nothing built matches the other fields."""
+    wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "kv_dtype": kv_dtype,
+              "page_size": page_size}  # fmt: skip
+    fits = list(variants)
+    for field, value in wanted.items():
+        narrowed = [v for v in fits if getattr(v, field) == value]
+        if not narrowed:
+            built = sorted({str(getattr(v, field)).removeprefix("torch.") for v in fits})
+            shown = str(value).removeprefix("torch.")
+            return None, f"no built variant for {field} {shown} (built: {', '.join(built)})"
+        fits = narrowed
+    holding = [v for v in fits if v.rows >= rows]
+    if holding:
+        return min(holding, key=lambda v: v.rows), ""
+    return max(fits, key=lambda v: v.rows), ""
+
+
+def choose_splits(ctas: int, key_tiles: int, num_seqs: int, resident: int) -> int:
+    """Split-KV count: 1 while the grid fills the GPU, else the fewest splits whose CTAs fill
+    whole waves to 90% (the best fill when none does); the mma.sync plan's rule."""
+    most = min(key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS, MAX_GRID_Z // max(num_seqs, 1))
+    if ctas == 0 or ctas >= resident or most <= 1:
+        return 1
+    best, best_fill = 1, 0.0
+    for splits in range(1, most + 1):
+        total = ctas * splits
+        fill = total / (math.ceil(total / resident) * resident)
+        if fill >= WAVE_FILL:
+            return splits
+        if fill > best_fill:
+            best, best_fill = splits, fill
+    return best
+
+
+def _aligned(t: torch.Tensor, strides: tuple[int, ...], elements: int) -> bool:
+    """Base 16-byte aligned and each stride a multiple of ``elements``."""
+    return t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in strides)
+
+
+def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor) -> str | None:
+    """None when the layer's tensors suit a DSL kernel (checked every run: pointers and
+    strides differ per layer), else why not. The kernels were compiled assuming 16-byte aligned
+    q/out/K/V bases; K/V rows are read 16 FP8 bytes at a time and Q 8 elements at a time."""
+    if problem.sinks is not None:
+        return "attention sinks are not in the DSL families yet"
+    for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
+        block, slot, head = cache.stride()[:3]
+        if not _aligned(cache, (block, slot, head), 16):
+            return f"{name} needs a 16-byte aligned base and strides multiples of 16 elements"
+        if block >= MAX_PAGE_ELEMENTS or problem.block_size * slot >= MAX_PAGE_ELEMENTS:
+            return f"{name}: a page stride of 2^31 elements or more (32-bit page arithmetic)"
+    if not _aligned(problem.query, problem.query.stride()[:2], 8):
+        return "query needs a 16-byte aligned base and strides multiples of 8 elements"
+    if out.data_ptr() % 16:
+        return "out needs a 16-byte aligned base"
+    return None
+
+
+def plan_unsupported_reason(family: Family, problem: AttentionProblem) -> str | None:
+    """None when the batch's sizes, index tensors and device suit ``family``, else why not."""
+    capability = device_capability(problem.query.device)
+    if capability is None:
+        return "the DSL families need CUDA tensors"
+    if capability not in family.archs:
+        major, minor = capability
+        return f"needs an {family.gpus} GPU, this one is sm_{major}{minor}"
+    if problem.has_window:
+        return "sliding windows are not in the DSL families yet"
+    if problem.sinks is not None:
+        return "attention sinks are not in the DSL families yet"
+    # The C interface takes no strides for these two: they are read as packed int32 vectors.
+    for name in ("cu_seqlens_q", "seq_lens"):
+        tensor = getattr(problem, name)
+        if tensor.shape[0] > 1 and tensor.stride(0) != 1:
+            return f"{name} must be contiguous (the DSL kernels take no stride for it)"
+    if problem.num_seqs > MAX_GRID_Z:
+        return f"at most {MAX_GRID_Z} sequences per launch, got {problem.num_seqs}"
+    return None
+
+
+@dataclass(frozen=True)
+class DslPlan:
+    """A batch's launch of one DSL variant (host values and workspace views only)."""
+
+    family: str
+    library: Library
+    variant: BuiltVariant
+    row_tiles: int  # ceil(max_seqlen_q x group / variant.rows)
+    num_splits: int
+    ws_o: torch.Tensor | None  # float32 [splits, tokens, q_heads, head_dim], or None
+    ws_lse: torch.Tensor | None  # float32 [splits, tokens, q_heads] (log2), or None
+
+
+def plan(
+    problem: AttentionProblem,
+    workspace=None,
+    family: str | None = None,
+    num_splits: int | None = None,
+) -> tuple[DslPlan | None, str]:
+    """Plan time (host sizes only): the DSL plan for the requested family (``family``, else
+    ``$FP8NCA_CUDA_FAMILY``), or None with why not (``""`` when mma_sync was asked for; a refusal
+    also warns, once per reason). ``num_splits`` forces the split count; ``workspace``
+    (``fp8_noncausal_attn.plan.Workspace``) bounds it and holds the partials."""
+    name = requested_family(family)
+    if name == DEFAULT_FAMILY:
+        return None, ""
+    chosen, why = _plan(FAMILIES[name], problem, workspace, num_splits)
+    if chosen is None:
+        why = f"{name} refused, mma_sync runs: {why}"
+        warn_once(why)
+    return chosen, why
+
+
+def _plan(
+    family: Family, problem: AttentionProblem, workspace, num_splits: int | None
+) -> tuple[DslPlan | None, str]:
+    library, why = load_library(family.name)
+    if library is None:
+        return None, why
+    why = plan_unsupported_reason(family, problem)
+    if why is not None:
+        return None, why
+    arch = family.archs[device_capability(problem.query.device)]
+    rows = max(problem.max_seqlen_q, 1) * problem.group_size
+    variant, why = choose_variant(
+        library.variants, arch, problem.head_dim, problem.query.dtype, problem.key_cache.dtype,
+        problem.block_size, rows,
+    )  # fmt: skip
+    if variant is None:
+        return None, why
+    row_tiles = -(-rows // variant.rows)
+    if num_splits is None:
+        key_tiles = -(-max(problem.max_seqlen_k, 1) // family.key_tile(problem.head_dim))
+        ctas = row_tiles * problem.num_kv_heads * problem.num_seqs
+        num_splits = choose_splits(ctas, key_tiles, problem.num_seqs, resident_ctas(
+            problem.query.device))  # fmt: skip
+    num_splits = max(1, min(num_splits, MAX_GRID_Z // max(problem.num_seqs, 1)))
+    ws_o = ws_lse = None
+    if workspace is not None and num_splits > 1:
+        num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
+        if num_splits > 1:
+            ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
+    return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse), ""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(why: str) -> None:
+    """A RuntimeWarning the first time ``why`` comes up in this process."""
+    if why not in _warned:
+        _warned.add(why)
+        warnings.warn(why, RuntimeWarning, stacklevel=3)
+
+
+def launch_arguments(
+    problem: AttentionProblem,
+    plan: DslPlan,
+    out: torch.Tensor,
+    ws_o: torch.Tensor | None,
+    ws_lse: torch.Tensor | None,
+    stream: int,
+) -> dict[str, int | float]:
+    """The C arguments (names and order of :data:`LAUNCH_ARGUMENTS`) for one launch."""
+    q, k, v, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
+    flags = problem.causal_per_seq
+    # The per-sequence flags are read in place as bytes (vLLM rewrites them between replays).
+    causal_ptr, causal_width, causal_stride = (
+        (0, 0, 0) if flags is None else (flags.data_ptr(), flags.element_size(), flags.stride(0))
+    )
+    values = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), bt.data_ptr(),
+        problem.cu_seqlens_q.data_ptr(), problem.seq_lens.data_ptr(),
+        problem.k_scale.data_ptr(), problem.v_scale.data_ptr(), causal_ptr,
+        0 if ws_o is None else ws_o.data_ptr(), 0 if ws_lse is None else ws_lse.data_ptr(),
+        *q.stride()[:2], *out.stride()[:2], *k.stride()[:3], *v.stride()[:3], *bt.stride(),
+        causal_stride, causal_width, int(bool(problem.causal)), problem.num_tokens,
+        problem.num_seqs, problem.num_q_heads, problem.num_kv_heads, plan.row_tiles,
+        plan.num_splits, float(problem.softmax_scale), stream,
+    )  # fmt: skip
+    return dict(zip((name for name, _ in LAUNCH_ARGUMENTS), values, strict=True))
+
+
+def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
+    """Launch the planned variant, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
+    (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge. Asynchronous on the
+    current stream; :func:`run_unsupported_reason` must have accepted the tensors."""
+    device = problem.query.device
+    ws_o, ws_lse = plan.ws_o, plan.ws_lse
+    if plan.num_splits > 1:
+        if ws_o is None:
+            rows = (plan.num_splits, problem.num_tokens, problem.num_q_heads)
+            ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
+            ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
+        # Rows no CTA writes (padding past cu_seqlens_q[-1]) then merge to zeros.
+        ws_lse.fill_(-math.inf)
+    else:
+        # The kernel writes every row of every sequence and none past them: zero those.
+        out.zero_()
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        arguments = launch_arguments(problem, plan, out, ws_o, ws_lse, stream)
+        status = plan.library.launch(plan.variant.index, arguments)
+    if status != 0:
+        raise RuntimeError(
+            f"the {plan.family} kernel {plan.variant.name} failed to launch (status {status}; "
+            f"{STATUS})"
+        )
+    if plan.num_splits > 1:
+        merge_splits(ws_o, ws_lse, out)
+
+
+def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` = the split-KV merge of the partials, by the formula of csrc/cascade/merge.cu
+    (weights 2^(lse - max) over log2 LSEs, each split's O already normalised and times
+    v_scale); a row whose every split is empty (LSE -inf, padding rows included) gets zeros.
+
+    In PyTorch because ``_C`` has no Python entry for its merge kernel (``launch_merge``) yet;
+    no host sync. ``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` float32
+    [splits, tokens, q_heads], ``out`` [tokens, q_heads, head_dim] bf16/fp16.
+    """
+    top = ws_lse.amax(0)
+    top = torch.where(top == -math.inf, 0.0, top)
+    weights = torch.exp2(ws_lse - top).unsqueeze(-1)
+    total = weights.sum(0)
+    # A zero weight must not pick up what an unwritten partial holds (NaN x 0 is NaN).
+    merged = torch.where(weights > 0, weights * ws_o, 0.0).sum(0)
+    out.copy_(torch.where(total > 0, merged / total, 0.0))
+
+
+def report(cuda_available: bool, cuda_reason: str) -> dict[str, dict[str, object]]:
+    """Each CUDA kernel family for ``available_backends()``: ``{"available", "status",
+    "reason"}``; the DSL families with whether their library is here and suits this GPU."""
+    requested = os.environ.get(FAMILY_ENV, "").strip() or DEFAULT_FAMILY
+    families: dict[str, dict[str, object]] = {
+        DEFAULT_FAMILY: {
+            "available": cuda_available,
+            "status": "the default (portable mma.sync, cp.async; sm_89 and newer)",
+            "reason": cuda_reason,
+        }
+    }
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    for name, family in FAMILIES.items():
+        library, why = load_library(name)
+        if library is not None:
+            why = f"{len(library.variants)} variants in {library.path}"
+            if capability is None:
+                why += "; no CUDA GPU visible"
+            elif capability not in family.archs:
+                why += (
+                    f"; needs an {family.gpus} GPU, this one is sm_{capability[0]}{capability[1]}"
+                )
+        available = library is not None and cuda_available and capability in family.archs
+        families[name] = {
+            "available": available,
+            "status": f"{STATUS} ({FAMILY_ENV}={name} or PagedAttention.plan(family={name!r}); "
+            "auto never picks it)",
+            "reason": why,
+        }
+    families[requested if requested in families else DEFAULT_FAMILY]["requested"] = True
+    return families
