@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.sass_model import cubins, hardware, loop_counts, occupancy, pipes, report, rows
 from benchmarks.sass_model.cfg import ControlFlowGraph
-from benchmarks.sass_model.model import predict
+from benchmarks.sass_model.model import bound, predict, tensor_peak_fraction
 from benchmarks.sass_model.sass import parse
 from benchmarks.sass_model.tiles import TileFacts, TileFactsError, cuda_tiles
 
@@ -274,12 +274,24 @@ def test_tile_facts_come_from_the_plan():
     assert facts.kernel == "paged_attention_kernel<128, 128, __half, 3>" and facts.key_groups == 2
     with pytest.raises(TileFactsError, match="smem_bytes"):
         cuda_tiles(planning_build(drop=("smem_bytes",)), 128, "bfloat16", "float8_e4m3fn", 64)
+    # A prefill's plan is asked for its own q and kv lengths (R = 4 x 4096 rows).
+    ext = planning_build()
+    facts = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 4 * 4096, kv_len=4096)
+    (call,) = ext.calls
+    assert (call["num_tokens"], call["max_seqlen_q"], call["max_seqlen_k"]) == (4096, 4096, 4096)
+    assert facts.ctas_per_kv_head == 4 * 4096 // 128
 
 
 ROW_KEYS = {
-    "gpu": str, "arch": str, "family": str, "kernel": str, "head_dim": int, "q_dtype": str,
-    "kv_dtype": str, "rows_per_kv_head": int, "instr_per_kv_byte": dict, "regs": int,
-    "smem_bytes": int, "ctas_per_sm": int, "binding": str, "predicted_hbm_fraction": float,
+    "kind": str, "gpu": str, "arch": str, "family": str, "kernel": str, "head_dim": int,
+    "q_dtype": str, "kv_dtype": str, "rows_per_kv_head": int, "instr_per_kv_byte": dict,
+    "regs": int, "smem_bytes": int, "ctas_per_sm": int, "binding": str,
+    "predicted_hbm_fraction": float,
+}  # fmt: skip
+# A prefill row: the tensor-peak fraction instead of the HBM fraction, with its lengths.
+PREFILL_ROW_KEYS = {
+    **{key: kind for key, kind in ROW_KEYS.items() if key != "predicted_hbm_fraction"},
+    "q_len": int, "kv_len": int, "predicted_tensor_fraction": float,
 }  # fmt: skip
 
 
@@ -290,27 +302,121 @@ def check_schema(document: dict) -> None:
         entry = document["assumptions"][gpu.name]
         assert entry["sms"] > 0 and entry["clock_hz"] > 1e9 and entry["hbm_bytes_per_s"] > 1e12
         assert entry["sources"]
+        assert entry["dense_16bit_flops"] > 1e14
+    assert "dense 16-bit tensor peak" in document["assumptions"]["model"]["prefill_rows"]
     assert document["rows"]
     for row in document["rows"]:
-        assert set(row) == set(ROW_KEYS)
-        for key, kind in ROW_KEYS.items():
+        keys = PREFILL_ROW_KEYS if row["kind"] == "prefill" else ROW_KEYS
+        assert set(row) == set(keys)
+        for key, kind in keys.items():
             assert isinstance(row[key], kind), (key, row[key])
         assert row["gpu"] in ("H200", "B200") and row["arch"].startswith("sm_")
         assert row["q_dtype"] in ("bfloat16", "float16")
         assert row["kv_dtype"] in ("float8_e4m3fn", "float8_e5m2")
         assert set(row["instr_per_kv_byte"]) == set(pipes.PIPES)
-        assert 0 < row["predicted_hbm_fraction"] <= 1
-        assert row["binding"] in ("hbm", "issue", *pipes.PIPES)
+        if row["kind"] == "prefill":
+            assert row["q_len"] == row["kv_len"] == row["rows_per_kv_head"] // 4
+            assert 0 < row["predicted_tensor_fraction"] <= 1
+            assert row["binding"] in ("issue", *pipes.PIPES)  # memory is not modelled
+        else:
+            assert row["kind"] == "drafter"
+            assert 0 < row["predicted_hbm_fraction"] <= 1
+            assert row["binding"] in ("hbm", "issue", *pipes.PIPES)
 
 
 def test_json_and_markdown_schema(tiny_kernel, tmp_path):
     facts = TileFacts("mma_sync", "tiny", 64, 1, 16, 128, 4096, 1, "test")
     shape = rows.Shape(64, "bfloat16", "float8_e4m3fn", 64)
     row = rows.make_row(hardware.H200, tiny_kernel, facts, shape, "test")
-    json_path, md_path = report.write(tmp_path, [row])
+    prefill_facts = TileFacts("mma_sync", "tiny", 64, 256, 16, 128, 4096, 1, "test")
+    prefill = rows.make_row(hardware.H200, tiny_kernel, prefill_facts, rows.prefill_shape(4096), "")
+    json_path, md_path = report.write(tmp_path, [row, prefill])
     check_schema(json.loads(json_path.read_text()))
     table = md_path.read_text()
     assert "PREDICTED" in table and "(predicted)" in table and "[test] tiny" in table
+    headline, _, all_rows = table.partition("All drafter shapes:")
+    assert "| - | mma_sync | H200 (sm_90a) | " in headline and "| q=kv=4096 |" in headline
+    percent = f"{100 * prefill['predicted_tensor_fraction']:.0f}% ({prefill['binding']})"
+    assert percent in headline and "dense 16-bit tensor peak" in headline
+    drafter_table, _, prefill_table = all_rows.partition("Prefill shapes")
+    assert drafter_table.count("| H200 | sm_90a |") == 1 and "| 16384 |" not in drafter_table
+    assert "| 4096 | 128 | bfloat16 | float8_e4m3fn | 16384 |" in prefill_table
+    # A file written before prefill rows existed (rows without a kind) still reads as drafters.
+    old = {key: value for key, value in row.items() if key != "kind"}
+    assert "| test | mma_sync | H200 (sm_90a) | - | " in report.summary([old], head_dim=64)
+
+
+@pytest.mark.parametrize(
+    "gpu, opcode, expected",
+    [
+        (hardware.H200, "HGMMA", 1.0),  # wgmma at its full rate is the dense peak
+        (hardware.H200, "HMMA", 0.5),  # mma.sync: half of it (issue 11)
+        (hardware.B200, "UTCHMMA", 1.0),
+        (hardware.B200, "HMMA", 0.25),  # mma.sync on B200: a quarter of tcgen05
+    ],
+)
+def test_tensor_peak_fraction_of_a_kernel_bound_by_its_mma_alone(gpu, opcode, expected):
+    """R rows x 2 x head_dim MACs per key over 2 x head_dim FP8 bytes: R MACs per KV byte, and
+    2R FLOPs of the mask per KV byte; with nothing else issued the tensor pipe sets the time."""
+    shape = rows.prefill_shape(4096)
+    assert shape.rows == 16384 and shape.flops_per_kv_byte == 2 * 16384
+    instr = dict.fromkeys(pipes.PIPES, 0.0)
+    prediction = bound(gpu, instr, {opcode: float(shape.rows)})
+    assert tensor_peak_fraction(gpu, prediction, shape.flops_per_kv_byte) == (
+        pytest.approx(expected),
+        pipes.TENSOR,
+    )
+    # Another pipe needing four times the tensor time (integer: 8T instructions at 2 per
+    # clock; issue 8T / 4) binds instead, and the fraction drops to a quarter.
+    instr[pipes.INTEGER] = 2.0 * prediction.cycles_per_kv_byte[pipes.TENSOR] * gpu.issue_per_clk
+    slowed = bound(gpu, instr, {opcode: float(shape.rows)})
+    fraction, binding = tensor_peak_fraction(gpu, slowed, shape.flops_per_kv_byte)
+    assert binding == pipes.INTEGER and fraction == pytest.approx(expected / 4)
+
+
+def test_prefill_fraction_on_tiny_kernel_by_hand(tiny_kernel):
+    """The tiny kernel as a 64-row, 16-key prefill kernel: per KV byte, every pipe's count x
+    (R / 64 CTAs x 4 warps) / (2 x 16 keys x 64 dims); fraction = 2R FLOP/B x SMs x clock /
+    binding cycles / peak = R / (2048 x binding cycles per byte) on H200 (peak = SMs x clock
+    x 4096 FLOP)."""
+    shape = rows.Shape(64, "bfloat16", "float8_e4m3fn", 4 * 1024, prefill_len=1024)
+    facts = TileFacts("mma_sync", "tiny", 64, shape.rows // 64, 16, 128, 0, 1, "test")
+    counts = loop_counts.count_main_loop(tiny_kernel.sass)
+    row = rows.make_row(hardware.H200, tiny_kernel, facts, shape, "", counts)
+    scale = (shape.rows // 64) * 4 / (2 * 16 * 64)
+    # Warp-instructions per clock per SM (hardware.py's table), by hand.
+    rates = {pipes.FP32: 4, pipes.INTEGER: 2, pipes.CONVERSION: 0.5, pipes.MUFU: 0.5,
+             pipes.LSU: 1, pipes.CONTROL: 4}  # fmt: skip
+    cycles = {p: counts.per_pipe[p] * scale / rate for p, rate in rates.items()}
+    cycles["issue"] = counts.path_instructions * scale / 4
+    cycles[pipes.TENSOR] = 2048 * scale / 1024  # one HMMA.16816 (2048 MACs) per iteration
+    assert counts.per_pipe[pipes.TENSOR] == 1
+    assert cycles[row["binding"]] == pytest.approx(max(cycles.values()))
+    expected = min(1.0, shape.rows / (2048 * max(cycles.values())))
+    assert row["predicted_tensor_fraction"] == pytest.approx(expected, abs=1e-4)
+    assert (row["kind"], row["q_len"], row["kv_len"]) == ("prefill", 1024, 1024)
+    # Twice the rows in twice the CTAs: the same fraction (no prologue is modelled).
+    longer = rows.Shape(64, "bfloat16", "float8_e4m3fn", 8 * 1024, prefill_len=2048)
+    facts2 = TileFacts("mma_sync", "tiny", 64, longer.rows // 64, 16, 128, 0, 1, "test")
+    row2 = rows.make_row(hardware.H200, tiny_kernel, facts2, longer, "", counts)
+    assert row2["predicted_tensor_fraction"] == row["predicted_tensor_fraction"]
+
+
+def test_shape_set_adds_the_prefill_shapes_for_their_configuration():
+    from benchmarks import shapes as bench_shapes
+
+    every = list(rows.ShapeSet())
+    prefill = [s for s in every if s.kind == "prefill"]
+    assert prefill == [rows.prefill_shape(n) for n in (4096, 8192, 16384)]
+    for shape in prefill:
+        assert (shape.head_dim, shape.q_dtype, shape.kv_dtype) == (128, "bfloat16", "float8_e4m3fn")
+        # The benchmark's shape: its mask's FLOPs over the KV bytes it reads.
+        bench = bench_shapes.prefill(shape.prefill_len)
+        assert shape.flops_per_kv_byte == bench.flops / bench.kv_bytes()
+        assert shape.rows == bench.q_len * bench.num_q_heads // bench.num_kv_heads
+    assert len(every) - len(prefill) == 3 * 2 * 2 * 3  # the drafter shapes are unchanged
+    assert not [s for s in rows.ShapeSet(head_dims=(64,)) if s.kind == "prefill"]
+    assert not [s for s in rows.ShapeSet(prefill_lens=()) if s.kind == "prefill"]
 
 
 def built_extension() -> Path | None:

@@ -1,11 +1,13 @@
 """``python -m benchmarks.sass_model --out DIR``: PREDICTED HBM-bandwidth fractions from SASS.
 
 Models the attention kernels of the built extension (default: the package's ``_C``) and the
-Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes, and
-writes DIR/sass-model.json and DIR/sass-model.md. ``--build LABEL=PATH`` models another build
-of ``_C`` under a label (e.g. ``before=/path/_C.so``; one per run, merge runs with ``--include``:
-a process holds one module named ``_C``); labelled rows carry
-``[LABEL]`` in their ``kernel`` field. ``--dsl DIR`` models a wgmma / tcgen05 AOT build
+Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes (a
+PREDICTED fraction of HBM bandwidth) and the non-causal prefill shapes q = kv = 4k / 8k / 16k
+(a PREDICTED fraction of the dense 16-bit tensor peak; ``--prefill-len N`` picks lengths,
+``--no-prefill`` none), and writes DIR/sass-model.json and DIR/sass-model.md. ``--build
+LABEL=PATH`` models another build of ``_C`` under a label (e.g. ``before=/path/_C.so``; one
+per run, merge runs with ``--include``: a process holds one module named ``_C``); labelled rows
+carry ``[LABEL]`` in their ``kernel`` field. ``--dsl DIR`` models a wgmma / tcgen05 AOT build
 (``python -m dsl.build``) role by role. ``--include JSON`` adds the rows of an earlier output.
 Needs cuobjdump (pip ``nvidia-cuda-cuobjdump``), no GPU.
 """
@@ -22,6 +24,7 @@ from .dsl_families import dsl_rows
 from .rows import (
     HEAD_DIMS,
     KV_DTYPES,
+    PREFILL_LENS,
     QUERY_DTYPES,
     ROWS_PER_KV_HEAD,
     ShapeSet,
@@ -77,10 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--q-dtype", action="append", choices=QUERY_DTYPES)
     parser.add_argument("--kv-dtype", action="append", choices=KV_DTYPES)
     parser.add_argument("--rows", type=int, action="append", choices=ROWS_PER_KV_HEAD)
+    parser.add_argument(
+        "--prefill-len", type=int, action="append", metavar="TOKENS",
+        help=f"non-causal prefill length q = kv to model (default {PREFILL_LENS})",
+    )  # fmt: skip
+    parser.add_argument("--no-prefill", action="store_true", help="model no prefill shape")
     args = parser.parse_args(argv)
     shapes = ShapeSet(
         tuple(args.head_dim or HEAD_DIMS), tuple(args.q_dtype or QUERY_DTYPES),
         tuple(args.kv_dtype or KV_DTYPES), tuple(args.rows or ROWS_PER_KV_HEAD),
+        () if args.no_prefill else tuple(args.prefill_len or PREFILL_LENS),
     )  # fmt: skip
 
     builds = [tuple(b.split("=", 1)) if "=" in b else ("", b) for b in args.build]

@@ -20,7 +20,7 @@ from . import hardware, occupancy, pipes
 from .cubins import read_cubin
 from .model import bound
 from .roles import Role, instr_per_kv_byte, role_counts
-from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for
+from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
 
 _NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)_p(\d+)_(bf16|f16)_(e4m3|e5m2)")
 _Q = {"bf16": "bfloat16", "f16": "float16"}
@@ -92,8 +92,8 @@ def read_build(build_dir: str | Path) -> list[Built]:
 
 
 def dsl_rows(build_dir: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list:
-    """Rows for the drafter shapes a built variant serves: per arch, the smallest rows-per-CTA
-    >= R, else the largest, with ceil(R / rows) CTAs each streaming the KV."""
+    """Rows for the shapes a built variant serves: per arch, the smallest rows-per-CTA >= R,
+    else the largest (a prefill's), with ceil(R / rows) CTAs each streaming the KV."""
     built = read_build(build_dir)
     rows = []
     for shape in shapes:
@@ -124,6 +124,7 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
     smem = built.variant.smem_bytes
     name = f"{built.variant.name} ({', '.join(f'{r.name} {r.warps}w' for r in roles)})"
     return {
+        "kind": shape.kind,
         "gpu": gpu.name,
         "arch": kernel.arch,
         "family": built.family,
@@ -136,6 +137,5 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
         "regs": kernel.regs,
         "smem_bytes": smem,
         "ctas_per_sm": occupancy.ctas_per_sm(gpu.limits, threads, kernel.regs, smem),
-        "binding": prediction.binding,
-        "predicted_hbm_fraction": round(prediction.predicted_hbm_fraction, 4),
+        **prediction_fields(gpu, prediction, shape),  # HBM fraction, or tensor peak (prefill)
     }

@@ -42,6 +42,8 @@ class Gpu:
     sms: int
     clock_hz: float
     hbm_bytes_per_s: float
+    # Datasheet dense (no sparsity) BF16/FP16 tensor peak, FLOP/s: the prefill yardstick.
+    dense_16bit_flops: float
     limits: Limits
     issue_per_clk: float  # warp-instructions issued per clock per SM (all pipes together)
     rates: dict[str, float]  # pipe -> warp-instructions per clock per SM
@@ -81,6 +83,7 @@ H200 = Gpu(
     sms=132,
     clock_hz=989.4e12 / (132 * 4096),  # 1.83 GHz
     hbm_bytes_per_s=4.8e12,
+    dense_16bit_flops=989.4e12,
     limits=_LIMITS,
     issue_per_clk=4.0,
     rates=dict(_COMMON_RATES),
@@ -101,6 +104,7 @@ B200 = Gpu(
     sms=148,
     clock_hz=2.25e15 / (148 * 8192),  # 1.86 GHz
     hbm_bytes_per_s=8.0e12,
+    dense_16bit_flops=2.25e15,
     limits=_LIMITS,
     issue_per_clk=4.0,
     rates=dict(_COMMON_RATES),
@@ -117,6 +121,16 @@ B200 = Gpu(
 GPUS = (H200, B200)
 
 
+def dense_16bit_peak(device_name: str) -> tuple[float, str] | None:
+    """(dense BF16/FP16 tensor peak in FLOP/s, its source) of a GPU named as torch names it
+    (``"NVIDIA H200"``), or None when it is not one of :data:`GPUS`. The name must match
+    exactly: other SKUs of a chip (H200 NVL, H100 PCIe) run other clocks and peaks."""
+    for gpu in GPUS:
+        if device_name.removeprefix("NVIDIA ").strip() == gpu.name:
+            return gpu.dense_16bit_flops, gpu.sources["sms/clock/tensor peak"]
+    return None
+
+
 def assumptions() -> dict:
     """The assumption table written into sass-model.json."""
     table = {}
@@ -130,6 +144,15 @@ def assumptions() -> dict:
         "time_per_kv_byte": "max over (all instructions / issue_per_clk, each pipe's "
         "instructions / its rate, tensor MACs / tensor_macs_per_clk) cycles per SM",
         "predicted_hbm_fraction": "min(1, SMs * clock / cycles_per_kv_byte / hbm_bytes_per_s)",
+        "prefill_rows": "rows with kind 'prefill' (non-causal q = kv = q_len tokens, 32 query / "
+        "8 KV heads, rows_per_kv_head = 4 q_len) carry predicted_tensor_fraction instead of "
+        "predicted_hbm_fraction: a long prefill is compute-bound, so its yardstick is the "
+        "GPU's dense 16-bit tensor peak (dense_16bit_flops, datasheet): "
+        "min(1, flops_per_kv_byte * SMs * clock / cycles_per_kv_byte / dense_16bit_flops), "
+        "flops_per_kv_byte = 2 * rows_per_kv_head / KV bytes per element (the mask's FLOPs, "
+        "4 * q * kv * head_dim * query heads, over the K and V bytes each KV head streams); "
+        "binding is the compute constraint (HBM and L2 not modelled: the KV of a KV head is "
+        "re-read by every CTA of its rows); drafter rows carry kind 'drafter'",
         "main_loop": "natural loop with the most tensor instructions; one steady-state "
         "iteration = the header-to-latch path with the most MMA / MUFU / KV-load instructions "
         "and the fewest others (mask, tail and slow-path blocks skipped)",

@@ -80,6 +80,19 @@ def bound(gpu: Gpu, instr: dict[str, float], macs: dict[str, float]) -> Predicti
     )
 
 
+def tensor_peak_fraction(
+    gpu: Gpu, prediction: Prediction, flops_per_kv_byte: float
+) -> tuple[float, str]:
+    """(PREDICTED fraction of the dense 16-bit tensor peak, binding compute constraint) of a
+    compute-bound problem (a long prefill) doing ``flops_per_kv_byte`` useful FLOPs (from its
+    mask) per KV byte streamed: the FLOP rate the slowest compute constraint allows over the
+    datasheet peak. Memory is not a constraint here (it is not modelled for prefill)."""
+    binding = max(prediction.cycles_per_kv_byte, key=prediction.cycles_per_kv_byte.get)
+    cycles = prediction.cycles_per_kv_byte[binding]
+    flops_per_s = flops_per_kv_byte * gpu.sms * gpu.clock_hz / cycles
+    return min(1.0, flops_per_s / gpu.dense_16bit_flops), binding
+
+
 def predict(
     gpu: Gpu, counts: LoopCounts, facts: TileFacts, head_dim: int, kv_bytes: int
 ) -> Prediction:

@@ -1,4 +1,9 @@
-"""Writing sass-model.json (the schema of issue 9) and sass-model.md (a Markdown table)."""
+"""Writing sass-model.json (the schema of issue 9) and sass-model.md (Markdown tables).
+
+Rows of kind "prefill" (predicted_tensor_fraction, the fraction of the dense 16-bit tensor
+peak) get tables of their own; rows without a kind (files written before prefill rows existed,
+merged with ``--include``) are drafter rows.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,18 @@ from pathlib import Path
 
 from . import hardware, pipes
 
-TITLE = "Static SASS model: PREDICTED fraction of HBM bandwidth (a model, not a measurement)"
+TITLE = (
+    "Static SASS model: PREDICTED fraction of HBM bandwidth (drafters) and of the dense 16-bit "
+    "tensor peak (prefill) (a model, not a measurement)"
+)
+
+
+def _kind(row: dict) -> str:
+    return row.get("kind", "drafter")
+
+
+def _build(row: dict) -> str:
+    return row["kernel"][1 : row["kernel"].index("]")] if row["kernel"].startswith("[") else ""
 
 
 def write_json(path: Path, rows: list[dict], tile_facts: dict[str, str]) -> None:
@@ -32,8 +48,9 @@ def summary(rows: list[dict], head_dim: int = 128, q_dtype: str = "bfloat16") ->
     for r in rows:
         if (r["head_dim"], r["q_dtype"], r["kv_dtype"]) != (head_dim, q_dtype, "float8_e4m3fn"):
             continue
-        build = r["kernel"][1 : r["kernel"].index("]")] if r["kernel"].startswith("[") else ""
-        key = (build, r["family"], f"{r['gpu']} ({r['arch']})")
+        if _kind(r) != "drafter":
+            continue
+        key = (_build(r), r["family"], f"{r['gpu']} ({r['arch']})")
         cells.setdefault(key, {})[r["rows_per_kv_head"]] = (
             f"{100 * r['predicted_hbm_fraction']:.0f}% ({r['binding']})"
         )
@@ -50,6 +67,62 @@ def summary(rows: list[dict], head_dim: int = 128, q_dtype: str = "bfloat16") ->
     return "\n".join(lines) + "\n"
 
 
+def prefill_summary(rows: list[dict]) -> str:
+    """PREDICTED fraction of the dense 16-bit tensor peak per (build, family, GPU) for the
+    non-causal prefill rows, one column per length (q = kv); empty without prefill rows."""
+    cells: dict[tuple[str, str, str], dict[int, str]] = {}
+    for r in rows:
+        if _kind(r) == "prefill":
+            key = (_build(r), r["family"], f"{r['gpu']} ({r['arch']})")
+            cells.setdefault(key, {})[r["q_len"]] = (
+                f"{100 * r['predicted_tensor_fraction']:.0f}% ({r['binding']})"
+            )
+    if not cells:
+        return ""
+    lengths = sorted({length for by_len in cells.values() for length in by_len})
+    lines = [
+        "PREDICTED fraction of the dense 16-bit tensor peak (binding constraint), non-causal "
+        "prefill q = kv, head_dim 128, e4m3 cache, bfloat16 query, 32 query / 8 KV heads "
+        "(FLOPs from the mask, 4 x q x kv x head_dim x heads; HBM and L2 not modelled):",
+        "",
+        "| build | family | GPU (cubin) | " + " | ".join(f"q=kv={n}" for n in lengths) + " |",
+        "|---|---|---|" + "---|" * len(lengths),
+    ]
+    for (build, family, gpu), by_len in sorted(cells.items()):
+        got = [by_len.get(n, "-") for n in lengths]
+        lines.append(f"| {build or '-'} | {family} | {gpu} | " + " | ".join(got) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _prefill_table(rows: list[dict]) -> list[str]:
+    """Every prefill row: tiles, per-pipe work per KV byte, binding, tensor-peak fraction."""
+    prefill = sorted(
+        (r for r in rows if _kind(r) == "prefill"),
+        key=lambda r: (_build(r), r["family"], r["gpu"], r["q_len"]),
+    )
+    if not prefill:
+        return []
+    lines = [
+        "",
+        "Prefill shapes (non-causal, q = kv; R = 4 x q rows per KV head):",
+        "",
+        "| GPU | arch | family | kernel | q=kv | D | q | kv | R | regs | smem B | CTAs/SM | "
+        + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
+        + " | binding | predicted fraction of dense 16-bit tensor peak |",
+        "|" + "---|" * (15 + len(pipes.PIPES)),
+    ]
+    for r in prefill:
+        per_pipe = " | ".join(f"{r['instr_per_kv_byte'][p]:.3f}" for p in pipes.PIPES)
+        lines.append(
+            f"| {r['gpu']} | {r['arch']} | {r['family']} | {_short(r['kernel'])} | "
+            f"{r['q_len']} | {r['head_dim']} | {r['q_dtype']} | {r['kv_dtype']} | "
+            f"{r['rows_per_kv_head']} | {r['regs']} | {r['smem_bytes']} | {r['ctas_per_sm']} | "
+            f"{per_pipe} | {r['binding']} | {100 * r['predicted_tensor_fraction']:.0f}% "
+            "(predicted) |"
+        )
+    return lines
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         f"# {TITLE}",
@@ -60,7 +133,8 @@ def markdown(rows: list[dict]) -> str:
         "`instr/B` is warp-instructions per KV byte, summed over every warp of a CTA.",
         "",
         summary(rows),
-        "All shapes:",
+        prefill_summary(rows),
+        "All drafter shapes:",
         "",
         "| GPU | arch | family | kernel | D | q | kv | R | regs | smem B | CTAs/SM | "
         + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
@@ -68,7 +142,7 @@ def markdown(rows: list[dict]) -> str:
         "|" + "---|" * (14 + len(pipes.PIPES)),
     ]
     order = sorted(
-        rows,
+        (r for r in rows if _kind(r) == "drafter"),
         key=lambda r: (r["kernel"].partition("]")[0], r["family"], r["gpu"], r["head_dim"],
                        r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"]),
     )  # fmt: skip
@@ -80,7 +154,7 @@ def markdown(rows: list[dict]) -> str:
             f"{r['regs']} | {r['smem_bytes']} | {r['ctas_per_sm']} | {per_pipe} | "
             f"{r['binding']} | {100 * r['predicted_hbm_fraction']:.0f}% (predicted) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _prefill_table(rows)) + "\n"
 
 
 def write(

@@ -1,4 +1,9 @@
-"""Rows of sass-model.json: one per (GPU, cubin arch, family, kernel, drafter shape)."""
+"""Rows of sass-model.json: one per (GPU, cubin arch, family, kernel, shape).
+
+Drafter shapes are memory-bound: their rows predict a fraction of HBM bandwidth. Non-causal
+prefill shapes (q = kv = 4k-16k tokens) are compute-bound: their rows predict a fraction of the
+dense 16-bit tensor peak (``model.tensor_peak_fraction``) from the same per-KV-byte counts.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,18 @@ from types import ModuleType
 from . import hardware, occupancy
 from .cubins import Kernel, read_library
 from .loop_counts import LoopCounts, count_main_loop
-from .model import predict
-from .tiles import GROUP, TileFacts, TileFactsError, cuda_tiles, normalise
+from .model import Prediction, predict, tensor_peak_fraction
+from .tiles import DRAFTER_KV_LEN, GROUP, TileFacts, TileFactsError, cuda_tiles, normalise
 
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = ("bfloat16", "float16")
 KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 ROWS_PER_KV_HEAD = (32, 64, 128)  # R = q_len x GQA group of the drafters
+# Non-causal prefill, q = kv tokens (issue 11), modelled for one configuration: head_dim 128,
+# BF16 query, e4m3 cache, 32 query / 8 KV heads (the drafter's Qwen3-8B-style GQA 4), so
+# R = 4 x tokens query rows per KV head.
+PREFILL_LENS = (4096, 8192, 16384)
+PREFILL_CONFIG = (128, "bfloat16", "float8_e4m3fn")
 
 
 @dataclass(frozen=True)
@@ -26,20 +36,39 @@ class Shape:
     q_dtype: str
     kv_dtype: str
     rows: int
+    # q = kv = this many tokens of a non-causal prefill (rows = GROUP x tokens); 0: a drafter.
+    prefill_len: int = 0
 
     @property
     def kv_bytes(self) -> int:
         return 1 if self.kv_dtype.startswith("float8") else 2
 
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.prefill_len else "drafter"
+
+    @property
+    def flops_per_kv_byte(self) -> float:
+        """Useful FLOPs per KV byte under a non-causal mask: each key's K and V (2 x head_dim
+        elements) meet all R rows in both GEMMs (4 x R x head_dim FLOPs)."""
+        return 2 * self.rows / self.kv_bytes
+
+
+def prefill_shape(length: int) -> Shape:
+    """The non-causal prefill of ``length`` query tokens over as many keys (PREFILL_CONFIG)."""
+    return Shape(*PREFILL_CONFIG, rows=GROUP * length, prefill_len=length)
+
 
 @dataclass(frozen=True)
 class ShapeSet:
-    """The drafter shapes to model (all by default; the CLI can narrow each axis)."""
+    """The drafter shapes, then the prefill shapes, to model (all by default; the CLI can
+    narrow each axis). Prefill shapes come only when the axes hold PREFILL_CONFIG."""
 
     head_dims: tuple[int, ...] = HEAD_DIMS
     q_dtypes: tuple[str, ...] = QUERY_DTYPES
     kv_dtypes: tuple[str, ...] = KV_DTYPES
     rows: tuple[int, ...] = ROWS_PER_KV_HEAD
+    prefill_lens: tuple[int, ...] = PREFILL_LENS
 
     def __iter__(self) -> Iterator[Shape]:
         for head_dim in self.head_dims:
@@ -47,6 +76,10 @@ class ShapeSet:
                 for kv_dtype in self.kv_dtypes:
                     for rows in self.rows:
                         yield Shape(head_dim, q_dtype, kv_dtype, rows)
+        head_dim, q_dtype, kv_dtype = PREFILL_CONFIG
+        if head_dim in self.head_dims and q_dtype in self.q_dtypes and kv_dtype in self.kv_dtypes:
+            for length in self.prefill_lens:
+                yield prefill_shape(length)
 
 
 ALL_SHAPES = ShapeSet()
@@ -60,6 +93,23 @@ def gpu_for(arch: str) -> hardware.Gpu | None:
     return None
 
 
+def prediction_fields(gpu: hardware.Gpu, prediction: Prediction, shape: Shape) -> dict:
+    """The row's yardstick: a drafter's PREDICTED fraction of HBM bandwidth, or a prefill's
+    PREDICTED fraction of the dense 16-bit tensor peak (with its q and kv lengths)."""
+    if shape.kind == "drafter":
+        return {
+            "binding": prediction.binding,
+            "predicted_hbm_fraction": round(prediction.predicted_hbm_fraction, 4),
+        }
+    fraction, binding = tensor_peak_fraction(gpu, prediction, shape.flops_per_kv_byte)
+    return {
+        "q_len": shape.prefill_len,
+        "kv_len": shape.prefill_len,
+        "binding": binding,
+        "predicted_tensor_fraction": round(fraction, 4),
+    }
+
+
 def make_row(
     gpu: hardware.Gpu, kernel: Kernel, facts: TileFacts, shape: Shape, label: str,
     counts: LoopCounts | None = None,
@@ -71,6 +121,7 @@ def make_row(
     static = max(0, kernel.shared_static - gpu.limits.shared_reserved_per_cta)
     smem = facts.smem_bytes + static
     return {
+        "kind": shape.kind,
         "gpu": gpu.name,
         "arch": kernel.arch,
         "family": facts.family,
@@ -83,8 +134,7 @@ def make_row(
         "regs": kernel.regs,
         "smem_bytes": smem,
         "ctas_per_sm": occupancy.ctas_per_sm(gpu.limits, facts.threads, kernel.regs, smem),
-        "binding": prediction.binding,
-        "predicted_hbm_fraction": round(prediction.predicted_hbm_fraction, 4),
+        **prediction_fields(gpu, prediction, shape),
     }
 
 
@@ -112,13 +162,17 @@ def load_extension(path: str | Path) -> ModuleType:
 
 
 def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAPES) -> list[dict]:
-    """Rows for every drafter shape x modelled GPU of the attention kernels in one build."""
+    """Rows for every shape x modelled GPU of the attention kernels in one build (tiles from
+    the build's plan for that shape: a prefill's plan sees its q and kv lengths)."""
     kernels = read_library(path)
     ext = load_extension(path)
     rows = []
     cache: dict[tuple[str, int], LoopCounts] = {}
     for shape in shapes:
-        facts = cuda_tiles(ext, shape.head_dim, shape.q_dtype, shape.kv_dtype, shape.rows)
+        facts = cuda_tiles(
+            ext, shape.head_dim, shape.q_dtype, shape.kv_dtype, shape.rows,
+            kv_len=shape.prefill_len or DRAFTER_KV_LEN,
+        )  # fmt: skip
         wanted = normalise(facts.kernel)
         for kernel in kernels:
             gpu = gpu_for(kernel.arch)
@@ -174,7 +228,7 @@ def triton_rows(
     for shape in shapes:
         q_len = shape.rows // GROUP
         case = make_case(
-            [q_len], [q_len + 512], num_q_heads=8 * GROUP, num_kv_heads=8,
+            [q_len], [shape.prefill_len or q_len + 512], num_q_heads=8 * GROUP, num_kv_heads=8,
             head_dim=shape.head_dim, cache_dtype=getattr(torch, shape.kv_dtype),
             query_dtype=getattr(torch, shape.q_dtype), scales="none",
         )  # fmt: skip

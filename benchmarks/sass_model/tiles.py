@@ -28,6 +28,7 @@ CODE_OF = {name: code for code, name in DTYPE_CODES.items()}
 # Template spelling of the query dtype in demangled kernel names.
 QUERY_TYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
 GROUP = 4  # query heads per KV head of the modelled drafter (32 query heads over 8 KV heads)
+DRAFTER_KV_LEN = 32768  # the long context a drafter shape's plan is asked for
 # Keys of _C.plan(...)'s dict the model reads (any others are ignored).
 PLAN_KEYS = ("family", "block_m", "block_n", "threads", "smem_bytes", "m_tiles")
 
@@ -115,15 +116,17 @@ def _check_morning_build(ext: ModuleType, head_dim: int) -> None:
         )
 
 
-def _from_plan(ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows: int):
+def _from_plan(
+    ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows: int, kv_len: int
+) -> TileFacts:
     """Tile facts from the extension's C++ plan (``_C.plan``, the function the plan/run API
     calls) and the kernel's own key-group map (``_C.host.key_groups``) unless the plan reports
-    ``key_groups``, for one sequence of R / GROUP tokens of a GQA-4 model (8 KV heads) over a
-    long context, unsplit. A ``kernel`` key of the plan, if any, names the instantiation."""
+    ``key_groups``, for one sequence of R / GROUP tokens of a GQA-4 model (8 KV heads) over
+    ``kv_len`` keys, unsplit. A ``kernel`` key of the plan, if any, names the instantiation."""
     q_len = -(-rows // GROUP)
     plan = ext.plan(
         num_seqs=1, num_tokens=q_len, num_q_heads=8 * GROUP, num_kv_heads=8, head_dim=head_dim,
-        kv_dtype=CODE_OF[kv_dtype], max_seqlen_q=q_len, max_seqlen_k=32768, resident_ctas=1,
+        kv_dtype=CODE_OF[kv_dtype], max_seqlen_q=q_len, max_seqlen_k=kv_len, resident_ctas=1,
         num_splits=1,
     )  # fmt: skip
     missing = [key for key in PLAN_KEYS if key not in plan]
@@ -159,11 +162,13 @@ def _from_plan(ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows
 
 
 def cuda_tiles(
-    ext: ModuleType | None, head_dim: int, q_dtype: str, kv_dtype: str, rows: int
-) -> TileFacts:
-    """Tile facts of the CUDA kernel the extension's plan launches for this shape: from
-    ``_C.sass_tiles`` if exported, else ``_C.plan``, else (the pre-plan build of b66bef0 only)
-    that morning's constants. Raises TileFactsError when the build gives none of them."""
+    ext: ModuleType | None, head_dim: int, q_dtype: str, kv_dtype: str, rows: int,
+    kv_len: int = DRAFTER_KV_LEN,
+) -> TileFacts:  # fmt: skip
+    """Tile facts of the CUDA kernel the extension's plan launches for this shape (R = rows
+    query rows per KV head over ``kv_len`` keys): from ``_C.sass_tiles`` if exported, else
+    ``_C.plan``, else (the pre-plan build of b66bef0 only) that morning's constants. Raises
+    TileFactsError when the build gives none of them."""
     if ext is None:
         raise TileFactsError(
             "the built extension could not be imported, so its _C.plan cannot be read: import "
@@ -172,7 +177,7 @@ def cuda_tiles(
     export = getattr(ext, "sass_tiles", None)
     if export is None:
         if hasattr(ext, "plan"):
-            return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows)
+            return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows, kv_len)
         if _is_morning_build(ext):
             _check_morning_build(ext, head_dim)
             return _morning_mma_sync(head_dim, q_dtype, kv_dtype, rows)
