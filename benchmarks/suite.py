@@ -25,6 +25,7 @@ from .accuracy import accuracy_shapes, run_accuracy
 from .inputs import Case, make_case
 from .oracle import attention_oracle
 from .peers import Adapter, Unsupported, adapters, failure_reason
+from .sass_model.hardware import dense_16bit_peak
 from .shapes import PRESETS, Shape
 from .timing import copy_bandwidth, rotation_count, time_calls
 
@@ -61,8 +62,10 @@ class ShapeRun:
             self._oracles[key] = attention_oracle(self.copies[0], torch.float32, k_scale, v_scale)
         return self._oracles[key]
 
-    def measure(self, adapter: Adapter, copy_bw: float | None) -> dict:
-        """The row of ``adapter`` on this shape; raises the backend's error if it fails."""
+    def measure(self, adapter: Adapter, copy_bw: float | None, tensor_peak: float | None) -> dict:
+        """The row of ``adapter`` on this shape; raises the backend's error if it fails.
+        ``copy_bw`` (GB/s) and ``tensor_peak`` (dense 16-bit FLOP/s) are the GPU's yardsticks,
+        None where unknown."""
         shape = self.shape
         prepared = [adapter.prepare(case) for case in self.copies]
         # The output checked is the one the timed calls (graph replays on a GPU) wrote.
@@ -73,6 +76,7 @@ class ShapeRun:
         finite = math.isfinite(rel_err)  # NaN: an element was left unwritten or overflowed
         seconds = timing.median_us * 1e-6
         gbps = shape.bytes / seconds / 1e9
+        flops_per_s = shape.flops / seconds
         return {
             **shape.fields(),
             "backend": adapter.name,
@@ -82,7 +86,9 @@ class ShapeRun:
             "context_bytes": dataclasses.replace(shape, window=(-1, -1)).bytes,
             "gbps": gbps,
             "frac_of_copy_bw": None if copy_bw is None else gbps / copy_bw,
-            "tflops": shape.flops / seconds / 1e12,
+            "tflops": flops_per_s / 1e12,
+            # The mask's FLOPs over the dense 16-bit tensor peak: a prefill's yardstick.
+            "frac_of_tensor_peak": None if tensor_peak is None else flops_per_s / tensor_peak,
             "rel_err": rel_err if finite else None,
             "within_tolerance": finite and rel_err <= TOLERANCE[shape.query_dtype],
             "timing_method": timing.method,
@@ -140,14 +146,14 @@ def _print_summary(payload: dict, paths: list[Path]) -> None:
         f"\n{payload['gpu']}  copy bandwidth: {'-' if copy_bw is None else f'{copy_bw:.0f}'} GB/s"
     )
     print(payload["timing_note"])
-    header = f"{'shape':<52} {'backend':<20} {'us':>9} {'GB/s':>7} {'%copy':>6} {'rel_err':>8}"
-    print(header + "  speedups")
+    header = f"{'shape':<52} {'backend':<20} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%peak':>6}"
+    print(header + f" {'rel_err':>8}  speedups  (%peak: dense 16-bit tensor peak, prefill rows)")
     for row in payload["rows"]:
-        frac = row["frac_of_copy_bw"]
+        copy_pct, peak_pct = report.yardstick_fractions(row)
         speedups = " ".join(f"{peer}={x:.2f}x" for peer, x in row["speedup"].items())
         print(
             f"{report.shape_label(row):<52} {row['backend']:<20} {row['median_us']:>9.1f} "
-            f"{row['gbps']:>7.0f} {'-' if frac is None else f'{100 * frac:.0f}':>6} "
+            f"{row['gbps']:>7.0f} {report.fmt(copy_pct):>6} {report.fmt(peak_pct):>6} "
             f"{report.fmt(row['rel_err']):>8}  {speedups}"
         )
     for entry in payload["accuracy"]:
@@ -180,9 +186,13 @@ def _live_backends(device: torch.device, only: set[str] | None) -> tuple[dict, l
 
 
 def _measure_shape(
-    run: ShapeRun, live: list[Adapter], copy_bw: float | None, peer_allowance: dict[str, float]
+    run: ShapeRun,
+    live: list[Adapter],
+    yardsticks: tuple[float | None, float | None],
+    peer_allowance: dict[str, float],
 ) -> tuple[list[dict], list[dict]]:
-    """(rows, skips) of one shape; ``peer_allowance`` is each peer's time left (s), if limited."""
+    """(rows, skips) of one shape; ``yardsticks`` = (copy GB/s, dense 16-bit FLOP/s), each
+    None where unknown; ``peer_allowance`` is each peer's time left (s), if limited."""
     shape = run.shape
     rows, skipped = [], []
     for adapter in live:
@@ -192,7 +202,7 @@ def _measure_shape(
             continue
         started = time.perf_counter()
         try:
-            row = run.measure(adapter, copy_bw)
+            row = run.measure(adapter, *yardsticks)
         except Unsupported as error:
             skipped.append({**skip, "reason": str(error)})
             continue
@@ -235,9 +245,13 @@ def run_suite(
     ours = [a for a in live if a.ours]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    peak = dense_16bit_peak(gpu)
     payload = {
         "gpu": gpu,
         "copy_bw_gbps": copy_bandwidth(device),
+        # The datasheet's dense BF16/FP16 tensor peak of this GPU (None if not on record).
+        "dense_16bit_tflops": None if peak is None else peak[0] / 1e12,
+        "dense_16bit_source": None if peak is None else peak[1],
         "date": date,
         "preset": preset,
         "command": command or " ".join(sys.argv),
@@ -264,7 +278,8 @@ def run_suite(
             ]
             continue
         run = ShapeRun(shape, device, seed=index)
-        rows, skipped = _measure_shape(run, live, payload["copy_bw_gbps"], peer_allowance)
+        yardsticks = (payload["copy_bw_gbps"], None if peak is None else peak[0])
+        rows, skipped = _measure_shape(run, live, yardsticks, peer_allowance)
         payload["rows"] += rows
         payload["skipped"] += skipped
         del run

@@ -78,7 +78,9 @@ def test_dry_run_json_schema(dry_run):
             assert isinstance(row[field], kind), (field, row)
         assert row["backend"] in BACKENDS
         assert row["frac_of_copy_bw"] is None
+        assert row["frac_of_tensor_peak"] is None  # no tensor peak on record for a CPU
         assert row["bytes"] > 0 and row["median_us"] > 0
+    assert payload["dense_16bit_tflops"] is None and payload["dense_16bit_source"] is None
 
 
 def test_dry_run_covers_the_sweep_axes_and_the_cpu_backends(dry_run):
@@ -424,3 +426,90 @@ def test_rotated_copies_of_a_long_cache_are_capped_by_memory(monkeypatch):
     assert len(suite.ShapeRun(shape, torch.device("cpu"), seed=0).copies) == 3
     monkeypatch.setattr(suite, "MAX_ROTATION_BYTES", case_bytes // 2)
     assert len(suite.ShapeRun(shape, torch.device("cpu"), seed=0).copies) == 1
+
+
+PREFILL_LENGTHS = (4096, 8192, 16384)
+
+
+def test_presets_hold_the_noncausal_prefill_shapes():
+    """Issue 11: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 cache beside it),
+    32 query / 8 KV heads, head_dim 128, page 16, non-causal; --quick holds the 4k one."""
+    expected = {
+        shapes.Shape("prefill", 1, n, n, 32, 8, 128, False, kv, "bfloat16", 16)
+        for n in PREFILL_LENGTHS
+        for kv in ("fp8_e4m3", "bfloat16")
+    }
+    assert {s for s in shapes.full() if s.kind == "prefill"} == expected
+    (quick,) = [s for s in shapes.quick() if s.kind == "prefill"]
+    assert quick == shapes.prefill(4096) and quick.kv_dtype == "fp8_e4m3"
+    assert quick == shapes.quick()[-1]  # the time budget cuts it first
+
+
+@pytest.mark.parametrize("length", PREFILL_LENGTHS)
+def test_prefill_flops_come_from_the_mask_and_bytes_read_the_cache_once(length):
+    shape = shapes.prefill(length)
+    # Non-causal: every one of the 32 query heads' q rows meets every key, in two GEMMs.
+    assert shape.flops == 4 * length * length * 128 * 32
+    kv = 2 * length * 8 * 128  # K and V of 8 KV heads, one byte each
+    q_and_out = 2 * length * 32 * 128 * 2
+    assert shape.kv_bytes() == kv and shape.bytes == kv + q_and_out
+    # 8 FLOP per KV byte per query token: compute-bound far past any GPU's ridge point.
+    assert shape.flops / shape.kv_bytes() == 8 * length
+    causal = dataclasses.replace(shape, causal=True)
+    assert causal.flops == 4 * (length * (length + 1) // 2) * 128 * 32
+    assert causal.bytes == shape.bytes
+
+
+def prefill_payload(gpu: str, peak: float | None, frac: float | None) -> dict:
+    shape = shapes.prefill(8192)
+    tflops = 0.0 if frac is None else frac * peak / 1e12
+    row = {
+        **shape.fields(),
+        "backend": "cuda",
+        "median_us": 1000.0,
+        "tflops": tflops,
+        "frac_of_copy_bw": 0.01,
+        "frac_of_tensor_peak": frac,
+        "speedup": {"torch_sdpa": 2.0},
+    }
+    peer = {**row, "backend": "torch_sdpa", "speedup": {}}
+    peer["frac_of_tensor_peak"] = None if frac is None else frac / 2
+    return {
+        "gpu": gpu,
+        "timings_meaningful": True,
+        "copy_bw_gbps": 4000.0,
+        "dense_16bit_tflops": None if peak is None else peak / 1e12,
+        "rows": [row, peer],
+        "accuracy": [],
+    }
+
+
+def test_prefill_goal_is_stated_against_the_dense_tensor_peak():
+    from benchmarks import report
+
+    payload = prefill_payload("NVIDIA H200", 989.4e12, 0.65)
+    (line,) = [line for line in report.goals(payload) if "prefill" in line]
+    assert "65% of the dense 16-bit tensor peak (989 TFLOP/s" in line
+    assert "4 x q x kv x head_dim x heads" in line and "best peer torch_sdpa 32%" in line
+    assert "goal >= 60%: met" in line and "copy bandwidth" not in line
+    assert not any("drafter rows" in line for line in report.goals(payload))
+    payload["rows"][0]["frac_of_tensor_peak"] = 0.4
+    assert any("prefill" in line and "NOT met" in line for line in report.goals(payload))
+    # The table shows a prefill row against the tensor peak, a drafter row against copy BW.
+    assert report.yardstick_fractions(payload["rows"][0]) == (None, pytest.approx(40.0))
+    drafter = {**payload["rows"][0], "kind": "drafter", "frac_of_copy_bw": 0.9}
+    assert report.yardstick_fractions(drafter) == (pytest.approx(90.0), None)
+    # A GPU whose peak is not on record: TFLOP/s only, no fraction made up.
+    unknown = prefill_payload("NVIDIA H100 PCIe", None, None)
+    (line,) = [line for line in report.goals(unknown) if "prefill" in line]
+    assert "no dense 16-bit tensor peak on record for NVIDIA H100 PCIe" in line
+
+
+def test_dense_tensor_peak_is_the_datasheet_figure_of_that_exact_gpu():
+    from benchmarks.sass_model.hardware import dense_16bit_peak
+
+    assert dense_16bit_peak("NVIDIA H200")[0] == 989.4e12
+    assert dense_16bit_peak("NVIDIA B200")[0] == 2.25e15
+    assert "datasheet" in dense_16bit_peak("NVIDIA H200")[1]
+    for other in ("NVIDIA H200 NVL", "NVIDIA H100 80GB HBM3", "cpu"):
+        assert dense_16bit_peak(other) is None
