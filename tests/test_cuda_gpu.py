@@ -371,16 +371,17 @@ def test_a_batch_of_only_padding_is_zeroed():
 @pytest.mark.parametrize("causal", [False, True, [True, False, False]], ids=str)
 def test_window_and_sinks_match_reference(causal, window, sinks, num_splits):
     """Split-KV over the windowed tile range (the plan's count, or forced), the sink in the
-    unsplit epilogue or once in the merge."""
+    unsplit epilogue or once in the merge; the padded rows past the last sequence are zeros."""
     case = make_case(
         [8, 5, 24], [700, 61, 2000], num_q_heads=8, num_kv_heads=2, head_dim=128, causal=causal,
-        device="cuda", seed=17,
+        padded_rows=3, device="cuda", seed=17,
     )  # fmt: skip
     problem, ref, _ = window_problem(case, window, sinks)
     out = torch.full_like(case.query, float("nan"))
     cuda_backend.paged_attention(problem, out, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[-3:], torch.zeros_like(out[-3:]))
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
