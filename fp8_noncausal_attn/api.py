@@ -152,9 +152,8 @@ def paged_attention(
         validate: also run the checks that need device values on the host (a sync).
         window: ``(left, right)`` sliding window, FlashAttention's convention (``-1`` =
             unbounded): token ``i`` at ``p = kv_len - q_len + i`` also sees only keys
-            ``p - left <= j <= p + right`` (causal caps ``right`` at 0). Reference and Triton
-            run it (Triton reads only the key tiles inside the window); the CUDA kernels do not
-            yet, so ``auto`` picks Triton on a GPU.
+            ``p - left <= j <= p + right`` (causal caps ``right`` at 0). Every backend runs it;
+            Triton and the CUDA kernels read only the key tiles inside the window.
         sinks: float32 ``[num_q_heads]`` attention-sink logits (gpt-oss / vLLM ``sinks``): each
             joins its head's softmax denominator with no value,
             ``out = sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``. Backends as for window.

@@ -6,7 +6,8 @@ keys ``0 <= j < kv_len``. A sliding window ``(left, right)`` (FlashAttention's c
 unbounded) further limits it to ``p - left <= j <= p + right``; with causal, ``right`` is capped at
 0 by the causal bound. The reference and the Triton kernel implement exactly :func:`visible_range`
 (Triton also skips whole key tiles outside the union of its rows' ranges); the CUDA kernels
-implement :func:`visible_keys` and refuse a window (``cuda_backend.unsupported_reason``).
+implement it in csrc/mma_sync/index_maps.h (``row_keys``, checked against this function by
+tests/test_cuda_kernel_emulation.py) and skip whole key tiles the same way.
 """
 
 from __future__ import annotations

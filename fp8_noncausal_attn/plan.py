@@ -236,8 +236,7 @@ class PagedAttention:
             window: ``(left, right)`` sliding window (FlashAttention's convention, ``-1`` =
                 unbounded; see :func:`fp8_noncausal_attn.paged_attention`). A plan property, as
                 in vLLM where it is a layer property and layers of one KV-cache group share it:
-                layers with different windows take one plan each. The CUDA kernels do not run
-                windows yet, so ``auto`` plans Triton for a windowed batch on a GPU.
+                layers with different windows take one plan each. Every backend runs it.
 
         Returns:
             The plan, also kept as the current one that :meth:`run` uses by default.
@@ -418,9 +417,6 @@ class PagedAttention:
             k_scale, v_scale, plan.causal, plan.causal_per_seq, plan.softmax_scale,
             plan.max_seqlen_q, plan.max_seqlen_k, plan.window, sinks,
         )  # fmt: skip
-        if sinks is not None and plan.backend == "cuda":
-            why = "the CUDA kernels do not run attention sinks yet (Triton and the reference do)"
-            return self._run_elsewhere(plan, problem, out, why)
         if plan.run_check is not None:
             why = plan.run_check(problem, out)
             if why is not None:

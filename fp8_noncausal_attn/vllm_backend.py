@@ -17,8 +17,8 @@ tensor-parallel rank. Rows past the last request (vLLM pads ``num_actual_tokens`
 graphs) are written as zeros. A layer's ``sliding_window=w`` runs as the window ``(w - 1, 0)``,
 made ``(w - 1, w - 1)`` when the batch is not all causal, exactly as vLLM 0.33's FLASH_ATTN does
 (``_maybe_symmetrize_window``); a layer's ``sinks`` (one logit per query head of this rank) join
-each row's softmax denominator. Window and sinks run on Triton (and the reference on CPU): the
-CUDA kernels refuse them, so ``auto`` picks Triton for such layers.
+each row's softmax denominator. Window and sinks run on every backend (the CUDA kernels, Triton,
+the reference on CPU).
 
 This module imports vLLM; ``import fp8_noncausal_attn`` never imports it.
 """

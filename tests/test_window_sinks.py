@@ -201,20 +201,14 @@ def test_cuda_backend_takes_window_and_sinks_like_a_plain_call():
         assert cuda_backend.unsupported_reason(problem) == cuda_backend.unsupported_reason(plain)
 
 
-def test_plan_on_cuda_sends_a_run_with_sinks_elsewhere(monkeypatch):
-    """Sinks come per layer, at run time, after a plan may have chosen the CUDA kernels (mocked
-    here as runnable on CPU tensors): such a run goes to the backend ``auto`` finds for it
-    (never to the CUDA kernels), and a plan that named ``cuda`` refuses it by reason. A windowed
-    plan never picks CUDA."""
+def test_plan_on_cuda_runs_window_and_sinks_there(monkeypatch):
+    """Sinks come per layer, at run time, after a plan chose the CUDA kernels (mocked here as
+    runnable on CPU tensors): the run stays on the CUDA kernels and passes them the sinks; a
+    windowed plan picks them too."""
     from fp8_noncausal_attn import dispatch
 
-    real_reason = cuda_backend.unsupported_reason
     monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
-    monkeypatch.setattr(
-        cuda_backend, "unsupported_reason",
-        lambda problem: real_reason(problem) if problem.has_window or problem.sinks is not None
-        else None,
-    )  # fmt: skip
+    monkeypatch.setattr(cuda_backend, "unsupported_reason", lambda problem: None)
     cuda_runs = []
     monkeypatch.setattr(cuda_backend, "plan", lambda problem, workspace: None)
     monkeypatch.setattr(cuda_backend, "run", lambda *args: cuda_runs.append(args))
@@ -230,25 +224,27 @@ def test_plan_on_cuda_sends_a_run_with_sinks_elsewhere(monkeypatch):
         plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
                          backend=backend)  # fmt: skip
         assert plan.backend == "cuda"
-        attn.run(*args, plan=plan)
-        assert len(cuda_runs) == 1
+        attn.run(*args, sinks=sinks, plan=plan)
+        ((problem, _, _),) = cuda_runs
+        assert problem.sinks is sinks
         cuda_runs.clear()
-    auto_plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False)
-    out = attn.run(*args, sinks=sinks, plan=auto_plan)
-    assert not cuda_runs
-    assert torch.equal(out, reference(case, sinks=sinks))  # case: causal=False
-    with pytest.raises(RuntimeError, match="'cuda' cannot.*do not run attention sinks yet"):
-        attn.run(*args, sinks=sinks, plan=plan)  # the plan that named cuda
     windowed = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, window=(4, 4))
-    assert windowed.backend == "reference"
+    assert windowed.backend == "cuda"
+    attn.run(*args, plan=windowed)
+    ((problem, _, _),) = cuda_runs
+    assert problem.window == (4, 4)
 
 
 def test_windowed_benchmark_shape_bytes_scale_with_the_window():
     shape = shapes.windowed_drafter()
     full = shapes._drafter(kv_len=shape.kv_len)
     assert shape.kv_len == 131072 and shape.window == (4095, 4095) and not shape.causal
-    # Keys some query sees: from the first query's p - left to the end of the context.
-    assert shape.keys_read == shape.q_len - 1 + 4095 + 1
+    # Keys read: from the page holding the first query's p - left to the end of the context
+    # (whole pages: a kernel loads a page or none of it).
+    first_visible = shape.kv_len - shape.q_len - 4095
+    first_page_key = first_visible // shape.block_size * shape.block_size
+    assert shape.keys_read == shape.kv_len - first_page_key
+    assert shape.keys_read == shape.pages_read * shape.block_size
     per_key = 2 * shape.batch * shape.num_kv_heads * shape.head_dim  # K and V, FP8
     assert shape.kv_bytes() == per_key * shape.keys_read
     assert full.kv_bytes() == per_key * 131072
