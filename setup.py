@@ -12,6 +12,14 @@ Environment (the README's "Environment variables" section lists them too):
   FP8NCA_CUTLASS_INCLUDE  CUTLASS headers; default: the ``nvidia-cutlass`` package of the build
                           environment (``cutlass_library/source/include``).
   FP8NCA_BUILD_JOBS       parallel compile jobs (default: CPU count).
+  FP8NCA_BUILD_DSL        "1": also compile the CUTLASS-DSL families (wgmma, tcgen05) ahead of
+                          time into the package (``fp8_noncausal_attn/_<family>/``: one libc-only
+                          library with the cubins inside, build.json, the cubins for SASS checks);
+                          or a comma-separated list of families; unset/"0": not (the default: it
+                          adds minutes, and the families are opt-in, never run on hardware).
+                          Needs nvidia-cutlass-dsl[cu13]==4.8.1 in the environment pip builds
+                          from (not in build-system.requires), a C compiler (CC/CXX) and
+                          CUDA_HOME's libcudart_static.a; no GPU.
 
 Under build isolation (pip's default) pybind11, nvidia-cutlass and cmake come from
 ``build-system.requires``; with ``--no-build-isolation`` they must be installed beforehand.
@@ -20,6 +28,7 @@ Under build isolation (pip's default) pybind11, nvidia-cutlass and cmake come fr
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -37,6 +46,8 @@ ROOT = Path(__file__).resolve().parent
 PACKAGE = "fp8_noncausal_attn"
 CMAKE_MIN_VERSION = (3, 24)  # cmake_minimum_required in CMakeLists.txt
 BUILD_FLAG = "FP8NCA_BUILD_CUDA"
+DSL_FLAG = "FP8NCA_BUILD_DSL"
+DSL_FAMILIES = ("wgmma", "tcgen05")
 
 
 def find_nvcc(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -229,9 +240,71 @@ def replacing_extension_problem(
     )
 
 
+def dsl_build_plan(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The DSL families this build compiles into the package: none unless ``FP8NCA_BUILD_DSL``
+    is "1" (all) or names them, comma-separated."""
+    flag = environ.get(DSL_FLAG, "").strip()
+    if flag in ("", "0"):
+        return ()
+    if flag == "1":
+        return DSL_FAMILIES
+    families = tuple(name.strip() for name in flag.split(","))
+    if not set(families) <= set(DSL_FAMILIES):
+        raise ValueError(
+            f"{DSL_FLAG} must be 0, 1 or a comma-separated list of {', '.join(DSL_FAMILIES)}, "
+            f"got {flag!r}"
+        )
+    return families
+
+
+def dsl_build_command(family: str, out: Path) -> list[str]:
+    """``python -m dsl.build --family FAMILY --out OUT`` in a child interpreter started with
+    ``-I``: under pip's build isolation it still sees the environment's own packages (the DSL),
+    and it imports this tree's ``dsl/`` (build-time only, not in the wheel)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from dsl.build import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    return [sys.executable, "-I", "-c", code, "--family", family, "--out", str(out)]
+
+
+def install_dsl_build(build_dir: Path, package_dir: Path, family: str) -> list[str]:
+    """Copy what the package needs of one family's build (the library, build.json, the kept
+    cubins; not the objects, headers and PTX) into ``package_dir/_<family>/``, replacing an
+    older one. Returns the copied paths, relative to that folder."""
+    record = json.loads((build_dir / "build.json").read_text())
+    names = [record["library"], "build.json"]
+    names += [cubin for entry in record["variants"] for cubin in entry["cubins"]]
+    target = package_dir / f"_{family}"
+    shutil.rmtree(target, ignore_errors=True)
+    for name in names:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build_dir / name, target / name)
+    return names
+
+
+def build_dsl_families(families: tuple[str, ...], package_dir: Path, temp: Path) -> None:
+    """Compile each family ahead of time (minutes: every variant) and install it."""
+    for family in families:
+        out = temp / f"dsl-{family}"
+        proc = subprocess.run(
+            dsl_build_command(family, out), capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            sys.stderr.write((proc.stdout + proc.stderr)[-20000:])
+            raise RuntimeError(
+                f"fp8-noncausal-attn: {DSL_FLAG}: building the {family} family failed (it needs "
+                "nvidia-cutlass-dsl[cu13]==4.8.1 where pip builds, CC/CXX and CUDA_HOME's "
+                f"libcudart_static.a); unset {DSL_FLAG} to build without it"
+            )
+        copied = install_dsl_build(out, package_dir, family)
+        print(f"fp8_noncausal_attn: {family} family built ahead of time: {len(copied)} files")
+
+
 class BuildPyWarnsWithoutCuda(build_py):
     """Runs for every wheel and editable build (not for an sdist): says when ``_C`` is skipped,
-    and refuses to replace an installed ``_C`` with nothing unless ``FP8NCA_BUILD_CUDA=0``."""
+    and refuses to replace an installed ``_C`` with nothing unless ``FP8NCA_BUILD_CUDA=0``;
+    compiles the DSL families into the package when ``FP8NCA_BUILD_DSL`` asks."""
 
     def run(self) -> None:
         planned, reason = build_plan()
@@ -244,6 +317,13 @@ class BuildPyWarnsWithoutCuda(build_py):
                 say_loudly(f"WARNING: {BUILD_FLAG}=0: this install drops the CUDA build {existing}")
             say_loudly(skip_message(reason))
         super().run()
+        families = dsl_build_plan()
+        if families:
+            # An editable install runs the tree's package; a wheel packs build_lib.
+            editable = getattr(self, "editable_mode", False)
+            package_dir = ROOT / PACKAGE if editable else Path(self.build_lib) / PACKAGE
+            with tempfile.TemporaryDirectory() as temp:
+                build_dsl_families(families, package_dir, Path(temp))
 
 
 def cmake_configure_args(cmake: str, build_dir: Path, output_dir: Path) -> list[str]:

@@ -452,7 +452,7 @@ def report(cuda_available: bool, cuda_reason: str) -> dict[str, dict[str, object
     for name, family in FAMILIES.items():
         library, why = load_library(name)
         if library is not None:
-            why = f"{len(library.variants)} variants in {library.path}"
+            why = f"{library.path}: {len(library.variants)} variant(s)"
             if capability is None:
                 why += "; no CUDA GPU visible"
             elif capability not in family.archs:

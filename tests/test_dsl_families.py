@@ -1,0 +1,643 @@
+"""The CUTLASS-DSL families (wgmma, tcgen05) in the package: the AOT library found and loaded with
+ctypes, the variant picked for a batch (or refused by reason), the host preconditions, the opt-in
+selection (FP8NCA_CUDA_FAMILY / plan(family=)) with its fallback to mma_sync, the launch's C
+arguments, the split-KV merge, and the package build of a library (setup.py's command).
+
+NEVER RUN ON HARDWARE: on CPU the GPU, ``_C`` and the library's launch are mocked as the other
+cuda-backend tests mock them; the ``gpu`` tests at the end run each family on its own GPU.
+"""
+
+import ctypes
+import importlib.util
+import math
+import os
+import re
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import TOLERANCE
+
+import fp8_noncausal_attn as fna
+from dsl import build
+from dsl.tcgen05 import layouts as tcgen05_layouts
+from dsl.tcgen05 import traits as tcgen05_traits
+from dsl.wgmma import traits as wgmma_traits
+from fp8_noncausal_attn import cuda_backend, dispatch, dsl_families
+from fp8_noncausal_attn.masking import visible_range
+from fp8_noncausal_attn.reference import gather_sequence_kv
+from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.validation import validate_attention
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TABLES = {
+    "wgmma": [f"{v.name}@{a}" for a in wgmma_traits.ARCHS for v in build.WGMMA_VARIANTS],
+    "tcgen05": [f"{v.name}@{a}" for a in tcgen05_traits.ARCHS for v in build.VARIANTS],
+}
+# The one variant per family the build test compiles (about 10-15 s each here).
+SMALL_BUILDS = {
+    "wgmma": ("sm_90a", "wgmma_d64_m64_p16_bf16_e4m3"),
+    "tcgen05": ("sm_100a", "tcgen05_d128_n32_p16_bf16_e4m3"),
+}
+
+
+class FakeLibrary:
+    """A family's library as the loader sees it, with a recording (or emulating) launch."""
+
+    def __init__(self, names: list[str], launch=None) -> None:
+        self.path = Path("/fake/libfp8nca.so")
+        self.variants = tuple(dsl_families.parse_variant(i, n) for i, n in enumerate(names))
+        self.calls: list[tuple[int, dict]] = []
+        self._launch = launch
+
+    def launch(self, index: int, arguments: dict) -> int:
+        self.calls.append((index, arguments))
+        return self._launch(index, arguments) if self._launch else 0
+
+
+def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None):
+    """A GPU of ``capability`` with ``_C`` and the families' libraries (``{family: library}``)
+    mocked; CPU tensors stand for device ones."""
+    ext = SimpleNamespace(
+        plan=lambda **kwargs: {"num_splits": 1},
+        paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
+            kwargs
+        ),
+    )
+    libraries = libraries or {}
+    monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
+    monkeypatch.setattr(cuda_backend, "unsupported_reason", lambda problem: None)
+    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(cuda_backend, "resident_ctas", lambda problem: 132)
+    monkeypatch.setattr(dsl_families, "device_capability", lambda device: capability)
+    monkeypatch.setattr(dsl_families, "resident_ctas", lambda device: 132)
+    monkeypatch.setattr(
+        dsl_families,
+        "load_library",
+        lambda family: (libraries[family], "") if family in libraries else (None, "not built"),
+    )
+    monkeypatch.setattr(dsl_families, "_warned", set())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
+        cuda_stream=0))  # fmt: skip
+    monkeypatch.delenv(dsl_families.FAMILY_ENV, raising=False)
+
+
+def problem_of(case, **overrides):
+    kwargs = case.kwargs() | overrides
+    return validate_attention(
+        *case.args(), **kwargs, softmax_scale=None, out=None, validate=False
+    )  # fmt: skip
+
+
+def attention(case, **kwargs):
+    return fna.PagedAttention(
+        num_q_heads=case.query.shape[1], num_kv_heads=case.key_cache.shape[2],
+        head_dim=case.query.shape[2], block_size=case.key_cache.shape[1],
+        query_dtype=case.query.dtype, cache_dtype=case.key_cache.dtype, device="cpu",
+        max_num_seqs=8, max_num_tokens=64, **kwargs,
+    )  # fmt: skip
+
+
+def plan_case(attn, case, **kwargs):
+    return attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=case.causal,
+                     backend="cuda", **kwargs)  # fmt: skip
+
+
+def layer_args(case):
+    return case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale
+
+
+# ---- the library and its C interface ------------------------------------------------------
+
+
+def test_launch_arguments_are_the_c_interface_of_dsl_build():
+    """Names, order and C types of the launch arguments equal dsl/build.py's ARGUMENTS."""
+    c_types = {"void *": ctypes.c_void_p, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
+               "float": ctypes.c_float, "cudaStream_t": ctypes.c_void_p}  # fmt: skip
+    declared = []
+    for part in build.ARGUMENTS.split(", "):
+        kind, name = re.fullmatch(r"(void \*|\w+) ?(\w+)", part).groups()
+        declared.append((name, c_types[kind]))
+    assert list(dsl_families.LAUNCH_ARGUMENTS) == declared
+
+
+def test_every_built_variant_name_parses_to_its_fields():
+    for arch in wgmma_traits.ARCHS:
+        for v in build.wgmma_variants((16, 64), wgmma_traits.KV_DTYPES):
+            parsed = dsl_families.parse_variant(3, f"{v.name}@{arch}")
+            fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
+            assert fields == (v.head_dim, v.rows, v.page_size, arch)
+            assert parsed.q_dtype == getattr(torch, v.q_dtype)
+            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
+    for arch in tcgen05_traits.ARCHS:
+        for v in build.VARIANTS:
+            parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
+            assert (parsed.head_dim, parsed.rows, parsed.arch) == (v.head_dim, v.rows, arch)
+    with pytest.raises(ValueError, match="not a DSL variant name"):
+        dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3")  # no arch
+
+
+def test_key_tiles_are_the_families_own():
+    """Split-KV ranges are whole key tiles: the loader's tile is each kernel's."""
+    for v in build.wgmma_variants():
+        assert dsl_families.FAMILIES["wgmma"].key_tile(v.head_dim) == v.key_tile
+    for v in build.VARIANTS:
+        assert dsl_families.FAMILIES["tcgen05"].key_tile(v.head_dim) == tcgen05_layouts.KEY_TILE
+
+
+def test_library_search_order_and_a_broken_library(tmp_path, monkeypatch):
+    first, second = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv(dsl_families.LIBRARY_DIR_ENV, os.pathsep.join(map(str, (first, second))))
+    dirs = dsl_families.library_dirs("wgmma")
+    assert dirs[:2] == [first, second]
+    assert dirs[2] == ROOT / "fp8_noncausal_attn" / "_wgmma"
+    second.mkdir()
+    (second / "libfp8nca_wgmma.so").write_bytes(b"not an ELF file")
+    dsl_families.load_library.cache_clear()
+    try:
+        library, why = dsl_families.load_library("wgmma")
+        assert library is None and "does not load as the wgmma library" in why
+        monkeypatch.setenv(dsl_families.LIBRARY_DIR_ENV, str(first))
+        dsl_families.load_library.cache_clear()
+        if not (dirs[2] / "libfp8nca_wgmma.so").exists():
+            library, why = dsl_families.load_library("wgmma")
+            assert library is None and "FP8NCA_BUILD_DSL=1" in why
+    finally:
+        dsl_families.load_library.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def package_build(tmp_path_factory):
+    """One small variant per family, built by setup.py's own command and installed by its own
+    install step into a package folder, as FP8NCA_BUILD_DSL=1 does with every variant."""
+    pytest.importorskip("cutlass")
+    spec = importlib.util.spec_from_file_location("fp8nca_setup", ROOT / "setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    package = tmp_path_factory.mktemp("package")
+    import subprocess
+
+    for family, (arch, variant) in SMALL_BUILDS.items():
+        out = tmp_path_factory.mktemp(family)
+        command = setup.dsl_build_command(family, out) + ["--arch", arch, "--variant", variant]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        copied = setup.install_dsl_build(out, package, family)
+        assert copied[:2] == [f"libfp8nca_{family}.so", "build.json"]
+        assert len(copied) == 3 and copied[2].startswith(f"{arch}/{variant}/")
+    return package
+
+
+@pytest.mark.parametrize("family", sorted(SMALL_BUILDS))
+def test_a_package_build_loads_and_lists_its_variants(package_build, family, monkeypatch):
+    """The built library loads with ctypes on this CPU machine (libc only), names its variant,
+    and refuses an unknown variant index without touching CUDA."""
+    folder = package_build / f"_{family}"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["build.json", f"libfp8nca_{family}.so", SMALL_BUILDS[family][0]]
+    )
+    monkeypatch.setenv(dsl_families.LIBRARY_DIR_ENV, str(folder))
+    dsl_families.load_library.cache_clear()
+    try:
+        library, why = dsl_families.load_library(family)
+        assert library is not None, why
+        arch, name = SMALL_BUILDS[family]
+        assert [v.name for v in library.variants] == [f"{name}@{arch}"]
+        assert library.path == folder / f"libfp8nca_{family}.so"
+        zeros = {name: 0 for name, _ in dsl_families.LAUNCH_ARGUMENTS}
+        assert library.launch(len(library.variants), zeros) == -1
+        report = fna.available_backends()["cuda"]["families"][family]
+        assert f"{library.path}: 1 variant(s)" in report["reason"]
+        assert report["available"] is False  # no GPU here
+    finally:
+        dsl_families.load_library.cache_clear()
+
+
+# ---- which variant, and why not ------------------------------------------------------------
+
+
+def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn, page=16,
+           rows=32):  # fmt: skip
+    variants = FakeLibrary(DEFAULT_TABLES[family]).variants
+    variant, why = dsl_families.choose_variant(variants, arch, head_dim, q, kv, page, rows)
+    return (variant.name if variant else None), why
+
+
+@pytest.mark.parametrize(
+    "family,arch,head_dim,rows,expected",
+    [
+        ("wgmma", "sm_90a", 128, 8, "wgmma_d128_m64"),
+        ("wgmma", "sm_90a", 128, 64, "wgmma_d128_m64"),
+        ("wgmma", "sm_90a", 128, 65, "wgmma_d128_m128"),
+        ("wgmma", "sm_90a", 64, 4096, "wgmma_d64_m128"),  # prefill: several 128-row CTAs
+        ("wgmma", "sm_90a", 256, 128, "wgmma_d256_m64"),  # d256 has 64 rows only
+        ("tcgen05", "sm_100a", 128, 32, "tcgen05_d128_n32"),
+        ("tcgen05", "sm_100a", 128, 33, "tcgen05_d128_n64"),
+        ("tcgen05", "sm_103a", 128, 100, "tcgen05_d128_n128"),
+        ("tcgen05", "sm_103a", 128, 500, "tcgen05_d128_n128"),
+        ("tcgen05", "sm_100a", 256, 64, "tcgen05_d256_n32"),
+    ],
+)
+def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
+    family, arch, head_dim, rows, expected
+):
+    name, why = choose(family, arch, head_dim=head_dim, rows=rows)
+    assert why == "" and name == f"{expected}_p16_bf16_e4m3@{arch}"
+    name, _ = choose(family, arch, head_dim=head_dim, q=torch.float16, rows=rows)
+    assert name == f"{expected}_p16_f16_e4m3@{arch}"
+
+
+@pytest.mark.parametrize(
+    "family,change,reason",
+    [
+        ("wgmma", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
+        ("tcgen05", {"head_dim": 64}, "no built variant for head_dim 64 (built: 128, 256)"),
+        ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
+        ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
+        ("tcgen05", {"page": 32}, "no built variant for page_size 32 (built: 16)"),
+        ("wgmma", {"arch": "sm_100a"}, "no built variant for arch sm_100a (built: sm_90a)"),
+    ],
+)
+def test_no_built_variant_is_refused_with_the_field(family, change, reason):
+    arch = change.pop("arch", "sm_90a" if family == "wgmma" else "sm_100a")
+    name, why = choose(family, arch, **change)
+    assert name is None and reason in why
+
+
+def test_split_count_follows_the_mma_sync_plan_rule():
+    assert dsl_families.choose_splits(132, 100, 4, 132) == 1  # the grid fills the GPU
+    assert dsl_families.choose_splits(8, 100, 2, 132) == 15  # 120 of 132 slots >= 90%
+    assert dsl_families.choose_splits(8, 8, 2, 132) == 2  # at least 4 key tiles per split
+    assert dsl_families.choose_splits(1, 1000, 1, 132) == 32  # at most 32 splits
+    assert dsl_families.choose_splits(1, 1000, 65535, 132) == 1  # the grid's z limit
+
+
+# ---- host preconditions ------------------------------------------------------------------
+
+
+def test_layer_tensors_the_kernels_cannot_take_are_refused_by_reason():
+    case = make_case([3, 5], [40, 21], seed=1)
+    problem = problem_of(case)
+    out = torch.empty_like(case.query)
+    assert dsl_families.run_unsupported_reason(problem, out) is None
+
+    def reason(o=out, **changes):
+        fields = {f: getattr(problem, f) for f in problem.__dataclass_fields__} | changes
+        return dsl_families.run_unsupported_reason(type(problem)(**fields), o)
+
+    shifted = torch.empty(case.key_cache.numel() + 1, dtype=torch.uint8)[1:]
+    misaligned = shifted.view(case.key_cache.dtype).view(case.key_cache.shape)
+    assert "key_cache needs a 16-byte aligned base" in reason(key_cache=misaligned)
+    wide = torch.empty(*case.value_cache.shape[:3], 72, dtype=case.value_cache.dtype)[..., :64]
+    assert "value_cache needs a 16-byte aligned base and strides multiples of 16" in reason(
+        value_cache=wide
+    )
+    huge = torch.empty_strided(case.key_cache.shape, (2**31, 128, 64, 1), device="meta",
+                               dtype=case.key_cache.dtype)  # fmt: skip
+    assert "page stride of 2^31 elements or more" in reason(key_cache=huge)
+    query = torch.empty(case.query.numel() + 1, dtype=case.query.dtype)[1:].view(case.query.shape)
+    assert "query needs a 16-byte aligned base" in reason(query=query)
+    assert "out needs a 16-byte aligned base" in reason(
+        o=torch.empty(out.numel() + 1, dtype=out.dtype)[1:].view(out.shape)
+    )
+    assert "attention sinks" in reason(sinks=torch.zeros(8))
+
+
+def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
+    monkeypatch.setattr(dsl_families, "device_capability", lambda device: (9, 0))
+    wgmma = dsl_families.FAMILIES["wgmma"]
+    case = make_case([3, 5], [40, 21], seed=2)
+    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case)) is None
+    assert "sliding windows" in dsl_families.plan_unsupported_reason(
+        wgmma, problem_of(case, window=(8, 0))
+    )
+    strided = make_case([3, 5], [40, 21], index_step=2, seed=2)
+    assert "cu_seqlens_q must be contiguous" in dsl_families.plan_unsupported_reason(
+        wgmma, problem_of(strided)
+    )
+    tcgen05 = dsl_families.FAMILIES["tcgen05"]
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) == (
+        "needs an sm_100/sm_103 (B200, B300) GPU, this one is sm_90"
+    )
+    monkeypatch.setattr(dsl_families, "device_capability", lambda device: None)
+    assert "need CUDA tensors" in dsl_families.plan_unsupported_reason(wgmma, problem_of(case))
+
+
+# ---- opt-in selection and fallback ---------------------------------------------------------
+
+
+def test_mma_sync_stays_the_default(monkeypatch):
+    wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"])
+    mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
+    case = make_case([3, 5], [40, 21], seed=3)
+    attn = attention(case)
+    plan = plan_case(attn, case)
+    assert (plan.backend, plan.family, plan.family_reason) == ("cuda", "mma_sync", "")
+    assert plan.backend_plan.dsl is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attn.run(*layer_args(case), plan=plan)
+    assert not wgmma.calls
+
+
+@pytest.mark.parametrize("how", ["environment", "argument"])
+def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
+    wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"])
+    mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
+    case = make_case([3, 5], [40, 21], seed=4)  # R = 5 x 4 = 20 rows per KV head
+    attn = attention(case)
+    if how == "environment":
+        monkeypatch.setenv(dsl_families.FAMILY_ENV, "wgmma")
+        plan = plan_case(attn, case)
+    else:
+        monkeypatch.setenv(dsl_families.FAMILY_ENV, "tcgen05")  # the argument wins
+        plan = plan_case(attn, case, family="wgmma")
+    assert (plan.family, plan.family_reason) == ("wgmma", "")
+    dsl = plan.backend_plan.dsl
+    assert dsl.variant.name == "wgmma_d64_m64_p16_bf16_e4m3@sm_90a"
+    assert (dsl.row_tiles, dsl.num_splits) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "capability,family,libraries,reason",
+    [
+        ((10, 0), "wgmma", ("wgmma",), "wgmma refused, mma_sync runs: needs an sm_90 (H100, "
+                                       "H200) GPU, this one is sm_100"),
+        ((10, 3), "tcgen05", (), "tcgen05 refused, mma_sync runs: not built"),
+        ((9, 0), "wgmma", ("wgmma",), "wgmma refused, mma_sync runs: no built variant for "
+                                      "page_size 32 (built: 16)"),
+    ],
+)  # fmt: skip
+def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
+    monkeypatch, capability, family, libraries, reason
+):
+    tables = {name: FakeLibrary(DEFAULT_TABLES[name]) for name in libraries}
+    mock_gpu(monkeypatch, capability=capability, libraries=tables)
+    monkeypatch.setenv(dsl_families.FAMILY_ENV, family)
+    page = 32 if "page_size" in reason else 16
+    case = make_case([3, 5], [40, 21], block_size=page, seed=5)
+    attn = attention(case)
+    with pytest.warns(RuntimeWarning, match=re.escape(reason)):
+        plan = plan_case(attn, case)
+    assert (plan.family, plan.family_reason) == ("mma_sync", reason)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reason
+        assert plan_case(attn, case).family_reason == reason
+
+
+def test_unknown_family_names_fail_by_name(monkeypatch):
+    mock_gpu(monkeypatch)
+    case = make_case([3, 5], [40, 21], seed=6)
+    attn = attention(case)
+    with pytest.raises(ValueError, match=r"family must be one of \('mma_sync', 'wgmma'"):
+        plan_case(attn, case, family="hopper")
+    monkeypatch.setenv(dsl_families.FAMILY_ENV, "wgmma2")
+    with pytest.raises(ValueError, match="FP8NCA_CUDA_FAMILY must be one of .* got 'wgmma2'"):
+        plan_case(attn, case)
+
+
+def test_family_off_the_cuda_backend_says_so():
+    case = make_case([3, 5], [40, 21], seed=7)
+    plan = attention(case).plan(case.cu_seqlens_q, case.seq_lens, case.block_table,
+                                backend="reference", family="wgmma")  # fmt: skip
+    assert plan.family is None
+    assert plan.family_reason == "family 'wgmma' is a CUDA family, reference runs"
+
+
+def test_available_backends_reports_each_family(monkeypatch):
+    monkeypatch.setenv(dsl_families.FAMILY_ENV, "tcgen05")
+    families = fna.available_backends()["cuda"]["families"]
+    assert set(families) == {"mma_sync", "wgmma", "tcgen05"}
+    for name in ("wgmma", "tcgen05"):
+        assert (
+            "compiled and SASS-checked, NEVER RUN ON HARDWARE; opt-in" in families[name]["status"]
+        )
+        assert "auto never picks it" in families[name]["status"]
+        assert families[name]["reason"]
+    assert families["tcgen05"].get("requested") and not families["wgmma"].get("requested")
+
+
+# ---- the launch ------------------------------------------------------------------------------
+
+
+def split_partials(problem, num_splits, key_tile):
+    """Each split's (O normalised and times v_scale, log2 LSE) in float64, as the kernels write
+    them: split s owns contiguous whole key tiles (dsl/common/indexing.split_tiles)."""
+    shape = (num_splits, problem.num_tokens, problem.num_q_heads)
+    ws_o = torch.full(shape + (problem.head_dim,), math.nan, dtype=torch.float64)
+    ws_lse = torch.full(shape, math.nan, dtype=torch.float64)  # padding rows: never written
+    cu, group = problem.cu_seqlens_q.tolist(), problem.group_size
+    for seq, kv_len in enumerate(problem.seq_lens.tolist()):
+        q_len = cu[seq + 1] - cu[seq]
+        if not q_len:
+            continue
+        keys, values = (t.double() for t in gather_sequence_kv(problem, seq, kv_len))
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
+        tiles = -(-kv_len // key_tile)
+        per_split = -(-tiles // num_splits)
+        for t in range(q_len):
+            q = problem.query[cu[seq] + t].double()
+            for h in range(problem.num_q_heads):
+                scores = keys[:, h // group] @ q[h] * problem.softmax_scale
+                for s in range(num_splits):
+                    lo = max(s * per_split * key_tile, int(start[t]))
+                    hi = min((s + 1) * per_split * key_tile, int(end[t]))
+                    if lo >= hi:
+                        ws_o[s, cu[seq] + t, h], ws_lse[s, cu[seq] + t, h] = 0.0, -math.inf
+                        continue
+                    part = scores[lo:hi]
+                    top = part.max()
+                    p = torch.exp(part - top)
+                    ws_o[s, cu[seq] + t, h] = p @ values[lo:hi, h // group] / p.sum()
+                    ws_lse[s, cu[seq] + t, h] = (top + torch.log(p.sum())) / math.log(2)
+    return ws_o, ws_lse
+
+
+def emulated_launch(problem, out_of):
+    """A stand-in for the library's launch on CPU tensors: checks the pointers it gets and
+    writes what the kernel would (out unsplit; the partials split)."""
+
+    def launch(index, arguments):
+        out = out_of()
+        assert arguments["q"] == problem.query.data_ptr()
+        assert arguments["out"] == out.data_ptr()
+        assert arguments["k_stride_b"] == problem.key_cache.stride(0)
+        assert arguments["k_scale"] == problem.k_scale.data_ptr()
+        splits = arguments["num_splits"]
+        if splits == 1:
+            assert arguments["ws_o"] == 0
+            expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(),
+                                           backend="reference")  # fmt: skip
+            rows = int(problem.cu_seqlens_q[-1])
+            out[:rows] = expected[:rows]
+            return 0
+        ws_o, ws_lse = split_partials(problem, splits, 128)
+        written = ~torch.isnan(ws_lse)
+        for buffer, values in (("ws_o", ws_o), ("ws_lse", ws_lse)):
+            target = WORKSPACE[buffer]
+            assert arguments[buffer] == target.data_ptr()
+            mask = written.unsqueeze(-1).expand_as(values) if buffer == "ws_o" else written
+            target[mask] = values[mask].float()
+            if buffer == "ws_o":
+                target[~mask] = math.nan  # what an unwritten partial may hold
+        return 0
+
+    return launch
+
+
+SPLIT_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, True, False],
+                       causal_dtype=torch.int32, padded_rows=3, seed=8)  # fmt: skip
+WORKSPACE: dict[str, torch.Tensor] = {}
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, num_splits):
+    """cuda_backend.run on a wgmma plan: one launch with the batch's pointers, strides and
+    sizes; padding rows zero (out starts as NaN); with 3 splits (one empty for the 4-key
+    sequence) the partials merge to the reference."""
+    problem = problem_of(SPLIT_CASE)
+    out = torch.full_like(SPLIT_CASE.query, math.nan)
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, lambda: out))
+    mock_gpu(monkeypatch, libraries={"wgmma": library})
+    monkeypatch.setattr(dsl_families, "merge_splits", record_workspace(dsl_families.merge_splits))
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
+    assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
+    real_empty = torch.empty
+
+    def empty(*shape, **kwargs):  # the one-shot path allocates the partials per launch
+        tensor = real_empty(*shape, **kwargs)
+        WORKSPACE["ws_o" if tensor.dim() == 4 else "ws_lse"] = tensor
+        return tensor
+
+    monkeypatch.setattr(dsl_families.torch, "empty", empty)
+    cuda_backend.run(problem, plan, out)
+    monkeypatch.setattr(dsl_families.torch, "empty", real_empty)
+    ((index, arguments),) = library.calls
+    assert library.variants[index].name == "wgmma_d64_m64_p16_bf16_e4m3@sm_90a"
+    assert (arguments["row_tiles"], arguments["num_splits"]) == (1, num_splits)  # R = 4 x 4
+    assert (arguments["causal_width"], arguments["causal_stride"]) == (4, 1)
+    assert arguments["causal_flags"] == SPLIT_CASE.causal.data_ptr()
+    assert arguments["num_tokens"] == SPLIT_CASE.query.shape[0]
+    expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference")
+    assert torch.all(out[8:] == 0)  # 3 padding rows
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+
+
+def record_workspace(merge):
+    def recorded(ws_o, ws_lse, out):
+        assert ws_o.data_ptr() == WORKSPACE["ws_o"].data_ptr()
+        return merge(ws_o, ws_lse, out)
+
+    return recorded
+
+
+def test_merge_ignores_what_empty_splits_and_padding_rows_hold():
+    ws_o = torch.randn(3, 2, 1, 4)
+    ws_lse = torch.tensor([[[1.0], [-math.inf]], [[3.0], [-math.inf]], [[-math.inf], [-math.inf]]])
+    ws_o[2] = math.nan  # an empty split's O is 0 in the kernels; here garbage: never read
+    ws_o[:, 1] = math.inf
+    out = torch.empty(2, 1, 4)
+    dsl_families.merge_splits(ws_o, ws_lse, out)
+    w = torch.tensor([2.0**1, 2.0**3])
+    assert torch.allclose(out[0, 0], (w[0] * ws_o[0, 0, 0] + w[1] * ws_o[1, 0, 0]) / w.sum())
+    assert torch.equal(out[1], torch.zeros(1, 4))
+
+
+def test_a_layer_the_family_cannot_take_runs_on_mma_sync_with_a_warning(monkeypatch):
+    mma_calls = []
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"])
+    mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
+    case = make_case([3, 5], [40, 21], seed=9)
+    attn = attention(case)
+    plan = plan_case(attn, case, family="wgmma")
+    attn.run(*layer_args(case), plan=plan)
+    assert len(library.calls) == 1 and not mma_calls
+    numel = case.query.numel()
+    query = torch.empty(numel + 8, dtype=case.query.dtype)[4 : 4 + numel].view(
+        case.query.shape
+    )  # 8-byte aligned: mma_sync takes it, the DSL kernels do not
+    query.copy_(case.query)
+    with pytest.warns(RuntimeWarning, match="wgmma cannot take this layer, mma_sync runs: query"):
+        attn.run(query, *layer_args(case)[1:], plan=plan)
+    assert len(library.calls) == 1 and len(mma_calls) == 1
+
+
+# ---- on the GPU (skipped without one) ------------------------------------------------------
+
+GPU_FAMILIES = {"wgmma": ((9, 0),), "tcgen05": ((10, 0), (10, 3))}
+
+
+def gpu_family_or_skip(family):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    capability = torch.cuda.get_device_capability()
+    if capability not in GPU_FAMILIES[family]:
+        pytest.skip(f"{family}: needs an {dsl_families.FAMILIES[family].gpus} GPU")
+    library, why = dsl_families.load_library(family)
+    if library is None:
+        pytest.skip(why)
+    runs, why = cuda_backend.availability()
+    if not runs:
+        pytest.skip(why)
+
+
+GPU_CASES = [
+    dict(q_lens=[4, 1, 6], kv_lens=[300, 17, 1000], causal=False),
+    dict(q_lens=[8, 8], kv_lens=[40, 2000], causal=[True, False], causal_dtype=torch.int32),
+    dict(q_lens=[16, 3], kv_lens=[600, 9], causal=True, num_q_heads=32, num_kv_heads=4,
+         padded_rows=5),  # R = 128 rows per KV head
+    dict(q_lens=[130], kv_lens=[130], causal=True, num_q_heads=4, num_kv_heads=1),  # prefill
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(GPU_FAMILIES))
+@pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("index", range(len(GPU_CASES)))
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_family_matches_the_reference_on_its_gpu(family, query_dtype, index, num_splits):
+    """The family really runs (its plan, no fallback) and agrees with the reference."""
+    gpu_family_or_skip(family)
+    head_dim = 128
+    case = make_case(**GPU_CASES[index], head_dim=head_dim, query_dtype=query_dtype,
+                     device="cuda", seed=index)  # fmt: skip
+    problem = problem_of(case)
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
+    assert plan.family == family, plan.family_reason
+    out = torch.full_like(case.query, math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no run-time fallback
+        cuda_backend.run(problem, plan, out)
+    expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, expected) <= TOLERANCE[query_dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(GPU_FAMILIES))
+def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
+    gpu_family_or_skip(family)
+    case = make_case([4, 2], [500, 70], head_dim=128, num_q_heads=16, num_kv_heads=2,
+                     device="cuda", seed=11)  # fmt: skip
+    attn = fna.PagedAttention(num_q_heads=16, num_kv_heads=2, head_dim=128, block_size=16,
+                              device="cuda", max_num_seqs=4, max_num_tokens=16)  # fmt: skip
+    plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
+                     max_seqlen_q=4, max_seqlen_k=500, num_tokens=6, backend="cuda",
+                     family=family)  # fmt: skip
+    assert plan.family == family, plan.family_reason
+    expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    out = torch.empty_like(case.query)
+    attn.run(*layer_args(case), out=out)  # warm-up: loads the cubin outside the capture
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attn.run(*layer_args(case), out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
