@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -320,3 +321,64 @@ def test_a_changed_arch_list_reaches_a_configured_build_dir(tmp_path, monkeypatc
     assert "sm_89" in second and "sm_90" not in second and "sm_100a" not in second
     # Unset again: CMakeLists.txt's default, exactly as a fresh build folder gets it.
     assert configure(None) == configure(None, tmp_path / "fresh") != second
+
+
+def test_dsl_build_plan_is_off_unless_asked():
+    setup = load_setup_module()
+    assert setup.dsl_build_plan({}) == () == setup.dsl_build_plan({"FP8NCA_BUILD_DSL": "0"})
+    assert setup.dsl_build_plan({"FP8NCA_BUILD_DSL": "1"}) == ("wgmma", "tcgen05")
+    assert setup.dsl_build_plan({"FP8NCA_BUILD_DSL": "tcgen05"}) == ("tcgen05",)
+    assert setup.dsl_build_plan({"FP8NCA_BUILD_DSL": " wgmma, tcgen05 "}) == ("wgmma", "tcgen05")
+    with pytest.raises(ValueError, match="FP8NCA_BUILD_DSL must be 0, 1 or a comma-separated"):
+        setup.dsl_build_plan({"FP8NCA_BUILD_DSL": "wgmma,hopper"})
+
+
+@pytest.mark.parametrize("editable", [False, True])
+def test_build_py_compiles_the_asked_dsl_families_into_the_package(tmp_path, monkeypatch, editable):
+    """Where the build puts them: the wheel's build_lib, or the tree's package when editable."""
+    from setuptools.dist import Distribution
+
+    setup = load_setup_module()
+    built = []
+    monkeypatch.setattr(setup.build_py, "run", lambda self: None)
+    monkeypatch.setattr(setup, "build_dsl_families", lambda *args: built.append(args))
+    monkeypatch.setenv("FP8NCA_BUILD_CUDA", "1")
+    monkeypatch.setenv("FP8NCA_BUILD_DSL", "wgmma")
+    command = setup.BuildPyWarnsWithoutCuda(Distribution())
+    command.build_lib, command.editable_mode = str(tmp_path), editable
+    command.run()
+    ((families, package_dir, _temp),) = built
+    assert families == ("wgmma",)
+    assert package_dir == (ROOT if editable else tmp_path) / "fp8_noncausal_attn"
+    monkeypatch.setenv("FP8NCA_BUILD_DSL", "0")
+    command.run()
+    assert len(built) == 1
+
+
+def test_a_dsl_build_installs_only_what_the_package_needs(tmp_path):
+    setup = load_setup_module()
+    build = tmp_path / "build"
+    cubin = "sm_90a/wgmma_d64_m64_p16_bf16_e4m3/kernel.sm_90a.cubin"
+    record = {"library": "libfp8nca_wgmma.so", "variants": [{"cubins": [cubin]}]}
+    for name in ("libfp8nca_wgmma.so", cubin, "x.o", "x.h", "entry.c", "sm_90a/v/kernel.ptx"):
+        (build / name).parent.mkdir(parents=True, exist_ok=True)
+        (build / name).write_text(name)
+    (build / "build.json").write_text(json.dumps(record))
+    package = tmp_path / "fp8_noncausal_attn"
+    (package / "_wgmma").mkdir(parents=True)
+    (package / "_wgmma" / "stale.cubin").write_text("an older build")
+    assert setup.install_dsl_build(build, package, "wgmma") == [
+        "libfp8nca_wgmma.so", "build.json", cubin,
+    ]  # fmt: skip
+    installed = sorted(p.relative_to(package / "_wgmma").as_posix()
+                       for p in (package / "_wgmma").rglob("*") if p.is_file())  # fmt: skip
+    assert installed == sorted(["libfp8nca_wgmma.so", "build.json", cubin])
+
+
+def test_a_failed_dsl_build_fails_the_install_by_name(tmp_path, monkeypatch):
+    setup = load_setup_module()
+    monkeypatch.setattr(setup, "dsl_build_command", lambda family, out: [
+        sys.executable, "-c", "raise SystemExit('No module named cutlass')"])  # fmt: skip
+    with pytest.raises(RuntimeError, match="FP8NCA_BUILD_DSL: building the wgmma family failed"):
+        setup.build_dsl_families(("wgmma",), tmp_path / "package", tmp_path)
+    assert not (tmp_path / "package").exists()
