@@ -10,6 +10,14 @@
 # recorded in RESULTS_DIR/summary.txt and the next one still runs. With GPU_CHECK_TARBALL=PATH
 # the results folder is also packed into one file there after every step (the device tool
 # returns few files). Also runs the split-KV sweep (benchmarks/cuda_splits.py).
+# The CUTLASS-DSL families (opt-in, NEVER RUN ON HARDWARE before such a run): the GPU image has no
+# nvidia-cutlass-dsl, so their libraries are built ahead of time on the CPU machine and carried:
+#   echo /.dsl/ >> .git/info/exclude
+#   python -m dsl.build --family wgmma --out .dsl/wgmma     # 1-2 min
+#   python -m dsl.build --family tcgen05 --out .dsl/tcgen05 # ~8 min on 2 cores
+# (carry ".dsl"; GPU_CHECK_DSL_DIR names another folder). On cc 9.0 the CUDA GPU tests run again
+# with FP8NCA_CUDA_FAMILY=wgmma plus the family's own GPU tests, on cc 10.x with tcgen05; any
+# other GPU prints "<family>: skipped, needs an sm_XX GPU".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:?usage: benchmarks/gpu_check.sh RESULTS_DIR}
@@ -68,6 +76,25 @@ cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1
 # The GPU-only tests plus the Triton and API tests, which run compiled here (interpreted on CPU).
 step pytest_gpu 240 python3 -m pytest -q tests/test_cuda_gpu.py tests/test_triton_attention.py \
   tests/test_triton_cache.py tests/test_api.py --junitxml="$RESULTS/pytest_gpu.xml"
+
+# The DSL families on their own GPU (a deadlock in a never-run kernel ends at the step's limit).
+DSL_DIR=$(cd "${GPU_CHECK_DSL_DIR:-.dsl}" 2>/dev/null && pwd)
+export FP8NCA_DSL_LIBRARY_DIR="$DSL_DIR/wgmma:$DSL_DIR/tcgen05"
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1)
+for family in wgmma tcgen05; do
+  case "$family:$CAP" in
+    wgmma:9.0 | tcgen05:10.*) ;;
+    wgmma:*) echo "wgmma: skipped, needs an sm_90 GPU (this one is cc $CAP)" | tee -a "$SUMMARY"; continue ;;
+    tcgen05:*) echo "tcgen05: skipped, needs an sm_100 GPU (this one is cc $CAP)" | tee -a "$SUMMARY"; continue ;;
+  esac
+  if [ ! -f "$DSL_DIR/$family/libfp8nca_$family.so" ]; then
+    echo "$family: skipped, no library at ${GPU_CHECK_DSL_DIR:-.dsl}/$family (build it, see the header)" \
+      | tee -a "$SUMMARY"
+    continue
+  fi
+  step "pytest_$family" 150 env FP8NCA_CUDA_FAMILY="$family" python3 -m pytest -q \
+    tests/test_dsl_families.py tests/test_cuda_gpu.py -m gpu --junitxml="$RESULTS/pytest_$family.xml"
+done
 step demo 60 python3 -m fp8_noncausal_attn
 step benchmark 180 python3 -m benchmarks.attention --quick --out "$RESULTS/benchmark"
 step cuda_splits 90 python3 -m benchmarks.cuda_splits "$RESULTS"
