@@ -338,6 +338,7 @@ def test_json_and_markdown_schema(tiny_kernel, tmp_path):
     assert "| - | mma_sync | H200 (sm_90a) | " in headline and "| q=kv=4096 |" in headline
     percent = f"{100 * prefill['predicted_tensor_fraction']:.0f}% ({prefill['binding']})"
     assert percent in headline and "dense 16-bit tensor peak" in headline
+    assert "`predicted_tensor_fraction`" in headline  # the schema addition, explained
     drafter_table, _, prefill_table = all_rows.partition("Prefill shapes")
     assert drafter_table.count("| H200 | sm_90a |") == 1 and "| 16384 |" not in drafter_table
     assert "| 4096 | 128 | bfloat16 | float8_e4m3fn | 16384 |" in prefill_table
@@ -550,3 +551,31 @@ def test_triton_rows_model_the_window_and_sink_variant(monkeypatch):
     flags = [(launch.kwargs["WINDOW"], launch.kwargs["SINKS"]) for launch, _ in compiled_launches]
     assert flags == [(True, True)] * 2 + [(False, False)] * 2
     assert [cc for _, cc in compiled_launches] == [90, 100, 90, 100]
+
+
+def test_triton_rows_launch_the_prefill_over_as_many_keys(monkeypatch):
+    """A prefill shape is launched as one sequence of q = kv tokens (no compile here): its
+    tile facts give R / BLOCK_M CTAs per KV head, and the row is a prefill row."""
+    pytest.importorskip("triton")
+    from benchmarks.sass_model import triton_kernels
+
+    launches = []
+
+    def fake_compile(launch, cc):
+        launches.append(launch)
+        metadata = SimpleNamespace(shared=1024)
+        return SimpleNamespace(kernel=None, compiled=SimpleNamespace(metadata=metadata))
+
+    made = []
+    monkeypatch.setattr(triton_kernels, "compile_launch", fake_compile)
+    monkeypatch.setattr(rows, "make_row", lambda *args: made.append(args[2:4]))
+    shapes = rows.ShapeSet((128,), ("bfloat16",), ("float8_e4m3fn",), (), prefill_lens=(1024,))
+    rows.triton_rows("", shapes)
+    assert len(made) == 2  # sm_90 and sm_100
+    for facts, shape in made:
+        assert shape == rows.prefill_shape(1024)
+        assert facts.ctas_per_kv_head * facts.rows_per_cta == 4 * 1024
+    launch = launches[0]
+    assert launch.kwargs["MASK_MODE"] == 0  # non-causal, no window
+    seq_lens = [a for a in launch.args if hasattr(a, "tolist") and a.numel() == 1]
+    assert [1024] in [a.tolist() for a in seq_lens]
