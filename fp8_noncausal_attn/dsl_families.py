@@ -397,10 +397,17 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
     device = problem.query.device
     ws_o, ws_lse = plan.ws_o, plan.ws_lse
     if plan.num_splits > 1:
+        rows = (plan.num_splits, problem.num_tokens, problem.num_q_heads)
         if ws_o is None:
-            rows = (plan.num_splits, problem.num_tokens, problem.num_q_heads)
             ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
             ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
+        else:
+            # The kernel strides the partials by this layer's token count, which may be below
+            # the plan's: view the kept (contiguous) buffers that way.
+            ws_lse = ws_lse.view(-1)[: math.prod(rows)].view(rows)
+            ws_o = ws_o.view(-1)[: math.prod(rows) * problem.head_dim].view(
+                rows + (problem.head_dim,)
+            )
         # Rows no CTA writes (padding past cu_seqlens_q[-1]) then merge to zeros.
         ws_lse.fill_(-math.inf)
     else:

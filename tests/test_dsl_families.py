@@ -8,6 +8,7 @@ cuda-backend tests mock them; the ``gpu`` tests at the end run each family on it
 """
 
 import ctypes
+import dataclasses
 import importlib.util
 import math
 import os
@@ -28,6 +29,7 @@ from dsl.tcgen05 import traits as tcgen05_traits
 from dsl.wgmma import traits as wgmma_traits
 from fp8_noncausal_attn import cuda_backend, dispatch, dsl_families
 from fp8_noncausal_attn.masking import visible_range
+from fp8_noncausal_attn.plan import Workspace
 from fp8_noncausal_attn.reference import gather_sequence_kv
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
@@ -458,12 +460,12 @@ def split_partials(problem, num_splits, key_tile):
     return ws_o, ws_lse
 
 
-def emulated_launch(problem, out_of):
+def emulated_launch(problem, out, buffers):
     """A stand-in for the library's launch on CPU tensors: checks the pointers it gets and
-    writes what the kernel would (out unsplit; the partials split)."""
+    writes what the kernel would: ``out`` unsplit, else the partials into ``buffers`` (the
+    tensors the launch must point at), in this layer's [splits, tokens, heads] layout."""
 
     def launch(index, arguments):
-        out = out_of()
         assert arguments["q"] == problem.query.data_ptr()
         assert arguments["out"] == out.data_ptr()
         assert arguments["k_stride_b"] == problem.key_cache.stride(0)
@@ -471,19 +473,21 @@ def emulated_launch(problem, out_of):
         splits = arguments["num_splits"]
         if splits == 1:
             assert arguments["ws_o"] == 0
-            expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(),
-                                           backend="reference")  # fmt: skip
             rows = int(problem.cu_seqlens_q[-1])
-            out[:rows] = expected[:rows]
+            out[:rows] = fna.paged_attention(
+                *SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference"
+            )[:rows]
             return 0
         ws_o, ws_lse = split_partials(problem, splits, 128)
         written = ~torch.isnan(ws_lse)
-        for buffer, values in (("ws_o", ws_o), ("ws_lse", ws_lse)):
-            target = WORKSPACE[buffer]
-            assert arguments[buffer] == target.data_ptr()
-            mask = written.unsqueeze(-1).expand_as(values) if buffer == "ws_o" else written
+        for name, values, mask in (
+            ("ws_o", ws_o, written.unsqueeze(-1).expand_as(ws_o)),
+            ("ws_lse", ws_lse, written),
+        ):
+            target = buffers[name]
+            assert arguments[name] == target.data_ptr() and target.shape == values.shape
             target[mask] = values[mask].float()
-            if buffer == "ws_o":
+            if name == "ws_o":
                 target[~mask] = math.nan  # what an unwritten partial may hold
         return 0
 
@@ -492,31 +496,38 @@ def emulated_launch(problem, out_of):
 
 SPLIT_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, True, False],
                        causal_dtype=torch.int32, padded_rows=3, seed=8)  # fmt: skip
-WORKSPACE: dict[str, torch.Tensor] = {}
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, num_splits):
+@pytest.mark.parametrize("num_splits,kept", [(1, False), (3, False), (3, True)])
+def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, num_splits, kept):
     """cuda_backend.run on a wgmma plan: one launch with the batch's pointers, strides and
     sizes; padding rows zero (out starts as NaN); with 3 splits (one empty for the 4-key
-    sequence) the partials merge to the reference."""
+    sequence) the partials merge to the reference, whether allocated per launch or views of a
+    kept workspace planned for more rows than the layer has."""
     problem = problem_of(SPLIT_CASE)
     out = torch.full_like(SPLIT_CASE.query, math.nan)
-    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, lambda: out))
+    buffers: dict[str, torch.Tensor] = {}
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, out, buffers))
     mock_gpu(monkeypatch, libraries={"wgmma": library})
-    monkeypatch.setattr(dsl_families, "merge_splits", record_workspace(dsl_families.merge_splits))
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
+    planned, workspace = problem, None
+    if kept:
+        workspace = Workspace(4096, 8, 64, torch.device("cpu"))
+        planned = dataclasses.replace(problem, query=SPLIT_CASE.query.new_empty(16, 8, 64))
+        rows = (num_splits, problem.num_tokens, 8)
+        buffers["ws_lse"] = workspace.part_lse[: math.prod(rows)].view(rows)
+        buffers["ws_o"] = workspace.part_out[: math.prod(rows)].view(*rows, 64)
+    else:
+        real_empty = torch.empty
+
+        def empty(*shape, **kwargs):  # the one-shot path allocates the partials per launch
+            tensor = real_empty(*shape, **kwargs)
+            buffers.setdefault("ws_o" if tensor.dim() == 4 else "ws_lse", tensor)
+            return tensor
+
+        monkeypatch.setattr(torch, "empty", empty)
+    plan = cuda_backend.plan(planned, workspace, num_splits=num_splits, family="wgmma")
     assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
-    real_empty = torch.empty
-
-    def empty(*shape, **kwargs):  # the one-shot path allocates the partials per launch
-        tensor = real_empty(*shape, **kwargs)
-        WORKSPACE["ws_o" if tensor.dim() == 4 else "ws_lse"] = tensor
-        return tensor
-
-    monkeypatch.setattr(dsl_families.torch, "empty", empty)
     cuda_backend.run(problem, plan, out)
-    monkeypatch.setattr(dsl_families.torch, "empty", real_empty)
     ((index, arguments),) = library.calls
     assert library.variants[index].name == "wgmma_d64_m64_p16_bf16_e4m3@sm_90a"
     assert (arguments["row_tiles"], arguments["num_splits"]) == (1, num_splits)  # R = 4 x 4
@@ -526,14 +537,6 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
     expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference")
     assert torch.all(out[8:] == 0)  # 3 padding rows
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
-
-
-def record_workspace(merge):
-    def recorded(ws_o, ws_lse, out):
-        assert ws_o.data_ptr() == WORKSPACE["ws_o"].data_ptr()
-        return merge(ws_o, ws_lse, out)
-
-    return recorded
 
 
 def test_merge_ignores_what_empty_splits_and_padding_rows_hold():
