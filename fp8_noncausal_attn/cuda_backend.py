@@ -7,6 +7,9 @@ raw device pointers, strides and the stream, so it works with any torch build; t
 an :class:`AttentionProblem` into that call, takes tiles and the split-KV count from the C++ plan
 function and allocates the split-KV workspace with torch's caching allocator (graph-safe) when
 no kept workspace is given. Nothing here synchronises with the host.
+
+The CUTLASS-DSL families (wgmma, tcgen05; :mod:`fp8_noncausal_attn.dsl_families`) run through
+this backend too, opt-in only (``FP8NCA_CUDA_FAMILY``): compiled, NEVER RUN ON HARDWARE.
 """
 
 from __future__ import annotations

@@ -86,7 +86,9 @@ class Workspace:
 class BatchPlan:
     """What :meth:`PagedAttention.plan` decided for one batch (host values only); returned by
     ``plan()`` so that several batches planned ahead (micro-batches) can each be run. Plans of
-    one :class:`PagedAttention` share its workspace: run them one after another on one stream."""
+    one :class:`PagedAttention` share its workspace: run them one after another on one stream.
+    ``family``: the CUDA kernel family it runs (None off CUDA); ``family_reason``: why a family
+    asked for (``family=`` / ``FP8NCA_CUDA_FAMILY``) is not the one that runs, else ``""``."""
 
     __slots__ = (
         "backend", "module", "backend_plan", "run_check", "block_table", "cu_seqlens_q",
