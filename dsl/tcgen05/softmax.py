@@ -174,6 +174,7 @@ class SoftmaxRole:
             unmasked = L.tile_unmasked(key0, kv_len, min_last_key)
             # Pass 1: column maxima, chunk by chunk.
             mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+            mine.fill(-acc_dtype.inf)
             if unmasked:
                 self.max_pass(
                     load_s, tStS, tSsP, s_handle.index, s_last_key, m_prev, mine, key0, kv_len,
@@ -323,7 +324,8 @@ class SoftmaxRole:
         masked: cutlass.Constexpr,
     ):
         """Column maxima of this tile's scores across the warp's 32 key lanes (masked keys as
-        -inf when ``masked``); lane c keeps column 32 k + c's max with its running one."""
+        -inf when ``masked``); lane c keeps column 32 k + c's max with its running one (for
+        fewer than 32 columns, the lanes past them keep their running maxima)."""
         rows = self.v.rows
         chunk = min(rows, 32)
         acc_dtype = self.acc_dtype
@@ -341,7 +343,10 @@ class SoftmaxRole:
                     value = cutlass.select_(visible, scores[i], -acc_dtype.inf)
                 col_max = cute.arch.warp_redux_sync(value, kind="fmax", nan=True)
                 if n % 32 == lane:
-                    mine[n // 32] = cute.arch.fmax(col_max, m_prev[n // 32])
+                    mine[n // 32] = col_max
+        # With the running maxima once per owned column, not once per score.
+        for k in cutlass.range_constexpr((rows + 31) // 32):
+            mine[k] = cute.arch.fmax(mine[k], m_prev[k])
 
     @cute.jit
     def p_pass(
