@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Distribution, Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
@@ -287,6 +287,7 @@ def build_dsl_families(families: tuple[str, ...], package_dir: Path, temp: Path)
     """Compile each family ahead of time (minutes: every variant) and install it."""
     for family in families:
         out = temp / f"dsl-{family}"
+        print(f"fp8_noncausal_attn: compiling the {family} family ahead of time (minutes)")
         proc = subprocess.run(
             dsl_build_command(family, out), capture_output=True, text=True, check=False
         )
@@ -299,6 +300,14 @@ def build_dsl_families(families: tuple[str, ...], package_dir: Path, temp: Path)
             )
         copied = install_dsl_build(out, package_dir, family)
         print(f"fp8_noncausal_attn: {family} family built ahead of time: {len(copied)} files")
+
+
+class PlatformDistribution(Distribution):
+    """A distribution holding machine code without ``_C`` (the DSL libraries alone): its wheel
+    must carry a platform tag, not py3-none-any."""
+
+    def has_ext_modules(self) -> bool:
+        return True
 
 
 class BuildPyWarnsWithoutCuda(build_py):
@@ -393,4 +402,5 @@ if __name__ == "__main__":
     setup(
         ext_modules=[Extension(f"{PACKAGE}._C", sources=[])] if BUILD_CUDA else [],
         cmdclass={"build_py": BuildPyWarnsWithoutCuda, "build_ext": CMakeBuild},
+        distclass=PlatformDistribution if dsl_build_plan() else Distribution,
     )

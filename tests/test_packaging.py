@@ -382,3 +382,16 @@ def test_a_failed_dsl_build_fails_the_install_by_name(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="FP8NCA_BUILD_DSL: building the wgmma family failed"):
         setup.build_dsl_families(("wgmma",), tmp_path / "package", tmp_path)
     assert not (tmp_path / "package").exists()
+
+
+def test_a_wheel_with_dsl_libraries_is_platform_tagged():
+    """The DSL libraries are x86-64 machine code: with them and no _C the wheel still gets a
+    platform tag (bdist_wheel's root_is_pure), never py3-none-any."""
+    from setuptools import Distribution
+    from setuptools.command.bdist_wheel import bdist_wheel
+
+    setup = load_setup_module()
+    for distclass, pure in ((setup.PlatformDistribution, False), (Distribution, True)):
+        command = bdist_wheel(distclass({"name": "fp8-noncausal-attn", "packages": []}))
+        command.finalize_options()
+        assert command.root_is_pure is pure
