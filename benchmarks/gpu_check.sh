@@ -11,8 +11,8 @@
 # the results folder is also packed into one file there after every step (the device tool
 # returns few files). Also runs the split-KV sweep (benchmarks/cuda_splits.py).
 # The CUTLASS-DSL families (opt-in, NEVER RUN ON HARDWARE before such a run): the GPU image has no
-# nvidia-cutlass-dsl, so their libraries are built ahead of time on the CPU machine and carried:
-#   echo /.dsl/ >> .git/info/exclude
+# nvidia-cutlass-dsl, so their libraries are built ahead of time on the CPU machine and carried
+# (.dsl/ is git-ignored, as carry needs):
 #   python -m dsl.build --family wgmma --out .dsl/wgmma     # 1-2 min
 #   python -m dsl.build --family tcgen05 --out .dsl/tcgen05 # ~8 min on 2 cores
 # (carry ".dsl"; GPU_CHECK_DSL_DIR names another folder). On cc 9.0 the CUDA GPU tests run again
