@@ -27,6 +27,62 @@
 
 namespace fp8nca::mma_sync {
 
+// The key-tile loop of one CTA: every warp copies and dequantises its share of each tile, and
+// the warps holding rows compute S = Q K^T, the softmax and O += P V on their key group's kNG-th
+// of the tile's n-tiles. kNG (the CTA's key-group count, key_groups()) is a template argument so
+// that each warp's share is fixed at compile time: no per-n-tile guards, no predicated MMAs.
+template <int D, typename QT, int KV, int kNG>
+__device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile& w,
+                                            const WarpRole& role, const KVSource& src,
+                                            const RowKeys (&row_range)[2], const uint4* q_frag,
+                                            uint8_t* kv_smem, uint8_t* wide, int tid,
+                                            float scale_log2,
+                                            float (&o)[compute_shape(D).ot][4], RowState& st) {
+  using T = Traits<D, QT, KV>;
+  constexpr TileShape S = T::kS;
+  constexpr TileShape C = T::kC;
+  constexpr int kNT = C.nt / kNG;  // n-tiles of each key tile this warp computes
+  static_assert(C.nt % kNG == 0, "key groups must split the n-tiles evenly");
+  const int lane = tid & 31;
+  const int j0 = role.j_lo;
+
+#pragma unroll
+  for (int stage = 0; stage < S.stages - 1; ++stage) {
+    if (w.tiles.begin + stage < w.tiles.end) {
+      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, w.tiles.begin + stage,
+                              kv_smem + stage * S.stage_bytes, tid);
+    }
+    cute::cp_async_fence();
+  }
+
+  for (int tile = w.tiles.begin; tile < w.tiles.end; ++tile) {
+    const int it = tile - w.tiles.begin;
+    cute::cp_async_wait<S.stages - 2>();
+    __syncthreads();
+    if (tile + S.stages - 1 < w.tiles.end) {
+      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, tile + S.stages - 1,
+                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
+    }
+    cute::cp_async_fence();
+
+    const uint8_t* ks = kv_smem + (it % S.stages) * S.stage_bytes;
+    if constexpr (T::kFp8) {
+      // Every warp, idle rows or not, dequantises its share once for the whole CTA; the
+      // barrier at the loop's top keeps the 16-bit tile until every warp has used it.
+      dequantize_tile<D, QT, KV>(ks, wide, tid);
+      __syncthreads();
+      ks = wide;
+    }
+    if (!role.active) continue;
+    float s[kNT][4];
+    qk_tile<D, QT, kNT>(ks, q_frag, j0, lane, s);
+    apply_mask(s, tile * C.block_n, j0, w.keys, row_range, lane);
+    softmax_update(s, st, o, scale_log2);
+    pv_tile<D, PVType<QT, KV>, kNT>(ks + C.block_n * C.k_row, s, j0, lane, o);
+  }
+  cute::cp_async_wait<0>();
+}
+
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
@@ -70,41 +126,17 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
 
-#pragma unroll
-  for (int stage = 0; stage < S.stages - 1; ++stage) {
-    if (w.tiles.begin + stage < w.tiles.end) {
-      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, w.tiles.begin + stage,
-                              kv_smem + stage * S.stage_bytes, tid);
-    }
-    cute::cp_async_fence();
+  // key_groups() gives 1, 2 or max_key_groups; the branch is uniform over the CTA.
+  if (role.n_groups == 1) {
+    stream_keys<D, QT, KV, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2, o,
+                              st);
+  } else if (C.max_key_groups == 2 || role.n_groups == 2) {
+    stream_keys<D, QT, KV, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2, o,
+                              st);
+  } else {
+    stream_keys<D, QT, KV, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
+                                             scale_log2, o, st);
   }
-
-  for (int tile = w.tiles.begin; tile < w.tiles.end; ++tile) {
-    const int it = tile - w.tiles.begin;
-    cute::cp_async_wait<S.stages - 2>();
-    __syncthreads();
-    if (tile + S.stages - 1 < w.tiles.end) {
-      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, tile + S.stages - 1,
-                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
-    }
-    cute::cp_async_fence();
-
-    const uint8_t* ks = kv_smem + (it % S.stages) * S.stage_bytes;
-    if constexpr (T::kFp8) {
-      // Every warp, idle rows or not, dequantises its share once for the whole CTA; the
-      // barrier at the loop's top keeps the 16-bit tile until every warp has used it.
-      dequantize_tile<D, QT, KV>(ks, wide, tid);
-      __syncthreads();
-      ks = wide;
-    }
-    if (!role.active) continue;
-    float s[C.nt][4];
-    qk_tile<D, QT>(ks, q_frag, role, lane, s);
-    apply_mask(s, tile * C.block_n, w.keys, row_range, role, lane);
-    softmax_update(s, st, o, scale_log2, role);
-    pv_tile<D, PVType<QT, KV>>(ks + C.block_n * C.k_row, s, role, lane, o);
-  }
-  cute::cp_async_wait<0>();
 
   reduce_row_sums(st);
   if (role.n_groups > 1) {

@@ -44,6 +44,13 @@ __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const Work
   }
 }
 
+// A thread's copy slots of a tile are tid + i * kThreads, i < kCopySlots: the same unit of rows
+// kCopyRowStep apart (kThreads is a multiple of the units per row; the emulation test checks
+// that the K / V stage offsets then differ by constants, which the kernel relies on to form
+// each address once).
+constexpr int copy_slots(const TileShape& s) { return s.block_n * s.units / kThreads; }
+constexpr int copy_row_step(const TileShape& s) { return kThreads / s.units; }
+
 // Where the KV of one (sequence, KV head) lies.
 struct KVSource {
   const uint8_t* k_head;  // key_cache + kv_head * stride_h, in bytes
@@ -67,18 +74,22 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
     my_page = src.bt_row[(first_page + lane) * p.bt_stride_b];
   }
   const int in_page = p.block_size - 1;
+  // Pages are powers of two and n0 a multiple of block_n, so either the tile starts a page
+  // (pages <= block_n) or lies inside one: key n0 + r is in the tile's (r >> block_shift)-th
+  // page, at (n0 & in_page) + (r & in_page) within it.
+  const int tile_in_page = n0 & in_page;
+  const int r0 = copy_row(S, tid);
+  const int u = copy_unit(S, tid);
 #pragma unroll
-  for (int i = 0; i < S.block_n * S.units / kThreads; ++i) {
-    const int slot = tid + i * kThreads;
-    const int r = copy_row(S, slot);
-    const int u = copy_unit(S, slot);
+  for (int i = 0; i < copy_slots(S); ++i) {
+    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * kThreads)
     const int key = n0 + r;
     const bool ok = key < n_keys;
-    const int64_t page = __shfl_sync(0xffffffffu, my_page, (key >> p.block_shift) - first_page);
+    const int64_t page = __shfl_sync(0xffffffffu, my_page, r >> p.block_shift);
     const uint8_t* ksrc = src.k_head;
     const uint8_t* vsrc = src.v_head;
     if (ok) {
-      const int64_t off = key & in_page;
+      const int64_t off = tile_in_page + (r & in_page);  // key & in_page
       ksrc += (page * p.k_stride_b + off * p.k_stride_s) * S.elt + u * 16;
       vsrc += (page * p.v_stride_b + off * p.v_stride_s) * S.elt + u * 16;
     }
@@ -101,11 +112,11 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
   using VT = PVType<QT, KV>;
   const uint8_t* vs8 = ks8 + S.block_n * S.k_row;
   uint8_t* v16 = k16 + C.block_n * C.k_row;
+  const int r0 = copy_row(S, tid);
+  const int u = copy_unit(S, tid);
 #pragma unroll
-  for (int i = 0; i < S.block_n * S.units / kThreads; ++i) {
-    const int slot = tid + i * kThreads;
-    const int r = copy_row(S, slot);
-    const int u = copy_unit(S, slot);
+  for (int i = 0; i < copy_slots(S); ++i) {
+    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * kThreads)
     const uint4 k = *reinterpret_cast<const uint4*>(ks8 + k_smem_offset(S, r, u));
     const uint4 v = *reinterpret_cast<const uint4*>(vs8 + v_smem_offset(S, r, u));
     const uint32_t kw[4] = {k.x, k.y, k.z, k.w};
@@ -128,14 +139,14 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
   }
 }
 
-// S = Q K^T for this warp's 16 rows and its key group's n-tiles of one 16-bit key tile (QT).
-template <int D, typename QT>
-__device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag,
-                                        const WarpRole& role, int lane,
-                                        float (&s)[compute_shape(D).nt][4]) {
+// S = Q K^T for this warp's 16 rows and its key group's kNT n-tiles (j0 .. j0 + kNT - 1) of one
+// 16-bit key tile (QT).
+template <int D, typename QT, int kNT>
+__device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag, int j0, int lane,
+                                        float (&s)[kNT][4]) {
   constexpr TileShape C = compute_shape(D);
 #pragma unroll
-  for (int j = 0; j < C.nt; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
   for (int c = 0; c < C.groups; ++c) {
     uint32_t qf[C.steps_per_unit][4];
@@ -148,9 +159,8 @@ __device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag,
       qf[kk][3] = q.w;
     }
 #pragma unroll
-    for (int j = 0; j < C.nt; ++j) {
-      if (j < role.j_lo || j >= role.j_hi) continue;
-      const uint4 kr = *reinterpret_cast<const uint4*>(ks + k_frag_offset(C, j, c, lane));
+    for (int j = 0; j < kNT; ++j) {
+      const uint4 kr = *reinterpret_cast<const uint4*>(ks + k_frag_offset(C, j0 + j, c, lane));
       const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w};
 #pragma unroll
       for (int kk = 0; kk < C.steps_per_unit; ++kk) {
@@ -160,18 +170,22 @@ __device__ __forceinline__ void qk_tile(const uint8_t* ks, const uint4* q_frag,
   }
 }
 
-// O += P V on one 16-bit value tile (VT); P (already exponentiated in s) is the A operand: the
-// S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk. The V operand comes
-// straight from shared memory, transposed by ldmatrix (index_maps.h v_ldsm_offset).
-template <int D, typename VT>
-__device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[compute_shape(D).nt][4],
-                                        const WarpRole& role, int lane,
-                                        float (&o)[compute_shape(D).ot][4]) {
+// O += P V on one 16-bit value tile (VT) for the key group's kNT n-tiles from j0; P (already
+// exponentiated in s) is the A operand: the S accumulators of n-tiles 2kk, 2kk+1 are the A
+// fragment of k-step kk. The V operand comes straight from shared memory, transposed by
+// ldmatrix (index_maps.h v_ldsm_offset). v_ldsm_offset is a lane part plus a (kk, jp) part
+// (tests/test_cuda_kernel_emulation.py checks it), so the lane's row address is formed once
+// and every ldmatrix takes its (kk, jp) offset as an immediate.
+template <int D, typename VT, int kNT>
+__device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[kNT][4], int j0,
+                                        int lane, float (&o)[compute_shape(D).ot][4]) {
   constexpr TileShape C = compute_shape(D);
-  const uint32_t vs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(vs));
+  static_assert(kNT % 2 == 0, "a key group holds whole P V k-steps");
+  const uint32_t lane_addr =
+      static_cast<uint32_t>(__cvta_generic_to_shared(vs + (j0 / 2) * v_ldsm_offset(C, 1, 0, 0))) +
+      v_ldsm_offset(C, 0, 0, lane);
 #pragma unroll
-  for (int kk = 0; kk < C.block_n / 16; ++kk) {
-    if (2 * kk < role.j_lo || 2 * kk >= role.j_hi) continue;
+  for (int kk = 0; kk < kNT / 2; ++kk) {
     const uint32_t a[4] = {pack2<VT>(s[2 * kk][0], s[2 * kk][1]),
                            pack2<VT>(s[2 * kk][2], s[2 * kk][3]),
                            pack2<VT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
@@ -181,7 +195,7 @@ __device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[comp
       uint32_t b[4];
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                    : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                   : "r"(vs_addr + v_ldsm_offset(C, kk, jp, lane)));
+                   : "r"(lane_addr + v_ldsm_offset(C, kk, jp, 0)));
       mma16816(o[2 * jp], a, b[0], b[1], VT());
       mma16816(o[2 * jp + 1], a, b[2], b[3], VT());
     }

@@ -25,12 +25,12 @@ struct RowState {
   float l[2];  // this thread's share of the row sum (reduced over the quad at the end)
 };
 
-// Exponentiates one S tile in place (P = 2^(s * scale_log2 - m)), updates m and l, and rescales
-// O when the max of any row of the warp moved. Rows are reduced over the 4 lanes of a quad.
+// Exponentiates the warp's kNT n-tiles of one S tile in place (P = 2^(s * scale_log2 - m)),
+// updates m and l, and rescales O when the max of any row of the warp moved. Rows are reduced
+// over the 4 lanes of a quad.
 template <int kNT, int kOT>
 __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], RowState& st,
-                                               float (&o)[kOT][4], float scale_log2,
-                                               const WarpRole& role) {
+                                               float (&o)[kOT][4], float scale_log2) {
   float alpha[2];
   bool moved = false;
 #pragma unroll
@@ -38,7 +38,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], RowState& st,
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      if (j >= role.j_lo && j < role.j_hi) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -52,7 +52,6 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], RowState& st,
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      if (j < role.j_lo || j >= role.j_hi) continue;
       s[j][2 * h] = ex2(fmaf(s[j][2 * h], scale_log2, -m_scaled));
       s[j][2 * h + 1] = ex2(fmaf(s[j][2 * h + 1], scale_log2, -m_scaled));
       sum += s[j][2 * h] + s[j][2 * h + 1];

@@ -28,6 +28,7 @@ struct Traits {
   static_assert(D % (4 * kS.e) == 0, "head_dim must be a multiple of 4 units");
   static_assert(kS.block_n % 16 == 0, "key tile must hold whole mma k-steps");
   static_assert(kS.block_n * kS.units % kThreads == 0, "tile copy must split evenly");
+  static_assert(kThreads % kS.units == 0, "a thread's copy slots must share one unit");
 };
 
 // Operand type of O += P V. fp16 wherever V is exact in it (FP8 and fp16 caches): P in [0, 1]
