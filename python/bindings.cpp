@@ -316,6 +316,7 @@ py::dict mma_sync_tables(int head_dim, int elt) {
         {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups},
         {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
         {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
+        {"copy_slots", m::copy_slots(s)}, {"copy_row_step", m::copy_row_step(s)},
         {"stages", s.stages}, {"wide_bytes", s.wide_bytes}, {"smem", s.smem}}) {
     d[name] = value;
   }
@@ -441,6 +442,8 @@ PYBIND11_MODULE(_C, m) {
   host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
            "Tile shape and shared-memory / fragment index maps of the mma.sync family.");
   namespace ms = fp8nca::mma_sync;
+  host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
+  host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {
     return ms::key_groups(ms::tile_shape(head_dim, elt), rows_in_tile);
   }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"));

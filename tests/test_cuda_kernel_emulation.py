@@ -159,12 +159,17 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     k_smem = np.zeros(bn * T["k_row"], np.uint8)
     v_smem = np.zeros(bn * T["v_row"], np.uint8)
 
+    block_shift = pb["block_size"].bit_length() - 1
+
     def load_tile(tile):
+        n0 = tile * bn
         for r, u, kdst, vdst in T["copy"]:
-            key = tile * bn + r
+            key = n0 + r
             if key < n_keys:
-                page = pb["block_table"][seq, key // pb["block_size"]]
-                off = key % pb["block_size"]
+                # The kernel's page of the key: the tile's tile_page-th, at page_key in it.
+                page_index = (n0 >> block_shift) + hk.tile_page(r, block_shift)
+                page = pb["block_table"][seq, page_index]
+                off = hk.page_key(n0, r, pb["block_size"])
                 for smem, dst, (data, base), st in (
                     (k_smem, kdst, pb["k_raw"], pb["k_strides"]),
                     (v_smem, vdst, pb["v_raw"], pb["v_strides"]),
@@ -241,14 +246,19 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                     cols[lanes] = np.exp2(cols[lanes] * scale_log2 - m_scaled)
                     l_i[warp, lanes, h] = l_i[warp, lanes, h] * alpha + cols[lanes].sum((1, 2))
                     o[warp, lanes, :, 2 * h : 2 * h + 2] *= alpha
-            for kk in range(jr[warp].start // 2, jr[warp].stop // 2):
+            # The kernel's ldmatrix addresses: the lane's row address, the key group's first
+            # k-step and each (k-step, n-tile pair) offset, added (pv_tile).
+            kk0 = jr[warp].start // 2
+            lane_addr = [kk0 * C["v_ldsm"][1][0][0] + C["v_ldsm"][0][0][ln] for ln in range(32)]
+            for kk in range(kk0, jr[warp].stop // 2):
                 a = [
                     [s[ln, 2 * kk, 0:2], s[ln, 2 * kk, 2:4], s[ln, 2 * kk + 1, 0:2],
                      s[ln, 2 * kk + 1, 2:4]]
                     for ln in range(32)
                 ]  # fmt: skip
                 for jp in range(C["ot"] // 2):
-                    b = ldmatrix_x4_trans(v16, C["v_ldsm"][kk][jp], v_dtype)
+                    step = C["v_ldsm"][kk - kk0][jp][0]
+                    b = ldmatrix_x4_trans(v16, [x + step for x in lane_addr], v_dtype)
                     mma(o[warp, :, 2 * jp], a, b[0], b[1])
                     mma(o[warp, :, 2 * jp + 1], a, b[2], b[3])
     l_row = np.stack(
@@ -365,10 +375,11 @@ def emulate(problem, num_splits):
 
 
 CASES = {
-    # head_dim 64, FP8, GQA 4, mixed mask, rows past q_len, a partial last page
+    # head_dim 64, FP8, GQA 4, mixed mask, rows past q_len, pages of 128 keys (two key tiles
+    # in one page), a partial last page
     "d64_e4m3_mixed": dict(
         q_lens=[3, 8], kv_lens=[70, 9], num_q_heads=8, num_kv_heads=2, head_dim=64,
-        cache_dtype=torch.float8_e4m3fn, causal=[True, False], splits=1,
+        cache_dtype=torch.float8_e4m3fn, causal=[True, False], block_size=128, splits=1,
     ),
     # head_dim 128, e5m2 in vLLM's combined layout, MQA 6, split-KV with an empty split
     "d128_e5m2_vllm_split": dict(
@@ -387,6 +398,48 @@ CASES = {
         splits=2,
     ),
 }  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("elt", [1, 2])
+def test_copy_slots_are_one_unit_of_rows_a_constant_step_apart(head_dim, elt):
+    """The kernel forms a thread's copy row and unit once (slot tid) and steps the row by
+    copy_row_step for slots tid + i * threads: the maps must agree with that."""
+    T = tables(head_dim, elt)
+    threads, step = T["threads"], T["copy_row_step"]
+    assert T["copy_slots"] * threads == len(T["copy"]) == T["block_n"] * T["units"]
+    for tid in range(threads):
+        r0, u0 = T["copy"][tid][:2]
+        for i in range(T["copy_slots"]):
+            assert T["copy"][tid + i * threads][:2] == [r0 + i * step, u0]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_ldmatrix_addresses_are_a_lane_part_plus_a_step_part(head_dim):
+    """pv_tile adds a lane's row address and a (k-step, n-tile pair) offset (an immediate)."""
+    vl = tables(head_dim, 2)["v_ldsm"]
+    for kk, row in enumerate(vl):
+        for jp, lanes in enumerate(row):
+            for lane, addr in enumerate(lanes):
+                assert (
+                    addr
+                    == vl[0][0][lane] + vl[kk][jp][0]
+                    == vl[0][0][lane] + kk * vl[1][0][0] + vl[0][jp][0]
+                )
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 64, 128, 256])
+def test_tile_page_and_page_key_find_every_key_of_a_tile(block_size):
+    """Key n0 + r of a key tile (n0 a multiple of block_n): the kernel's page (first page of the
+    tile plus tile_page) and offset in it (page_key) are the key's own."""
+    hk = host()
+    shift = block_size.bit_length() - 1
+    for block_n in (32, 64):
+        for n0 in range(0, 4 * max(block_size, block_n), block_n):
+            for r in range(block_n):
+                key = n0 + r
+                assert (n0 >> shift) + hk.tile_page(r, shift) == key // block_size
+                assert hk.page_key(n0, r, block_size) == key % block_size
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

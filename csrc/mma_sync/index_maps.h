@@ -98,9 +98,24 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
 // slot / units.
 FP8NCA_HD constexpr int copy_row(const TileShape& s, int slot) { return slot / s.units; }
 FP8NCA_HD constexpr int copy_unit(const TileShape& s, int slot) { return slot % s.units; }
+// A thread's copy slots of a tile are tid + i * kThreads, i < copy_slots: one unit of rows
+// copy_row_step apart (kThreads is a multiple of the units per row), so the kernel forms its
+// row and stage offsets once and steps them by constants (the emulation test checks the maps
+// allow it).
+FP8NCA_HD constexpr int copy_slots(const TileShape& s) { return s.block_n * s.units / kThreads; }
+FP8NCA_HD constexpr int copy_row_step(const TileShape& s) { return kThreads / s.units; }
 
 // Unit i (0, 1) of the 16-bit row that FP8 unit u of the same row dequantises into.
 FP8NCA_HD constexpr int wide_unit(int u, int i) { return 2 * u + i; }
+
+// Key n0 + r of a key tile (n0 a multiple of block_n; pages of 2^block_shift keys, a power of
+// two): the tile either starts a page (pages <= block_n) or lies inside one, so the key is in
+// the tile's tile_page-th page (counting from the page of n0) at page_key within it. Each
+// thread's rows r are fixed, so both are formed from loop-invariant parts.
+FP8NCA_HD constexpr int tile_page(int r, int block_shift) { return r >> block_shift; }
+FP8NCA_HD constexpr int page_key(int n0, int r, int block_size) {
+  return (n0 & (block_size - 1)) + (r & (block_size - 1));
+}
 
 // --- fragment maps ---------------------------------------------------------------------------
 

@@ -44,13 +44,6 @@ __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const Work
   }
 }
 
-// A thread's copy slots of a tile are tid + i * kThreads, i < kCopySlots: the same unit of rows
-// kCopyRowStep apart (kThreads is a multiple of the units per row; the emulation test checks
-// that the K / V stage offsets then differ by constants, which the kernel relies on to form
-// each address once).
-constexpr int copy_slots(const TileShape& s) { return s.block_n * s.units / kThreads; }
-constexpr int copy_row_step(const TileShape& s) { return kThreads / s.units; }
-
 // Where the KV of one (sequence, KV head) lies.
 struct KVSource {
   const uint8_t* k_head;  // key_cache + kv_head * stride_h, in bytes
@@ -73,11 +66,6 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
   if (lane < S.block_n / 8 && ((first_page + lane) << p.block_shift) < n_keys) {
     my_page = src.bt_row[(first_page + lane) * p.bt_stride_b];
   }
-  const int in_page = p.block_size - 1;
-  // Pages are powers of two and n0 a multiple of block_n, so either the tile starts a page
-  // (pages <= block_n) or lies inside one: key n0 + r is in the tile's (r >> block_shift)-th
-  // page, at (n0 & in_page) + (r & in_page) within it.
-  const int tile_in_page = n0 & in_page;
   const int r0 = copy_row(S, tid);
   const int u = copy_unit(S, tid);
 #pragma unroll
@@ -85,11 +73,11 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
     const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * kThreads)
     const int key = n0 + r;
     const bool ok = key < n_keys;
-    const int64_t page = __shfl_sync(0xffffffffu, my_page, r >> p.block_shift);
+    const int64_t page = __shfl_sync(0xffffffffu, my_page, tile_page(r, p.block_shift));
     const uint8_t* ksrc = src.k_head;
     const uint8_t* vsrc = src.v_head;
     if (ok) {
-      const int64_t off = tile_in_page + (r & in_page);  // key & in_page
+      const int64_t off = page_key(n0, r, p.block_size);
       ksrc += (page * p.k_stride_b + off * p.k_stride_s) * S.elt + u * 16;
       vsrc += (page * p.v_stride_b + off * p.v_stride_s) * S.elt + u * 16;
     }
