@@ -20,6 +20,7 @@
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/plan.h"
+#include "mma_sync/fp8_bits.h"
 #include "mma_sync/index_maps.h"
 
 namespace py = pybind11;
@@ -443,6 +444,12 @@ PYBIND11_MODULE(_C, m) {
            "Tile shape and shared-memory / fragment index maps of the mma.sync family.");
   namespace ms = fp8nca::mma_sync;
   host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
+  host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("kv_dtype"));
+  host.def("e4m3x4_to_bf16x2_scaled", [](uint32_t w) {
+    return py::make_tuple(ms::e4m3x4_even_to_bf16x2_scaled(w), ms::e4m3x4_odd_to_bf16x2_scaled(w));
+  }, py::arg("word"));
+  host.def("e4m3x4_nan_bits", &ms::e4m3x4_nan_bits, py::arg("word"));
+  host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
   host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {
     return ms::key_groups(ms::tile_shape(head_dim, elt), rows_in_tile);

@@ -138,7 +138,13 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
         for h in range(2)
     }
 
-    # Q fragments: per (warp, k-step, lane) four registers of two values each.
+    # Q fragments: per (warp, k-step, lane) four registers of two values each. Where the kernel
+    # dequantises K by bit moves its 16-bit K rows (and so the Q fragments) hold the dims of each
+    # group of 4 in bf16_k_dim order.
+    bit_k = elt == 1 and hk.bit_dequant_k(
+        cuda_backend.DTYPE_CODES[pb["q_dtype"]], cuda_backend.DTYPE_CODES[pb["kv_dtype"]]
+    )
+    order = [hk.bf16_k_dim(p) for p in range(16)] if bit_k else list(range(16))
     qf = np.zeros((warps, d // 16, 32, 4, 2))
     for warp in range(warps):
         for lane in range(32):
@@ -151,7 +157,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 for c in range(C["groups"]):
                     for kk in range(C["steps_per_unit"]):
                         dim = C["qk_dim"][c][kk][t]
-                        v = pb["q"][tok, head, dim : dim + 4]
+                        v = pb["q"][tok, head, dim : dim + 4][order[:4]]
                         ks = c * C["steps_per_unit"] + kk
                         qf[warp, ks, lane, h] = v[:2]
                         qf[warp, ks, lane, 2 + h] = v[2:]
@@ -192,15 +198,15 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     k16 = np.zeros(bn * C["k_row"], np.uint8) if fp8 else k_smem
     v16 = np.zeros(bn * C["v_row"], np.uint8) if fp8 else v_smem
 
-    def widen(src, src_off, dst, dst_offs, dtype):
-        values = decode(src[src_off : src_off + 16], kv_dtype)
+    def widen(src, src_off, dst, dst_offs, dtype, order=range(16)):
+        values = decode(src[src_off : src_off + 16], kv_dtype)[list(order)]
         wide = torch.from_numpy(values).to(dtype).view(torch.uint8).numpy()
         for half, off in enumerate(dst_offs):
             dst[off : off + 16] = wide[16 * half : 16 * half + 16]
 
     def dequantize_tile():
         for k8, v8, k0, k1, v0, v1 in T["dequant"]:
-            widen(k_smem, k8, k16, (k0, k1), k_dtype)
+            widen(k_smem, k8, k16, (k0, k1), k_dtype, order)
             widen(v_smem, v8, v16, (v0, v1), v_dtype)
 
     scale_log2 = pb["softmax_scale"] * pb["k_scale"][kvh] * 1.4426950408889634
@@ -426,6 +432,36 @@ def test_ldmatrix_addresses_are_a_lane_part_plus_a_step_part(head_dim):
                     == vl[0][0][lane] + vl[kk][jp][0]
                     == vl[0][0][lane] + kk * vl[1][0][0] + vl[0][jp][0]
                 )
+
+
+def test_e4m3_bit_dequantisation_is_exact_for_every_byte():
+    """The kernel's e4m3 -> bf16 bit moves (fp8_bits.h) times 2^120 give every non-NaN e4m3
+    value exactly, in bf16_k_dim order; the NaN test flags exactly the NaN bytes."""
+    hk = host()
+    assert hk.bit_dequant_k(
+        cuda_backend.DTYPE_CODES[torch.bfloat16], cuda_backend.DTYPE_CODES[torch.float8_e4m3fn]
+    )
+    for q, kv in [(torch.float16, torch.float8_e4m3fn), (torch.bfloat16, torch.float8_e5m2)]:
+        assert not hk.bit_dequant_k(cuda_backend.DTYPE_CODES[q], cuda_backend.DTYPE_CODES[kv])
+    assert [hk.bf16_k_dim(p) for p in range(8)] == [0, 2, 1, 3, 4, 6, 5, 7]
+    rng = np.random.default_rng(5)
+    for b in range(256):
+        for pos in range(4):
+            raw = rng.integers(0, 256, 4, dtype=np.uint8)
+            raw[raw & 0x7F == 0x7F] = 0x12  # NaN only where placed
+            raw[pos] = b
+            word = int(raw.view(np.uint32)[0])
+            expect = decode(raw, torch.float8_e4m3fn)
+            nan = bool(np.isnan(expect).any())
+            assert (hk.e4m3x4_nan_bits(word) != 0) == nan, (b, pos)
+            if nan:
+                continue
+            even, odd = hk.e4m3x4_to_bf16x2_scaled(word)
+            got = [*pair(even, torch.bfloat16), *pair(odd, torch.bfloat16)]
+            want = [expect[hk.bf16_k_dim(p)] * 2.0**-120 for p in range(4)]
+            assert got == want, (b, pos, got, want)
+            for g, w in zip(got, want, strict=True):
+                assert math.copysign(1.0, g) == math.copysign(1.0, w)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 64, 128, 256])

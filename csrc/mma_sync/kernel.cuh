@@ -83,6 +83,24 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
   cute::cp_async_wait<0>();
 }
 
+// After the key loop: row sums, the merge of key groups, the output.
+template <int D, typename QT, int KV>
+__device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& w,
+                                           const WarpRole& role, uint8_t* smem, float scale_log2,
+                                           float (&o)[compute_shape(D).ot][4], RowState& st,
+                                           int warp, int lane) {
+  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape C = Traits<D, QT, KV>::kC;
+  reduce_row_sums(st);
+  if (role.n_groups > 1) {
+    static_assert((kWarps - 1) * 32 * C.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
+                  "key-group merge must fit in shared memory");
+    if (!merge_key_groups(o, st, scale_log2, role, smem, warp, lane)) return;
+  }
+  if (!role.active) return;
+  store_output<D, QT>(p, w, role, st, o, scale_log2, lane);
+}
+
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
@@ -113,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
   uint4* q_frag = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32 + lane;
   uint8_t* kv_smem = smem + S.q_bytes;
   uint8_t* wide = kv_smem + S.stages * S.stage_bytes;  // the dequantised tile (FP8 caches)
-  load_q_fragments<D, QT>(p, w, role, lane, q_frag);
+  load_q_fragments<D, QT, KV>(p, w, role, lane, q_frag);
 
   const KVSource src{
       static_cast<const uint8_t*>(p.k) + w.kvh * p.k_stride_h * S.elt,
@@ -126,26 +144,21 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
 
-  // key_groups() gives 1, 2 or max_key_groups; the branch is uniform over the CTA.
+  // key_groups() gives 1, 2 or max_key_groups; the branch is uniform over the CTA. Each branch
+  // runs to the end (no merge point: the register allocation of one does not constrain another).
   if (role.n_groups == 1) {
-    stream_keys<D, QT, KV, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2, o,
-                              st);
+    stream_keys<D, QT, KV, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2,
+                              o, st);
+    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (C.max_key_groups == 2 || role.n_groups == 2) {
-    stream_keys<D, QT, KV, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2, o,
-                              st);
+    stream_keys<D, QT, KV, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2,
+                              o, st);
+    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else {
-    stream_keys<D, QT, KV, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
-                                             scale_log2, o, st);
+    stream_keys<D, QT, KV, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem, wide,
+                                             tid, scale_log2, o, st);
+    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
   }
-
-  reduce_row_sums(st);
-  if (role.n_groups > 1) {
-    static_assert((kWarps - 1) * 32 * C.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
-                  "key-group merge must fit in shared memory");
-    if (!merge_key_groups(o, st, scale_log2, role, smem, warp, lane)) return;
-  }
-  if (!role.active) return;
-  store_output<D, QT>(p, w, role, st, o, scale_log2, lane);
 }
 
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,

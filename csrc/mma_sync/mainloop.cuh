@@ -12,10 +12,11 @@
 
 namespace fp8nca::mma_sync {
 
-// Q fragments for all D / 16 k-steps, permuted as the K fragments are (index_maps.h). They live
-// in shared memory in fragment order (one 16-byte slot per lane and k-step, conflict-free
-// reads); each thread reads back only what it wrote, so no barrier.
-template <int D, typename QT>
+// Q fragments for all D / 16 k-steps, permuted as the K fragments are (index_maps.h; and within
+// groups of 4 dims as fp8_bits.h bf16_k_dim where K is dequantised by bit moves). They live in
+// shared memory in fragment order (one 16-byte slot per lane and k-step, conflict-free reads);
+// each thread reads back only what it wrote, so no barrier.
+template <int D, typename QT, int KV>
 __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const WorkTile& w,
                                                  const WarpRole& role, int lane, uint4* q_frag) {
   constexpr TileShape S = compute_shape(D);
@@ -35,7 +36,11 @@ __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const Work
 #pragma unroll
       for (int kk = 0; kk < S.steps_per_unit; ++kk) {
         const int dim = qk_dim(S, c, kk, t);
-        const uint2 v = ok ? *reinterpret_cast<const uint2*>(qrow + dim) : make_uint2(0, 0);
+        uint2 v = ok ? *reinterpret_cast<const uint2*>(qrow + dim) : make_uint2(0, 0);
+        if constexpr (bit_dequant_k(kQDtype<QT>, KV)) {
+          // dims (d, d + 2) then (d + 1, d + 3): positions 0..3 hold bf16_k_dim(0..3).
+          v = make_uint2(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
+        }
         uint32_t* slot = reinterpret_cast<uint32_t*>(q_frag + (c * S.steps_per_unit + kk) * 32);
         slot[h] = v.x;
         slot[2 + h] = v.y;
@@ -110,10 +115,34 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
     const uint32_t kw[4] = {k.x, k.y, k.z, k.w};
     const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
     uint32_t kx[8], vx[8];
+    if constexpr (bit_dequant_k(kQDtype<QT>, KV)) {
+      // K by bit moves (fp8_bits.h), dims in bf16_k_dim order; a unit holding an e4m3 NaN
+      // (a cache written from finite values has none) takes the hardware conversion instead,
+      // in the same order, so NaN stays NaN.
+      const uint32_t nan = e4m3x4_nan_bits(kw[0]) | e4m3x4_nan_bits(kw[1]) |
+                           e4m3x4_nan_bits(kw[2]) | e4m3x4_nan_bits(kw[3]);
+      if (nan == 0) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          kx[2 * w] = bf16x2_times_two_pow_120(e4m3x4_even_to_bf16x2_scaled(kw[w]));
+          kx[2 * w + 1] = bf16x2_times_two_pow_120(e4m3x4_odd_to_bf16x2_scaled(kw[w]));
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          kx[2 * w] = fp8x2_to<KV, QT>(__byte_perm(kw[w], 0, 0x20));      // bytes 0, 2
+          kx[2 * w + 1] = fp8x2_to<KV, QT>(__byte_perm(kw[w], 0, 0x31));  // bytes 1, 3
+        }
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        kx[2 * w] = fp8x2_to<KV, QT>(kw[w] & 0xffffu);
+        kx[2 * w + 1] = fp8x2_to<KV, QT>(kw[w] >> 16);
+      }
+    }
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      kx[2 * w] = fp8x2_to<KV, QT>(kw[w] & 0xffffu);
-      kx[2 * w + 1] = fp8x2_to<KV, QT>(kw[w] >> 16);
       vx[2 * w] = fp8x2_to<KV, VT>(vw[w] & 0xffffu);
       vx[2 * w + 1] = fp8x2_to<KV, VT>(vw[w] >> 16);
     }

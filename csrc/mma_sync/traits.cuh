@@ -12,6 +12,7 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include "../common/params.h"
+#include "fp8_bits.h"
 #include "index_maps.h"
 
 namespace fp8nca::mma_sync {
@@ -69,6 +70,18 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
     const __nv_bfloat162 b = __float22bfloat162_rn(f);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
+}
+
+// The dtype code (common/params.h) of a 16-bit query type.
+template <typename QT>
+constexpr int kQDtype = std::is_same_v<QT, __nv_bfloat16> ? kBF16 : kFP16;
+
+// x * 2^120 on a bf16 pair, exact for the scaled words of fp8_bits.h (the product is an e4m3
+// value, representable; bf16 FMA keeps subnormal inputs; adding -0 keeps the sign of zero).
+__device__ __forceinline__ uint32_t bf16x2_times_two_pow_120(uint32_t x) {
+  uint32_t y;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(kBf16x2TwoPow120), "r"(0x80008000u));
+  return y;
 }
 
 template <typename QT>
