@@ -145,6 +145,10 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
         cuda_backend.DTYPE_CODES[pb["q_dtype"]], cuda_backend.DTYPE_CODES[pb["kv_dtype"]]
     )
     order = [hk.bf16_k_dim(p) for p in range(16)] if bit_k else list(range(16))
+
+    def order_q(dim):
+        return hk.bf16_k_dim(dim) if bit_k else dim
+
     qf = np.zeros((warps, d // 16, 32, 4, 2))
     for warp in range(warps):
         for lane in range(32):
@@ -157,7 +161,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 for c in range(C["groups"]):
                     for kk in range(C["steps_per_unit"]):
                         dim = C["qk_dim"][c][kk][t]
-                        v = pb["q"][tok, head, dim : dim + 4][order[:4]]
+                        v = pb["q"][tok, head, [order_q(dim + i) for i in range(4)]]
                         ks = c * C["steps_per_unit"] + kk
                         qf[warp, ks, lane, h] = v[:2]
                         qf[warp, ks, lane, 2 + h] = v[2:]

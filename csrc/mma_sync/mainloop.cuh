@@ -36,10 +36,16 @@ __device__ __forceinline__ void load_q_fragments(const AttnParams& p, const Work
 #pragma unroll
       for (int kk = 0; kk < S.steps_per_unit; ++kk) {
         const int dim = qk_dim(S, c, kk, t);
-        uint2 v = ok ? *reinterpret_cast<const uint2*>(qrow + dim) : make_uint2(0, 0);
+        uint2 v = make_uint2(0, 0);
         if constexpr (bit_dequant_k(kQDtype<QT>, KV)) {
-          // dims (d, d + 2) then (d + 1, d + 3): positions 0..3 hold bf16_k_dim(0..3).
-          v = make_uint2(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
+          // Positions dim .. dim + 3 hold head dims bf16_k_dim(dim + 0..3), as K's do.
+          const uint16_t* q16 = reinterpret_cast<const uint16_t*>(qrow);
+          if (ok) {
+            v = make_uint2(q16[bf16_k_dim(dim)] | uint32_t{q16[bf16_k_dim(dim + 1)]} << 16,
+                           q16[bf16_k_dim(dim + 2)] | uint32_t{q16[bf16_k_dim(dim + 3)]} << 16);
+          }
+        } else if (ok) {
+          v = *reinterpret_cast<const uint2*>(qrow + dim);
         }
         uint32_t* slot = reinterpret_cast<uint32_t*>(q_frag + (c * S.steps_per_unit + kk) * 32);
         slot[h] = v.x;
