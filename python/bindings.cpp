@@ -445,10 +445,12 @@ PYBIND11_MODULE(_C, m) {
   namespace ms = fp8nca::mma_sync;
   host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
   host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("kv_dtype"));
-  host.def("e4m3x4_to_bf16x2_scaled", [](uint32_t w) {
-    return py::make_tuple(ms::e4m3x4_even_to_bf16x2_scaled(w), ms::e4m3x4_odd_to_bf16x2_scaled(w));
-  }, py::arg("word"));
-  host.def("e4m3x4_nan_bits", &ms::e4m3x4_nan_bits, py::arg("word"));
+  host.def("fp8x4_to_bf16x2_scaled", [](uint32_t w, int kv_dtype) {
+    return py::make_tuple(ms::fp8x4_even_to_bf16x2_scaled(w, kv_dtype),
+                          ms::fp8x4_odd_to_bf16x2_scaled(w, kv_dtype),
+                          ms::fp8_to_bf16_scale(kv_dtype));
+  }, py::arg("word"), py::arg("kv_dtype"));
+  host.def("fp8x4_special_bits", &ms::fp8x4_special_bits, py::arg("word"), py::arg("kv_dtype"));
   host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
   host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {

@@ -438,31 +438,34 @@ def test_ldmatrix_addresses_are_a_lane_part_plus_a_step_part(head_dim):
                 )
 
 
-def test_e4m3_bit_dequantisation_is_exact_for_every_byte():
-    """The kernel's e4m3 -> bf16 bit moves (fp8_bits.h) times 2^120 give every non-NaN e4m3
-    value exactly, in bf16_k_dim order; the NaN test flags exactly the NaN bytes."""
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_bit_dequantisation_is_exact_for_every_byte(kv_dtype):
+    """The kernel's FP8 -> bf16 bit moves (fp8_bits.h) times the format's power of two give
+    every finite FP8 value exactly, in bf16_k_dim order; the special test flags exactly the
+    Inf / NaN bytes."""
     hk = host()
-    assert hk.bit_dequant_k(
-        cuda_backend.DTYPE_CODES[torch.bfloat16], cuda_backend.DTYPE_CODES[torch.float8_e4m3fn]
-    )
-    for q, kv in [(torch.float16, torch.float8_e4m3fn), (torch.bfloat16, torch.float8_e5m2)]:
-        assert not hk.bit_dequant_k(cuda_backend.DTYPE_CODES[q], cuda_backend.DTYPE_CODES[kv])
+    codes = cuda_backend.DTYPE_CODES
+    kv = codes[kv_dtype]
+    assert hk.bit_dequant_k(codes[torch.bfloat16], kv)
+    assert not hk.bit_dequant_k(codes[torch.float16], kv)
+    assert not hk.bit_dequant_k(codes[torch.bfloat16], codes[torch.bfloat16])
     assert [hk.bf16_k_dim(p) for p in range(8)] == [0, 2, 1, 3, 4, 6, 5, 7]
+    finite = [b for b in range(256) if math.isfinite(decode(np.array([b], np.uint8), kv_dtype)[0])]
     rng = np.random.default_rng(5)
     for b in range(256):
         for pos in range(4):
-            raw = rng.integers(0, 256, 4, dtype=np.uint8)
-            raw[raw & 0x7F == 0x7F] = 0x12  # NaN only where placed
+            raw = rng.choice(finite, 4).astype(np.uint8)  # specials only where placed
             raw[pos] = b
             word = int(raw.view(np.uint32)[0])
-            expect = decode(raw, torch.float8_e4m3fn)
-            nan = bool(np.isnan(expect).any())
-            assert (hk.e4m3x4_nan_bits(word) != 0) == nan, (b, pos)
-            if nan:
+            expect = decode(raw, kv_dtype)
+            special = not np.isfinite(expect).all()
+            assert (hk.fp8x4_special_bits(word, kv) != 0) == special, (b, pos)
+            if special:
                 continue
-            even, odd = hk.e4m3x4_to_bf16x2_scaled(word)
-            got = [*pair(even, torch.bfloat16), *pair(odd, torch.bfloat16)]
-            want = [expect[hk.bf16_k_dim(p)] * 2.0**-120 for p in range(4)]
+            even, odd, scale = hk.fp8x4_to_bf16x2_scaled(word, kv)
+            (factor, _) = pair(scale, torch.bfloat16)
+            got = [x * factor for x in (*pair(even, torch.bfloat16), *pair(odd, torch.bfloat16))]
+            want = [expect[hk.bf16_k_dim(p)] for p in range(4)]
             assert got == want, (b, pos, got, want)
             for g, w in zip(got, want, strict=True):
                 assert math.copysign(1.0, g) == math.copysign(1.0, w)

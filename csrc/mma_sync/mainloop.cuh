@@ -122,16 +122,16 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
     const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
     uint32_t kx[8], vx[8];
     if constexpr (bit_dequant_k(kQDtype<QT>, KV)) {
-      // K by bit moves (fp8_bits.h), dims in bf16_k_dim order; a unit holding an e4m3 NaN
+      // K by bit moves (fp8_bits.h), dims in bf16_k_dim order; a unit holding an Inf or NaN
       // (a cache written from finite values has none) takes the hardware conversion instead,
-      // in the same order, so NaN stays NaN.
-      const uint32_t nan = e4m3x4_nan_bits(kw[0]) | e4m3x4_nan_bits(kw[1]) |
-                           e4m3x4_nan_bits(kw[2]) | e4m3x4_nan_bits(kw[3]);
-      if (nan == 0) {
+      // in the same order, so they stay Inf and NaN.
+      const uint32_t special = fp8x4_special_bits(kw[0], KV) | fp8x4_special_bits(kw[1], KV) |
+                               fp8x4_special_bits(kw[2], KV) | fp8x4_special_bits(kw[3], KV);
+      if (special == 0) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          kx[2 * w] = bf16x2_times_two_pow_120(e4m3x4_even_to_bf16x2_scaled(kw[w]));
-          kx[2 * w + 1] = bf16x2_times_two_pow_120(e4m3x4_odd_to_bf16x2_scaled(kw[w]));
+          kx[2 * w] = bf16x2_unscale<KV>(fp8x4_even_to_bf16x2_scaled(kw[w], KV));
+          kx[2 * w + 1] = bf16x2_unscale<KV>(fp8x4_odd_to_bf16x2_scaled(kw[w], KV));
         }
       } else {
 #pragma unroll

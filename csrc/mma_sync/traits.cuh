@@ -76,11 +76,14 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
 template <typename QT>
 constexpr int kQDtype = std::is_same_v<QT, __nv_bfloat16> ? kBF16 : kFP16;
 
-// x * 2^120 on a bf16 pair, exact for the scaled words of fp8_bits.h (the product is an e4m3
-// value, representable; bf16 FMA keeps subnormal inputs; adding -0 keeps the sign of zero).
-__device__ __forceinline__ uint32_t bf16x2_times_two_pow_120(uint32_t x) {
+// x * 2^(127 - bias) on a bf16 pair (fp8_bits.h), exact for the scaled words: the product is an
+// FP8 value, representable; bf16 FMA keeps subnormal inputs; adding -0 keeps the sign of zero.
+template <int KV>
+__device__ __forceinline__ uint32_t bf16x2_unscale(uint32_t x) {
   uint32_t y;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(kBf16x2TwoPow120), "r"(0x80008000u));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;"
+      : "=r"(y)
+      : "r"(x), "r"(fp8_to_bf16_scale(KV)), "r"(0x80008000u));
   return y;
 }
 
