@@ -451,6 +451,9 @@ PYBIND11_MODULE(_C, m) {
                           ms::fp8_to_bf16_scale(kv_dtype));
   }, py::arg("word"), py::arg("kv_dtype"));
   host.def("fp8x4_special_bits", &ms::fp8x4_special_bits, py::arg("word"), py::arg("kv_dtype"));
+  host.def("e5m2x4_to_f16x2", [](uint32_t w) {
+    return py::make_tuple(ms::e5m2x4_low_to_f16x2(w), ms::e5m2x4_high_to_f16x2(w));
+  }, py::arg("word"));
   host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
   host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {

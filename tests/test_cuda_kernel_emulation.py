@@ -471,6 +471,23 @@ def test_fp8_bit_dequantisation_is_exact_for_every_byte(kv_dtype):
                 assert math.copysign(1.0, g) == math.copysign(1.0, w)
 
 
+def test_e5m2_to_fp16_byte_moves_are_exact_for_every_byte():
+    """e5m2 -> fp16 (V, and K under an fp16 query) is a byte move: each pair equals the fp16
+    conversion of the e5m2 values, Inf and NaN included."""
+    hk = host()
+    rng = np.random.default_rng(6)
+    for b in range(256):
+        for pos in range(4):
+            raw = rng.integers(0, 256, 4, dtype=np.uint8)
+            raw[pos] = b
+            lo, hi = hk.e5m2x4_to_f16x2(int(raw.view(np.uint32)[0]))
+            got = np.array([*pair(lo, torch.float16), *pair(hi, torch.float16)])
+            want = decode(raw, torch.float8_e5m2)
+            assert np.array_equal(got, want, equal_nan=True), (b, pos, got, want)
+            finite = ~np.isnan(want)
+            assert np.array_equal(np.signbit(got[finite]), np.signbit(want[finite]))
+
+
 @pytest.mark.parametrize("block_size", [8, 16, 64, 128, 256])
 def test_tile_page_and_page_key_find_every_key_of_a_tile(block_size):
     """Key n0 + r of a key tile (n0 a multiple of block_n): the kernel's page (first page of the

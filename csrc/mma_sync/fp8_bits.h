@@ -54,6 +54,25 @@ FP8NCA_HD constexpr uint32_t fp8x4_special_bits(uint32_t w, int kv_dtype) {
   return ((w & 0x7f7f7f7fu) + (kv_dtype == kE4M3 ? 0x01010101u : 0x04040404u)) & 0x80808080u;
 }
 
+// e5m2 is the high byte of an IEEE fp16 (1 sign, 5 exponent, 2 mantissa bits, the same bias):
+// the four e5m2 bytes b0..b3 of w -> the fp16 pairs (b0, b1) and (b2, b3), exactly, subnormals,
+// Inf and NaN included. One byte permute per pair instead of a conversion-pipe
+// cvt.rn.f16x2.e5m2x2.
+FP8NCA_HD constexpr uint32_t e5m2x4_low_to_f16x2(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w, 0, 0x1404);  // bytes (b1, 0, b0, 0)
+#else
+  return ((w & 0xffu) << 8) | ((w & 0xff00u) << 16);
+#endif
+}
+FP8NCA_HD constexpr uint32_t e5m2x4_high_to_f16x2(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w, 0, 0x3424);  // bytes (b3, 0, b2, 0)
+#else
+  return ((w >> 8) & 0xff00u) | (w & 0xff000000u);
+#endif
+}
+
 // Head dim at position p of a row of the bit-dequantised bf16 K tile, and so of the Q
 // fragments that meet it in S = Q K^T (a permutation inside each group of 4 adjacent dims:
 // the reduction is unchanged).

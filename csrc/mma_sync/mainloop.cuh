@@ -103,7 +103,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
 
 // Dequantises the FP8 K and V tile of one stage, once for the whole CTA (every thread converts
 // its share: one 16-byte FP8 unit of K and of V per copy slot), into the 16-bit tile the MMAs
-// read: K to the query dtype, V to the P V operand dtype. Exact (fp8x2_to).
+// read: K to the query dtype, V to the P V operand dtype. Exact (fp8x4_to, fp8_bits.h).
 template <int D, typename QT, int KV>
 __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16, int tid) {
   constexpr TileShape S = Traits<D, QT, KV>::kS;
@@ -142,16 +142,10 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
       }
     } else {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        kx[2 * w] = fp8x2_to<KV, QT>(kw[w] & 0xffffu);
-        kx[2 * w + 1] = fp8x2_to<KV, QT>(kw[w] >> 16);
-      }
+      for (int w = 0; w < 4; ++w) fp8x4_to<KV, QT>(kw[w], kx[2 * w], kx[2 * w + 1]);
     }
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      vx[2 * w] = fp8x2_to<KV, VT>(vw[w] & 0xffffu);
-      vx[2 * w + 1] = fp8x2_to<KV, VT>(vw[w] >> 16);
-    }
+    for (int w = 0; w < 4; ++w) fp8x4_to<KV, VT>(vw[w], vx[2 * w], vx[2 * w + 1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       *reinterpret_cast<uint4*>(k16 + k_smem_offset(C, r, wide_unit(u, h))) =

@@ -72,6 +72,19 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
   }
 }
 
+// Four FP8 values (low byte first) -> the pairs (0, 1), (2, 3) of the operand dtype, exactly:
+// e5m2 into fp16 by byte moves (fp8_bits.h), otherwise fp8x2_to.
+template <int KV, typename QT>
+__device__ __forceinline__ void fp8x4_to(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (KV == kE5M2 && std::is_same_v<QT, __half>) {
+    lo = e5m2x4_low_to_f16x2(w);
+    hi = e5m2x4_high_to_f16x2(w);
+  } else {
+    lo = fp8x2_to<KV, QT>(w & 0xffffu);
+    hi = fp8x2_to<KV, QT>(w >> 16);
+  }
+}
+
 // The dtype code (common/params.h) of a 16-bit query type.
 template <typename QT>
 constexpr int kQDtype = std::is_same_v<QT, __nv_bfloat16> ? kBF16 : kFP16;
