@@ -94,6 +94,27 @@ def prefill_summary(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _detail_table(
+    rows: list[dict], shape_columns: dict[str, str], fraction_key: str, fraction_header: str
+) -> list[str]:
+    """One Markdown row per modelled row: GPU, kernel, the shape (``shape_columns``: header ->
+    row key), tiles, per-pipe work per KV byte, binding and the predicted fraction."""
+    columns = ["GPU", "arch", "family", "kernel", *shape_columns, "regs", "smem B", "CTAs/SM"]
+    columns += [f"{p} instr/B" for p in pipes.PIPES] + ["binding", fraction_header]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [r["gpu"], r["arch"], r["family"], _short(r["kernel"])]
+        cells += [r[key] for key in shape_columns.values()]
+        cells += [r["regs"], r["smem_bytes"], r["ctas_per_sm"]]
+        cells += [f"{r['instr_per_kv_byte'][p]:.3f}" for p in pipes.PIPES]
+        cells += [r["binding"], f"{100 * r[fraction_key]:.0f}% (predicted)"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+_SHAPE = {"D": "head_dim", "q": "q_dtype", "kv": "kv_dtype", "R": "rows_per_kv_head"}
+
+
 def _prefill_table(rows: list[dict]) -> list[str]:
     """Every prefill row: tiles, per-pipe work per KV byte, binding, tensor-peak fraction."""
     prefill = sorted(
@@ -102,25 +123,11 @@ def _prefill_table(rows: list[dict]) -> list[str]:
     )
     if not prefill:
         return []
-    lines = [
-        "",
-        "Prefill shapes (non-causal, q = kv; R = 4 x q rows per KV head):",
-        "",
-        "| GPU | arch | family | kernel | q=kv | D | q | kv | R | regs | smem B | CTAs/SM | "
-        + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
-        + " | binding | predicted fraction of dense 16-bit tensor peak |",
-        "|" + "---|" * (15 + len(pipes.PIPES)),
-    ]
-    for r in prefill:
-        per_pipe = " | ".join(f"{r['instr_per_kv_byte'][p]:.3f}" for p in pipes.PIPES)
-        lines.append(
-            f"| {r['gpu']} | {r['arch']} | {r['family']} | {_short(r['kernel'])} | "
-            f"{r['q_len']} | {r['head_dim']} | {r['q_dtype']} | {r['kv_dtype']} | "
-            f"{r['rows_per_kv_head']} | {r['regs']} | {r['smem_bytes']} | {r['ctas_per_sm']} | "
-            f"{per_pipe} | {r['binding']} | {100 * r['predicted_tensor_fraction']:.0f}% "
-            "(predicted) |"
-        )
-    return lines
+    heading = ["", "Prefill shapes (non-causal, q = kv; R = 4 x q rows per KV head):", ""]
+    return heading + _detail_table(
+        prefill, {"q=kv": "q_len", **_SHAPE}, "predicted_tensor_fraction",
+        "predicted fraction of dense 16-bit tensor peak",
+    )  # fmt: skip
 
 
 def markdown(rows: list[dict]) -> str:
@@ -141,24 +148,13 @@ def markdown(rows: list[dict]) -> str:
         prefill_summary(rows),
         "All drafter shapes:",
         "",
-        "| GPU | arch | family | kernel | D | q | kv | R | regs | smem B | CTAs/SM | "
-        + " | ".join(f"{p} instr/B" for p in pipes.PIPES)
-        + " | binding | predicted HBM fraction |",
-        "|" + "---|" * (14 + len(pipes.PIPES)),
     ]
     order = sorted(
         (r for r in rows if _kind(r) == "drafter"),
         key=lambda r: (r["kernel"].partition("]")[0], r["family"], r["gpu"], r["head_dim"],
                        r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"]),
     )  # fmt: skip
-    for r in order:
-        per_pipe = " | ".join(f"{r['instr_per_kv_byte'][p]:.3f}" for p in pipes.PIPES)
-        lines.append(
-            f"| {r['gpu']} | {r['arch']} | {r['family']} | {_short(r['kernel'])} | "
-            f"{r['head_dim']} | {r['q_dtype']} | {r['kv_dtype']} | {r['rows_per_kv_head']} | "
-            f"{r['regs']} | {r['smem_bytes']} | {r['ctas_per_sm']} | {per_pipe} | "
-            f"{r['binding']} | {100 * r['predicted_hbm_fraction']:.0f}% (predicted) |"
-        )
+    lines += _detail_table(order, _SHAPE, "predicted_hbm_fraction", "predicted HBM fraction")
     return "\n".join(lines + _prefill_table(rows)) + "\n"
 
 
