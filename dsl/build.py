@@ -110,10 +110,12 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
         ptr(cutlass.Float32, 4),  # k_scale
         ptr(cutlass.Float32, 4),  # v_scale
         ptr(cutlass.Uint8, 1),  # causal flags (bytes)
+        ptr(cutlass.Float32, 4),  # sinks
         ptr(cutlass.Float32, 16),  # ws_o
         ptr(cutlass.Float32, 4),  # ws_lse
         *([i64] * 13),  # q, o, k, v, block-table strides; causal stride
-        *([i32] * 8),  # causal width, causal, num_tokens, num_seqs, heads, row tiles, splits
+        *([i32] * 10),  # causal width, causal, window left/right, num_tokens, num_seqs, heads,
+        # row tiles, splits
         cutlass.Float32(1.0),  # softmax scale
         make_fake_stream(),
         # Per-compile options (the CUTE_DSL_* environment is read once per process).
@@ -133,20 +135,22 @@ def cubins(out_dir: Path, arch: str, variant: Variant) -> list[Path]:
 # The cubin of variant i is loaded on every visible device at its first run (thread-safe).
 ARGUMENTS = (
     "void *q, void *k, void *v, void *out, void *block_table, void *cu_seqlens_q, "
-    "void *seq_lens, void *k_scale, void *v_scale, void *causal_flags, void *ws_o, void *ws_lse, "
+    "void *seq_lens, void *k_scale, void *v_scale, void *causal_flags, void *sinks, "
+    "void *ws_o, void *ws_lse, "
     "int64_t q_stride_t, int64_t q_stride_h, int64_t o_stride_t, int64_t o_stride_h, "
     "int64_t k_stride_b, int64_t k_stride_s, int64_t k_stride_h, int64_t v_stride_b, "
     "int64_t v_stride_s, int64_t v_stride_h, int64_t bt_stride_s, int64_t bt_stride_b, "
-    "int64_t causal_stride, int32_t causal_width, int32_t causal, int32_t num_tokens, "
+    "int64_t causal_stride, int32_t causal_width, int32_t causal, int32_t window_left, "
+    "int32_t window_right, int32_t num_tokens, "
     "int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t row_tiles, "
     "int32_t num_splits, float softmax_scale, cudaStream_t stream"
 )
 FORWARD = (
-    "q, k, v, out, block_table, cu_seqlens_q, seq_lens, k_scale, v_scale, causal_flags, ws_o, "
-    "ws_lse, q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_s, "
+    "q, k, v, out, block_table, cu_seqlens_q, seq_lens, k_scale, v_scale, causal_flags, sinks, "
+    "ws_o, ws_lse, q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_s, "
     "k_stride_h, v_stride_b, v_stride_s, v_stride_h, bt_stride_s, bt_stride_b, causal_stride, "
-    "causal_width, causal, num_tokens, num_seqs, num_q_heads, num_kv_heads, row_tiles, "
-    "num_splits, softmax_scale, stream"
+    "causal_width, causal, window_left, window_right, num_tokens, num_seqs, num_q_heads, "
+    "num_kv_heads, row_tiles, num_splits, softmax_scale, stream"
 )
 
 

@@ -6,7 +6,9 @@ NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU
 (dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They are therefore opt-in only
 (``FP8NCA_CUDA_FAMILY=wgmma`` / ``tcgen05``, or ``PagedAttention.plan(family=...)``), ``auto``
 never picks them, and a request they cannot serve falls back to the portable mma.sync family with
-the reason (in the plan's ``family_reason`` and a warning, once per reason).
+the reason (in the plan's ``family_reason`` and a warning, once per reason). wgmma runs sliding
+windows and attention sinks; tcgen05 takes the same C arguments unused, so they are refused for
+it (:data:`WINDOW_FAMILIES`).
 
 Where the libraries come from: the package build compiles them when ``FP8NCA_BUILD_DSL=1``
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
@@ -63,6 +65,10 @@ FAMILIES = {
 }
 FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
 
+# The families whose kernels apply ``window`` and ``sinks`` (the others take the arguments and
+# ignore them, so the loader refuses such a problem for them).
+WINDOW_FAMILIES = ("wgmma",)
+
 # The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
 # pointers, int64 strides in elements, int32 sizes and flags, the softmax scale, the stream.
 LAUNCH_ARGUMENTS = (
@@ -70,7 +76,8 @@ LAUNCH_ARGUMENTS = (
     ("out", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
     ("cu_seqlens_q", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
     ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-    ("causal_flags", ctypes.c_void_p), ("ws_o", ctypes.c_void_p), ("ws_lse", ctypes.c_void_p),
+    ("causal_flags", ctypes.c_void_p), ("sinks", ctypes.c_void_p), ("ws_o", ctypes.c_void_p),
+    ("ws_lse", ctypes.c_void_p),
     ("q_stride_t", ctypes.c_int64), ("q_stride_h", ctypes.c_int64),
     ("o_stride_t", ctypes.c_int64), ("o_stride_h", ctypes.c_int64),
     ("k_stride_b", ctypes.c_int64), ("k_stride_s", ctypes.c_int64),
@@ -78,7 +85,8 @@ LAUNCH_ARGUMENTS = (
     ("v_stride_s", ctypes.c_int64), ("v_stride_h", ctypes.c_int64),
     ("bt_stride_s", ctypes.c_int64), ("bt_stride_b", ctypes.c_int64),
     ("causal_stride", ctypes.c_int64), ("causal_width", ctypes.c_int32),
-    ("causal", ctypes.c_int32), ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
+    ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+    ("window_right", ctypes.c_int32), ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
     ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
     ("row_tiles", ctypes.c_int32), ("num_splits", ctypes.c_int32),
     ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
@@ -250,8 +258,6 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor) -> str 
     """None when the layer's tensors suit a DSL kernel (checked every run: pointers and
     strides differ per layer), else why not. The kernels were compiled assuming 16-byte aligned
     q/out/K/V bases; K/V rows are read 16 FP8 bytes at a time and Q 8 elements at a time."""
-    if problem.sinks is not None:
-        return "attention sinks are not in the DSL families yet"
     for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
         block, slot, head = cache.stride()[:3]
         if not _aligned(cache, (block, slot, head), 16):
@@ -273,10 +279,11 @@ def plan_unsupported_reason(family: Family, problem: AttentionProblem) -> str | 
     if capability not in family.archs:
         major, minor = capability
         return f"needs an {family.gpus} GPU, this one is sm_{major}{minor}"
-    if problem.has_window:
-        return "sliding windows are not in the DSL families yet"
-    if problem.sinks is not None:
-        return "attention sinks are not in the DSL families yet"
+    # The C interface carries both for every family; only wgmma's kernel reads them so far.
+    if family.name not in WINDOW_FAMILIES and problem.has_window:
+        return f"sliding windows are not in the {family.name} family yet (wgmma runs them)"
+    if family.name not in WINDOW_FAMILIES and problem.sinks is not None:
+        return f"attention sinks are not in the {family.name} family yet (wgmma runs them)"
     # The C interface takes no strides for these two: they are read as packed int32 vectors.
     for name in ("cu_seqlens_q", "seq_lens"):
         tensor = getattr(problem, name)
@@ -339,7 +346,7 @@ def _plan(
         return None, why
     row_tiles = -(-rows // variant.rows)
     if num_splits is None:
-        key_tiles = -(-max(problem.max_seqlen_k, 1) // family.key_tile(problem.head_dim))
+        key_tiles = -(-window_keys(problem, variant.rows) // family.key_tile(problem.head_dim))
         ctas = row_tiles * problem.num_kv_heads * problem.num_seqs
         num_splits = choose_splits(ctas, key_tiles, problem.num_seqs, resident_ctas(
             problem.query.device))  # fmt: skip
@@ -350,6 +357,20 @@ def _plan(
         if num_splits > 1:
             ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
     return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse), ""
+
+
+def window_keys(problem: AttentionProblem, rows: int) -> int:
+    """The most keys one CTA of ``rows`` query rows can load: ``max_seqlen_k``, or with a
+    two-sided window its span over the CTA's tokens plus a tile of alignment (the kernel loads
+    the tiles from its first row's first key to its last row's last)."""
+    from .cuda_backend import window_sides  # cuda_backend imports this module
+
+    keys = max(problem.max_seqlen_k, 1)
+    left, right = window_sides(problem)
+    if left >= 0 and right >= 0:
+        tokens = -(-rows // problem.group_size)
+        keys = min(keys, left + tokens + right + 128)
+    return keys
 
 
 _warned: set[str] = set()
@@ -369,8 +390,13 @@ def launch_arguments(
     ws_o: torch.Tensor | None,
     ws_lse: torch.Tensor | None,
     stream: int,
+    sinks: torch.Tensor,
 ) -> dict[str, int | float]:
-    """The C arguments (names and order of :data:`LAUNCH_ARGUMENTS`) for one launch."""
+    """The C arguments (names and order of :data:`LAUNCH_ARGUMENTS`) for one launch.
+    ``sinks``: float32 [num_q_heads] natural-log logits, -inf where the problem has none (the
+    kernel always reads them); the window goes as ``cuda_backend.window_sides`` caps it."""
+    from .cuda_backend import window_sides  # cuda_backend imports this module
+
     q, k, v, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
     flags = problem.causal_per_seq
     # The per-sequence flags are read in place as bytes (vLLM rewrites them between replays).
@@ -380,10 +406,11 @@ def launch_arguments(
     values = (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), bt.data_ptr(),
         problem.cu_seqlens_q.data_ptr(), problem.seq_lens.data_ptr(),
-        problem.k_scale.data_ptr(), problem.v_scale.data_ptr(), causal_ptr,
+        problem.k_scale.data_ptr(), problem.v_scale.data_ptr(), causal_ptr, sinks.data_ptr(),
         0 if ws_o is None else ws_o.data_ptr(), 0 if ws_lse is None else ws_lse.data_ptr(),
         *q.stride()[:2], *out.stride()[:2], *k.stride()[:3], *v.stride()[:3], *bt.stride(),
-        causal_stride, causal_width, int(bool(problem.causal)), problem.num_tokens,
+        causal_stride, causal_width, int(bool(problem.causal)), *window_sides(problem),
+        problem.num_tokens,
         problem.num_seqs, problem.num_q_heads, problem.num_kv_heads, plan.row_tiles,
         plan.num_splits, float(problem.softmax_scale), stream,
     )  # fmt: skip
@@ -415,7 +442,10 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
         out.zero_()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
-        arguments = launch_arguments(problem, plan, out, ws_o, ws_lse, stream)
+        sinks = problem.sinks
+        if sinks is None:  # -inf: a sink that adds 0 to every denominator
+            sinks = torch.full((problem.num_q_heads,), -math.inf, device=device)
+        arguments = launch_arguments(problem, plan, out, ws_o, ws_lse, stream, sinks)
         status = plan.library.launch(plan.variant.index, arguments)
     if status != 0:
         raise RuntimeError(
@@ -423,22 +453,35 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
             f"{STATUS})"
         )
     if plan.num_splits > 1:
-        merge_splits(ws_o, ws_lse, out)
+        merge_splits(ws_o, ws_lse, out, problem.sinks)
 
 
-def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> None:
+def merge_splits(
+    ws_o: torch.Tensor,
+    ws_lse: torch.Tensor,
+    out: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+) -> None:
     """``out`` = the split-KV merge of the partials, by the formula of csrc/cascade/merge.cu
     (weights 2^(lse - max) over log2 LSEs, each split's O already normalised and times
     v_scale); a row whose every split is empty (LSE -inf, padding rows included) gets zeros.
 
     In PyTorch because ``_C`` has no Python entry for its merge kernel (``launch_merge``) yet;
     no host sync. ``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` float32
-    [splits, tokens, q_heads], ``out`` [tokens, q_heads, head_dim] bf16/fp16.
+    [splits, tokens, q_heads], ``out`` [tokens, q_heads, head_dim] bf16/fp16. ``sinks``: None
+    or float32 [q_heads] natural-log logits, joining the denominator here exactly once (the
+    split kernels leave them out), at max(LSE, sink) so neither overflows.
     """
     top = ws_lse.amax(0)
+    sink = None
+    if sinks is not None:
+        sink = (sinks.float() * math.log2(math.e)).expand_as(top)
+        top = torch.maximum(top, sink)
     top = torch.where(top == -math.inf, 0.0, top)
     weights = torch.exp2(ws_lse - top).unsqueeze(-1)
     total = weights.sum(0)
+    if sink is not None:
+        total = total + torch.exp2(sink - top).unsqueeze(-1)
     # A zero weight must not pick up what an unwritten partial holds (NaN x 0 is NaN).
     merged = torch.where(weights > 0, weights * ws_o, 0.0).sum(0)
     out.copy_(torch.where(total > 0, merged / total, 0.0))

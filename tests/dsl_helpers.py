@@ -42,12 +42,18 @@ def emulate_launch(problem, variant, num_splits: int, emulate_cta: Callable) -> 
         if num_splits == 1:
             out[token, head] = torch.from_numpy(parts[0][0])
             continue
-        # The existing merge kernel: weights 2^(lse - max), O already normalised.
+        # The loader's merge: weights 2^(lse - max), O already normalised; a sink (log2 units)
+        # joins the denominator once, here and not in any split.
         lse = np.array([p[1] for p in parts])
-        top = lse.max() if np.isfinite(lse.max()) else 0.0
+        sink = -np.inf
+        if getattr(problem, "sinks", None) is not None:
+            sink = float(problem.sinks[head]) * np.log2(np.e)
+        top = max(lse.max(), sink)
+        top = top if np.isfinite(top) else 0.0
         w = np.exp2(lse - top)
         acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
-        out[token, head] = torch.from_numpy(acc / w.sum() if w.sum() > 0 else acc * 0)
+        total = w.sum() + np.exp2(sink - top)
+        out[token, head] = torch.from_numpy(acc / total if total > 0 else acc * 0)
     return out
 
 

@@ -306,7 +306,7 @@ def test_layer_tensors_the_kernels_cannot_take_are_refused_by_reason():
     assert "out needs a 16-byte aligned base" in reason(
         o=torch.empty(out.numel() + 1, dtype=out.dtype)[1:].view(out.shape)
     )
-    assert "attention sinks" in reason(sinks=torch.zeros(8))
+    assert reason(sinks=torch.zeros(8)) is None  # the plan decides (a family without them)
 
 
 def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
@@ -314,9 +314,9 @@ def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
     wgmma = dsl_families.FAMILIES["wgmma"]
     case = make_case([3, 5], [40, 21], seed=2)
     assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case)) is None
-    assert "sliding windows" in dsl_families.plan_unsupported_reason(
-        wgmma, problem_of(case, window=(8, 0))
-    )
+    sinks = torch.randn(8)
+    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case, window=(8, 0))) is None
+    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case, sinks=sinks)) is None
     strided = make_case([3, 5], [40, 21], index_step=2, seed=2)
     assert "cu_seqlens_q must be contiguous" in dsl_families.plan_unsupported_reason(
         wgmma, problem_of(strided)
@@ -324,6 +324,14 @@ def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
     tcgen05 = dsl_families.FAMILIES["tcgen05"]
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) == (
         "needs an sm_100/sm_103 (B200, B300) GPU, this one is sm_90"
+    )
+    monkeypatch.setattr(dsl_families, "device_capability", lambda device: (10, 0))
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) is None
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) == (
+        "sliding windows are not in the tcgen05 family yet (wgmma runs them)"
+    )
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, sinks=sinks)) == (
+        "attention sinks are not in the tcgen05 family yet (wgmma runs them)"
     )
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: None)
     assert "need CUDA tensors" in dsl_families.plan_unsupported_reason(wgmma, problem_of(case))
@@ -460,10 +468,13 @@ def split_partials(problem, num_splits, key_tile):
     return ws_o, ws_lse
 
 
-def emulated_launch(problem, out, buffers):
+def emulated_launch(problem, out, buffers, case=None, extra=None):
     """A stand-in for the library's launch on CPU tensors: checks the pointers it gets and
-    writes what the kernel would: ``out`` unsplit, else the partials into ``buffers`` (the
-    tensors the launch must point at), in this layer's [splits, tokens, heads] layout."""
+    writes what the kernel would: ``out`` unsplit (the reference of ``case`` with ``extra``
+    keyword arguments: window, sinks), else the partials into ``buffers`` (the tensors the
+    launch must point at), in this layer's [splits, tokens, heads] layout, without the sinks."""
+    case = SPLIT_CASE if case is None else case
+    extra = extra or {}
 
     def launch(index, arguments):
         assert arguments["q"] == problem.query.data_ptr()
@@ -475,7 +486,7 @@ def emulated_launch(problem, out, buffers):
             assert arguments["ws_o"] == 0
             rows = int(problem.cu_seqlens_q[-1])
             out[:rows] = fna.paged_attention(
-                *SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference"
+                *case.args(), **case.kwargs(), **extra, backend="reference"
             )[:rows]
             return 0
         ws_o, ws_lse = split_partials(problem, splits, 128)
@@ -537,6 +548,75 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
     expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference")
     assert torch.all(out[8:] == 0)  # 3 padding rows
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+
+
+WINDOW_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, True, False],
+                        causal_dtype=torch.bool, padded_rows=2, seed=12)  # fmt: skip
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window,with_sinks", [((70, 5), True), ((-1, 20), False), ((9, -1), True)])
+def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
+    monkeypatch, num_splits, window, with_sinks
+):
+    """A wgmma plan takes a window and sinks: the launch gets the window's sides and a sinks
+    pointer (-inf per head when there are none); with splits the merge adds each head's sink
+    exactly once and matches the reference."""
+    sinks = torch.tensor([6.0, -20.0, 0.5, 2.0, -1.0, 9.0, 0.0, -3.0]) if with_sinks else None
+    extra = {"window": window, "sinks": sinks}
+    problem = problem_of(WINDOW_CASE, **extra)
+    out = torch.full_like(WINDOW_CASE.query, math.nan)
+    buffers: dict[str, torch.Tensor] = {}
+    launch = emulated_launch(problem, out, buffers, WINDOW_CASE, extra)
+    seen = {}
+
+    def checked(index, arguments):
+        # CPU tensors stand for device ones: read the 8 floats the pointer points at.
+        held = (ctypes.c_float * 8).from_address(arguments["sinks"])
+        seen["sinks"] = torch.tensor(list(held), dtype=torch.float32)
+        seen["window"] = (arguments["window_left"], arguments["window_right"])
+        return launch(index, arguments)
+
+    real_empty = torch.empty
+
+    def empty(*shape, **kwargs):
+        tensor = real_empty(*shape, **kwargs)
+        buffers.setdefault("ws_o" if tensor.dim() == 4 else "ws_lse", tensor)
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", empty)
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"], checked)
+    mock_gpu(monkeypatch, libraries={"wgmma": library})
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
+    assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
+    cuda_backend.run(problem, plan, out)
+    assert seen["window"] == window
+    expected_sinks = sinks if with_sinks else torch.full((8,), -math.inf)
+    assert torch.equal(seen["sinks"], expected_sinks)
+    expected = fna.paged_attention(
+        *WINDOW_CASE.args(), **WINDOW_CASE.kwargs(), **extra, backend="reference"
+    )
+    assert torch.all(out[8:] == 0)  # padding rows
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    if with_sinks and num_splits > 1:  # the sink counts: leaving it out of the merge is wrong
+        unsunk = torch.empty_like(out)
+        dsl_families.merge_splits(buffers["ws_o"], buffers["ws_lse"], unsunk)
+        assert not relative_error(unsunk[:8], expected[:8]) <= TOLERANCE[torch.bfloat16]
+
+
+def test_merge_adds_each_heads_sink_once_without_overflow():
+    ws_o = torch.randn(2, 1, 2, 4)
+    ws_lse = torch.tensor([[[1.0, 200.0]], [[3.0, -math.inf]]])
+    sinks = torch.tensor([0.7, 500.0])  # natural log; head 1: the sink dwarfs every score
+    out = torch.empty(1, 2, 4)
+    dsl_families.merge_splits(ws_o, ws_lse, out, sinks)
+    w = torch.tensor([2.0**1, 2.0**3])
+    sink = math.exp(0.7)
+    expected = (w[0] * ws_o[0, 0, 0] + w[1] * ws_o[1, 0, 0]) / (w.sum() + sink)
+    assert torch.allclose(out[0, 0], expected)
+    scale = 2.0 ** (200.0 - 500.0 * math.log2(math.e))  # vs the sink's weight 1
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[0, 1], ws_o[0, 0, 1] * scale / (scale + 1), atol=1e-30)
 
 
 def test_merge_ignores_what_empty_splits_and_padding_rows_hold():
@@ -617,6 +697,49 @@ def test_family_matches_the_reference_on_its_gpu(family, query_dtype, index, num
         warnings.simplefilter("error")  # no run-time fallback
         cuda_backend.run(problem, plan, out)
     expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out, expected) <= TOLERANCE[query_dtype]
+
+
+WINDOW_GPU_CASES = [
+    dict(q_lens=[4, 1, 6], kv_lens=[300, 17, 1000], causal=False, window=(40, 12)),
+    dict(q_lens=[8, 8], kv_lens=[40, 2000], causal=[True, False], causal_dtype=torch.int32,
+         window=(300, -1)),
+    dict(q_lens=[16, 3], kv_lens=[600, 9], causal=True, num_q_heads=32, num_kv_heads=4,
+         window=(5, 0), padded_rows=5),  # R = 128, a window below a page
+    dict(q_lens=[130], kv_lens=[130], causal=True, num_q_heads=4, num_kv_heads=1,
+         window=(-1, 7)),  # causal caps the right side
+    dict(q_lens=[3, 5], kv_lens=[500, 90], causal=False, window=(4000, 4000)),  # > context
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("index", range(len(WINDOW_GPU_CASES)))
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+@pytest.mark.parametrize("sink_scale", [None, 8.0, -30.0])
+def test_wgmma_window_and_sinks_match_the_reference_on_its_gpu(
+    query_dtype, index, num_splits, sink_scale
+):
+    """wgmma runs sliding windows and sinks (unsplit: in its epilogue; split: in the merge)."""
+    gpu_family_or_skip("wgmma")
+    spec = dict(WINDOW_GPU_CASES[index])
+    window = spec.pop("window")
+    case = make_case(**spec, head_dim=128, query_dtype=query_dtype, device="cuda", seed=index)
+    heads = case.query.shape[1]
+    sinks = None
+    if sink_scale is not None:
+        sinks = (torch.rand(heads, device="cuda") + 0.5) * sink_scale
+    problem = problem_of(case, window=window, sinks=sinks)
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
+    assert plan.family == "wgmma", plan.family_reason
+    out = torch.full_like(case.query, math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no run-time fallback
+        cuda_backend.run(problem, plan, out)
+    expected = fna.paged_attention(
+        *case.args(), **case.kwargs(), window=window, sinks=sinks, backend="reference"
+    )
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
 

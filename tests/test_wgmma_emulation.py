@@ -28,6 +28,7 @@ from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
+from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -153,6 +154,14 @@ def quad_reduce(values: np.ndarray, op) -> np.ndarray:
     return values
 
 
+def sink_log2(problem, head: int) -> float:
+    """The sink of query head ``head`` in log2 units as the kernel reads it (the loader passes
+    -inf, no sink, when the problem has none)."""
+    if problem.sinks is None:
+        return -math.inf
+    return float(problem.sinks[head]) * math.log2(math.e)
+
+
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     kt, d = variant.key_tile, variant.head_dim
@@ -167,11 +176,16 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     causal = problem.causal
     if problem.causal_per_seq is not None:
         causal = int(problem.causal_per_seq[seq] != 0)
-    first, end = X.split_tiles(kv_len, num_splits, split, kt, min)
-    # causal: no tile past the last key the CTA's last row sees
+    left, right = problem.window
+    # the tiles from the first row's first visible key to the last row's last, split
     last_row = min(row_base + variant.rows, num_rows) - 1
-    cta_last_key = X.last_visible_key(X.row_token(last_row, group), q_len, kv_len, causal, _select)
-    end = X.visible_end_tile(first, end, int(cta_last_key), kt, min, max)
+    cta_first_key = X.window_first_key(X.row_token(row_base, group), q_len, kv_len, left, _select,
+                                       max)  # fmt: skip
+    cta_last_key = X.window_last_key(
+        X.row_token(last_row, group), q_len, kv_len, causal, right, _select
+    )
+    begin, end = X.window_tiles(int(cta_first_key), int(cta_last_key), kt)
+    first, end = X.split_tile_range(begin, end, num_splits, split, min)
     iters = end - first
     base_scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
@@ -199,7 +213,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         q, q_row_scale = load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start)
         scale = base_scale * q_row_scale[rows_of]  # [t, 2]: each accumulator row's own scale
         tokens = X.row_token(row0 + rows_of, group)
-        last_key = X.last_visible_key(tokens, q_len, kv_len, causal, _select)  # [t, 2]
+        before, after = X.window_offsets(left, right, causal, _select, np.minimum)
+        positions = X.query_position(tokens, q_len, kv_len)  # [t, 2]
         row_max = np.full((L.WARPGROUP, 2), -np.inf)
         row_sum = np.zeros((L.WARPGROUP, 2))
         o = np.zeros((L.WARPGROUP, 2, d // 4))
@@ -210,13 +225,17 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             p_matrix = np.zeros((L.ROWS_PER_WARPGROUP, kt))
             corrections = np.zeros((L.WARPGROUP, 2))
             # per thread: only a tile some key of which one of its rows does not see is masked
-            nearest = last_key.min(axis=1)  # [t]
             needs_mask = np.broadcast_to(
-                X.tile_needs_mask(key0 + kt, kv_len, nearest), nearest.shape
+                X.window_tile_needs_mask(
+                    key0, key0 + kt, kv_len, positions[:, 0], positions[:, 1], before, after
+                ),
+                positions[:, 0].shape,
             )
             for i in range(2):
                 frag = scores[rows_of[:, i : i + 1], s_cols]  # [t, kt / 4]
-                visible = X.key_visible(key0 + s_cols, kv_len, last_key[:, i : i + 1])
+                visible = X.key_in_window(
+                    key0 + s_cols, kv_len, positions[:, i : i + 1], before, after
+                )
                 frag = np.where(visible | ~needs_mask[:, None], frag, -np.inf)
                 m_tile = quad_reduce(frag.max(axis=1), np.maximum)
                 m_new = np.maximum(row_max[:, i], m_tile)
@@ -236,12 +255,16 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 r = row0 + int(rows_of[t, i])
                 if r < num_rows:
                     key = (q_start + X.row_token(r, group), X.row_head(r, group, kv_head))
+                    m_scaled = row_max[t, i] * scale[t, i]
                     inv = v_scale / total[t] if total[t] > 0 else 0.0
-                    lse = (
-                        row_max[t, i] * scale[t, i] + math.log2(total[t])
-                        if total[t] > 0
-                        else -math.inf
-                    )
+                    if num_splits == 1:  # the sink joins the denominator at max(m, sink)
+                        sink = sink_log2(problem, key[1])
+                        top = max(m_scaled, sink)
+                        top = 0.0 if top == -math.inf else top
+                        keep = math.exp2(m_scaled - top)
+                        denominator = total[t] * keep + math.exp2(sink - top)
+                        inv = v_scale * keep / denominator if denominator > 0 else 0.0
+                    lse = m_scaled + math.log2(total[t]) if total[t] > 0 else -math.inf
                     out, lses = result.setdefault(key, (np.full(d, np.nan), []))
                     out[o_cols[t]] = o[t, i] * inv
                     if t % 4 == 0:
@@ -301,23 +324,75 @@ CASES = {
         q_lens=[6, 3], kv_lens=[150, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
         head_dim=256, causal=True, splits=1,
     ),
+    # Sliding windows (key tile 128 at d128, 64 at d256) and sinks, natural-log logits per
+    # query head: large positive (the sink dominates the row), large negative (no effect), small.
+    # Window smaller than a page, causal: each CTA loads one or two of the ~6 tiles.
+    "window_below_a_page_causal_sinks": dict(
+        q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, window=(5, 0), sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5],
+        splits=1,
+    ),
+    # Window spanning pages, both sides, bidirectional, split-KV over the windowed range
+    "window_pages_bidir_split3_sinks": dict(
+        q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, window=(150, 70), sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0],
+        splits=3,
+    ),
+    # Window larger than the context: the same as none (per-sequence mixed flags, split 2)
+    "window_beyond_context_mixed": dict(
+        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
+        causal=[True, False, True], causal_dtype=torch.int32, window=(5000, 2**31 - 1),
+        sinks=[20.0, -50.0], splits=2,
+    ),
+    # One-sided: left only, bidirectional, two consumer warpgroups (R = 160), split 2
+    "window_left_only_m128_split2": dict(
+        q_lens=[40, 12], kv_lens=[800, 500], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, window=(200, -1), consumers=2, splits=2,
+    ),
+    # One-sided: right only, bidirectional (causal rows would cap it), fp16, page 64
+    "window_right_only_f16_sinks": dict(
+        q_lens=[7, 12], kv_lens=[600, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
+        causal=False, query_dtype=torch.float16, window=(-1, 9), sinks=[4.0, -4.0, 15.0, 1.0],
+        splits=1,
+    ),
+    # Mixed bool flags with a two-sided window on a causal prefill (right capped at 0 there),
+    # page 256 (a page holds two key tiles: half of one may be skipped)
+    "window_mixed_flags_page256_split2": dict(
+        q_lens=[130, 4], kv_lens=[130, 900], num_q_heads=4, num_kv_heads=2, block_size=256,
+        causal=[True, False], causal_dtype=torch.bool, window=(60, 20), sinks=[5.0, -5.0, 0.0, 8.0],
+        splits=2,
+    ),
+    # head_dim 256 (key tile 64), causal, window left only, sinks, unsplit
+    "window_d256_causal_sinks": dict(
+        q_lens=[6, 3], kv_lens=[400, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
+        head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
+    ),
 }  # fmt: skip
 
 
-def _run_case(name: str) -> tuple[torch.Tensor, float, float]:
+def _prepare(name: str):
+    """(case, problem, variant, splits, extra reference kwargs) of ``CASES[name]``."""
     spec = dict(CASES[name])
     splits = spec.pop("splits")
     consumers = spec.pop("consumers", 1)
     head_dim = spec.pop("head_dim", 128)
+    extra = {"window": spec.pop("window", (-1, -1))}
+    if "sinks" in spec:
+        extra["sinks"] = torch.tensor(spec.pop("sinks"), dtype=torch.float32)
     case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=7, **spec)
     problem = validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
     )
     q_dtype = str(case.query.dtype).split(".")[1]
     kv_dtype = str(case.key_cache.dtype).split(".")[1]
     variant = T.Variant(head_dim, consumers, problem.block_size, q_dtype, kv_dtype)
+    return case, problem, variant, splits, extra
+
+
+def _run_case(name: str) -> tuple[torch.Tensor, float, float]:
+    case, problem, variant, splits, extra = _prepare(name)
     out = emulate(problem, variant, splits).to(case.query.dtype)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
     n = int(case.cu_seqlens_q[-1])
     return out[:n], relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
 
@@ -334,8 +409,12 @@ def _no_swizzle(row, dim, rows):
     return 2 * (block * rows * L.SW128_ELEMS + row * L.SW128_ELEMS + dim % L.SW128_ELEMS)
 
 
-def _causal_off_by_one(j, kv_len, last_key):
-    return (j < kv_len) & (j < last_key)
+def _causal_off_by_one(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position < after) & (position - j <= before)
+
+
+def _window_lower_bound_unmasked(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position <= after)
 
 
 def _slot_in_half_page(j, page_size):
@@ -346,17 +425,39 @@ def _head_from_token(r, group, kv_head):
     return kv_head * group + r // group % group
 
 
-def _tile_mask_ignores_causal(key_end, kv_len, last_key):
-    return key_end > kv_len
+def _tile_mask_ignores_causal(key0, key_end, kv_len, first_position, last_position, before, after):
+    return (key_end > kv_len) | (last_position - key0 > before)
 
 
-def _visible_end_floor(first, end, last_key, key_tile, minimum, maximum):
-    return maximum(first, minimum(end, last_key // key_tile))
+def _tile_mask_ignores_window_start(key0, key_end, kv_len, first_position, last_position,
+                                    before, after):  # fmt: skip
+    return (key_end > kv_len) | (key_end - 1 - first_position > after)
 
 
-def _split_drops_last_tile(kv_len, num_splits, split, key_tile, minimum):
-    first, end = ORIGINAL["split_tiles"](kv_len, num_splits, split, key_tile, minimum)
-    return first, minimum(end, X.ceil_div(kv_len, key_tile) - 1)
+def _offsets_ignore_causal(left, right, causal, select, minimum):
+    return select(left >= 0, left, X.INT32_MAX), select(right >= 0, right, X.INT32_MAX)
+
+
+def _window_end_floor(first_key, last_key, key_tile):
+    return first_key // key_tile, last_key // key_tile
+
+
+def _window_begins_a_tile_early(first_key, last_key, key_tile):
+    begin, end = ORIGINAL["window_tiles"](first_key, last_key, key_tile)
+    return max(begin - 1, 0), end
+
+
+def _split_range_drops_last_tile(begin, end, num_splits, split, minimum):
+    first, last = ORIGINAL["split_tile_range"](begin, end, num_splits, split, minimum)
+    return first, minimum(last, end - 1)
+
+
+def _window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum):
+    return maximum(X.query_position(token, q_len, kv_len) - left, 0)
+
+
+def _window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
+    return ORIGINAL["window_last_key"](token, q_len, q_len, causal, right, select)
 
 
 # Relabelings that the kernel applies consistently on both sides (a bijective change of which
@@ -394,7 +495,9 @@ def _store_step_one_row(step, head_dim):
 
 
 ORIGINAL = {
-    "split_tiles": X.split_tiles,
+    "window_tiles": X.window_tiles,
+    "split_tile_range": X.split_tile_range,
+    "window_last_key": X.window_last_key,
     "loader_row": L.loader_row,
     "q_row": L.q_row,
     "loader_step_page_slot": L.loader_step_page_slot,
@@ -402,8 +505,15 @@ ORIGINAL = {
 }
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
-    "key_visible": (X, _causal_off_by_one, "f16_causal_split3"),
-    "tile_needs_mask": (X, _tile_mask_ignores_causal, "f16_causal_prefill_m128"),
+    "key_in_window": (X, _causal_off_by_one, "f16_causal_split3"),
+    "key_in_window:lower": (X, _window_lower_bound_unmasked, "window_below_a_page_causal_sinks"),
+    "window_tile_needs_mask": (X, _tile_mask_ignores_causal, "f16_causal_prefill_m128"),
+    "window_tile_needs_mask:start": (
+        X,
+        _tile_mask_ignores_window_start,
+        "window_left_only_m128_split2",
+    ),
+    "window_offsets": (X, _offsets_ignore_causal, "f16_causal_split3"),
     # a page that holds two key tiles: the second tile's slot
     "page_slot": (X, _slot_in_half_page, "bool_flags_page256"),
     "tile_page_slot": (L, _tile_slot_dropped, "bool_flags_page256"),
@@ -412,8 +522,10 @@ PLANTED = {
     "loader_thread_page_slot": (L, _thread_page_dropped, "f16_d64_gqa8"),
     "loader_store_step": (L, _store_step_one_row, "bf16_bidir_gqa4"),
     "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
-    "split_tiles": (X, _split_drops_last_tile, "f16_causal_split3"),
-    "visible_end_tile": (X, _visible_end_floor, "f16_causal_prefill_m128"),
+    "split_tile_range": (X, _split_range_drops_last_tile, "window_pages_bidir_split3_sinks"),
+    "window_tiles": (X, _window_end_floor, "f16_causal_prefill_m128"),
+    "window_first_key": (X, _window_left_unbounded_forgotten, "bf16_bidir_gqa4"),
+    "window_last_key": (X, _window_last_key_of_q_len, "window_right_only_f16_sinks"),
     "loader_row": (L, _loader_rows_of_half_the_threads, "bf16_bidir_gqa4"),
     "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
     "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),
@@ -425,6 +537,50 @@ PLANTED = {
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_planted_index_bug_is_caught(name, monkeypatch):
     module, bug, case = PLANTED[name]
-    monkeypatch.setattr(module, name, bug)
+    monkeypatch.setattr(module, name.split(":")[0], bug)  # "name:what" plants a second bug
     _, error, tolerance = _run_case(case)
     assert not error <= tolerance  # NaN counts as caught
+
+
+def _poison_tiles_outside_windows(problem, variant) -> int:
+    """Fill with FP8 NaN (0x7F in both formats) every K and V page that lies wholly in key tiles
+    no query row of its sequence sees (masking.visible_range, the reference's own rule); returns
+    how many pages. A kernel that loads such a tile turns NaN (0 x NaN in P V)."""
+    kt, page_size = variant.key_tile, problem.block_size
+    poisoned = 0
+    for seq in range(problem.num_seqs):
+        q_start = int(problem.cu_seqlens_q[seq])
+        q_len = int(problem.cu_seqlens_q[seq + 1]) - q_start
+        kv_len = int(problem.seq_lens[seq])
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
+        low = int(start.min()) // kt * kt
+        high = X.ceil_div(int(end.max()), kt) * kt
+        for col in range(X.ceil_div(kv_len, page_size)):
+            if (col + 1) * page_size <= low or col * page_size >= high:
+                page = int(problem.block_table[seq, col])
+                problem.key_cache[page].view(torch.uint8).fill_(0x7F)
+                problem.value_cache[page].view(torch.uint8).fill_(0x7F)
+                poisoned += 1
+    return poisoned
+
+
+POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
+            "window_d256_causal_sinks", "window_mixed_flags_page256_split2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", POISONED)
+def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
+    case, problem, variant, splits, extra = _prepare(name)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    assert _poison_tiles_outside_windows(problem, variant) > 0
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
+    # The poison is live: a launch that ignores the window, or starts a tile early, reads it.
+    monkeypatch.setattr(X, "window_tiles", _window_begins_a_tile_early)
+    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+    monkeypatch.undo()
+    problem.window = (-1, -1)
+    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()

@@ -2,12 +2,15 @@
 register budgets, producer/Q loader coverage, and the hand-written maps the kernel uses against
 the layouts the CUTLASS DSL itself builds for wgmma (those need the DSL, else skipped)."""
 
+import numpy as np
 import pytest
+import torch
 
 from dsl import build
 from dsl.common import indexing as X
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
+from fp8_noncausal_attn.masking import visible_range
 
 
 def test_variant_table_covers_both_query_dtypes_and_is_buildable():
@@ -137,13 +140,53 @@ def test_accumulator_maps_cover_the_tile_once_and_quads_share_rows():
             assert [L.acc_row(t ^ off, i) for i in range(2)] == [L.acc_row(t, i) for i in range(2)]
 
 
-def test_split_ranges_partition_the_key_tiles():
-    for key_tile in (64, 128):
-        for kv_len in (1, 63, 64, 129, 1000):
-            for splits in (1, 2, 3, 7):
-                ranges = [X.split_tiles(kv_len, splits, s, key_tile, min) for s in range(splits)]
-                tiles = [t for first, end in ranges for t in range(first, end)]
-                assert tiles == list(range(X.ceil_div(kv_len, key_tile)))
+def test_split_ranges_partition_the_windowed_key_tiles():
+    for begin, end in ((0, 1), (0, 8), (3, 4), (5, 12), (2, 9)):
+        for splits in (1, 2, 3, 7):
+            ranges = [X.split_tile_range(begin, end, splits, s, min) for s in range(splits)]
+            tiles = [t for first, last in ranges for t in range(first, last)]
+            assert tiles == list(range(begin, end))
+
+
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (0, 0), (5, 0), (40, 7), (-1, 3), (17, -1),
+                                    (INT32_MAX, INT32_MAX), (3000, 3000)])  # fmt: skip
+@pytest.mark.parametrize("causal", [0, 1])
+def test_window_maps_are_masking_visible_range_in_int32(window, causal):
+    """As the kernel runs them in int32 (INT32_MAX does not wrap): key_in_window with the CTA's
+    window_offsets and each row's position is masking.visible_range; window_tile_needs_mask is
+    false exactly on tiles every key of which both of a thread's rows (positions p, p') see;
+    window_first_key / window_last_key bound the rows' keys, and window_tiles the tiles."""
+    i32 = np.int32
+    for q_len, kv_len in ((1, 1), (5, 300), (130, 130), (16, 900)):
+        tokens = np.arange(q_len, dtype=i32)
+        left, right = i32(window[0]), i32(window[1])
+        before, after = X.window_offsets(left, right, i32(causal), np.where, np.minimum)
+        positions = X.query_position(tokens, i32(q_len), i32(kv_len))
+        assert positions.dtype == i32 and np.asarray(before).dtype == i32
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, bool(causal), window)
+        keys = np.arange(kv_len + 64, dtype=i32)
+        seen = X.key_in_window(keys[None, :], i32(kv_len), positions[:, None], before, after)
+        expected = (keys[None, :] >= start.numpy()[:, None]) & (
+            keys[None, :] < end.numpy()[:, None]
+        )
+        assert np.array_equal(seen, expected)
+        first = X.window_first_key(tokens, i32(q_len), i32(kv_len), left, np.where, np.maximum)
+        last = X.window_last_key(tokens, i32(q_len), i32(kv_len), i32(causal), right, np.where)
+        assert first.tolist() == start.tolist() and (last + 1).tolist() == end.tolist()
+        for gap in (0, 1, 3):  # a thread's rows: positions p and p + gap (same token or later)
+            p0, p1 = positions[: q_len - gap], positions[gap:]
+            for key0 in range(0, kv_len + 63, 64):
+                whole = seen[: q_len - gap, key0 : key0 + 64].all(1) & seen[
+                    gap:, key0 : key0 + 64
+                ].all(1)
+                needs = X.window_tile_needs_mask(key0, key0 + 64, kv_len, p0, p1, before, after)
+                assert needs.tolist() == (~whole).tolist()
+        begin, stop = X.window_tiles(int(first.min()), int(last.max()), 64)
+        assert begin * 64 <= int(start.min()) < (begin + 1) * 64
+        assert (stop - 1) * 64 < int(end.max()) <= stop * 64
 
 
 # ---------------------------------------------------------------------------- DSL layouts

@@ -44,12 +44,6 @@ def split_tiles(kv_len, num_splits, split, key_tile, minimum):
     return first, end
 
 
-def visible_end_tile(first, end, last_key, key_tile, minimum, maximum):
-    """End of a split's key tiles [first, end) once the tiles past ``last_key`` (the last key
-    any row of the CTA sees) are dropped; never before ``first`` (then the range is empty)."""
-    return maximum(first, minimum(end, ceil_div(last_key + 1, key_tile)))
-
-
 def page_slot(j, page_size):
     """(block-table column, slot in the page) of key j; page_size is a power of two."""
     return j // page_size, j % page_size
@@ -70,12 +64,64 @@ def last_visible_key(token, q_len, kv_len, causal, select):
     return select(causal != 0, query_position(token, q_len, kv_len), kv_len - 1)
 
 
-def key_visible(j, kv_len, last_key):
-    """Mask predicate: key j is seen by a query row whose last visible key is ``last_key``."""
-    return (j < kv_len) & (j <= last_key)
+# Sliding window (SPEC section 3, fp8_noncausal_attn.masking.visible_range): (left, right), -1 =
+# unbounded. A CTA's key tiles run from its first row's first key to its last row's last
+# (window_first_key, window_last_key, window_tiles); per row, the mask compares offsets from the
+# row's position with the CTA-wide (before, after) of window_offsets, so a thread keeps one
+# value per row. The window is compared before it is added (INT32_MAX never wraps).
 
 
-def tile_needs_mask(key_end, kv_len, last_key):
-    """Some key below ``key_end`` is hidden from a row whose last visible key is ``last_key``:
-    the negation of key_visible for the tile's last key (keys are visible up to a bound)."""
-    return (key_end > kv_len) | (key_end - 1 > last_key)
+def window_first_key(token, q_len, kv_len, left, select, maximum):
+    """The first key a query token sees: ``max(position - left, 0)``, 0 when left is -1."""
+    return select(left >= 0, maximum(query_position(token, q_len, kv_len) - left, 0), 0)
+
+
+def window_last_key(token, q_len, kv_len, causal, right, select):
+    """The last key a query token sees: last_visible_key, capped at ``position + right`` when
+    right >= 0 (and below the cap: causal caps right at 0)."""
+    last = last_visible_key(token, q_len, kv_len, causal, select)
+    position = query_position(token, q_len, kv_len)
+    return select((right >= 0) & (last - position > right), position + right, last)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def window_offsets(left, right, causal, select, minimum):
+    """(before, after): a row at position p sees keys p - before <= j <= p + after (and
+    j < kv_len): -1 (unbounded) becomes INT32_MAX, causal caps ``after`` at 0. Both are the same
+    for a whole CTA (uniform registers in a kernel); only p is per row."""
+    before = select(left >= 0, left, INT32_MAX)
+    after = select(right >= 0, right, INT32_MAX)
+    return before, select(causal != 0, minimum(after, 0), after)
+
+
+def key_in_window(j, kv_len, position, before, after):
+    """Mask predicate: key j is seen by the row at ``position`` (compared as offsets from it:
+    keys and positions are in [0, 2^31), so neither difference overflows)."""
+    return (j < kv_len) & (j - position <= after) & (position - j <= before)
+
+
+def window_tile_needs_mask(key0, key_end, kv_len, first_position, last_position, before, after):
+    """Some key of the tile [key0, key_end) is hidden from one of the rows at positions
+    first_position..last_position: past kv_len, past the first row's last key, or before the
+    last row's first key. The negation of key_in_window for the tile's corner keys."""
+    return (
+        (key_end > kv_len)
+        | (key_end - 1 - first_position > after)
+        | (last_position - key0 > before)
+    )
+
+
+def window_tiles(first_key, last_key, key_tile):
+    """[begin, end) key tiles that hold keys first_key..last_key: the tiles a CTA whose rows'
+    windows span those keys loads (tiles wholly outside are never read)."""
+    return first_key // key_tile, ceil_div(last_key + 1, key_tile)
+
+
+def split_tile_range(begin, end, num_splits, split, minimum):
+    """(first, end) key tiles of split ``split`` of the tile range [begin, end): contiguous,
+    ceil-sized; a split past the range gets an empty one (first == end)."""
+    per_split = ceil_div(end - begin, num_splits)
+    first = minimum(begin + split * per_split, end)
+    return first, minimum(first + per_split, end)

@@ -75,6 +75,10 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
+        # sinks_ptr, window_left, window_right: the shared C interface's (dsl/build.py), unused
+        # here: the loader (fp8_noncausal_attn/dsl_families.py) refuses a window or sinks for
+        # this family until it implements them.
+        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads] (unused)
         ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
         ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
         q_stride_t: cutlass.Int64,
@@ -92,6 +96,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal_stride: cutlass.Int64,  # in flags (elements), read in place
         causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
         causal: cutlass.Int32,  # global flag when causal_width == 0
+        window_left: cutlass.Int32,  # unused (see sinks_ptr)
+        window_right: cutlass.Int32,  # unused (see sinks_ptr)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,

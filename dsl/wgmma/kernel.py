@@ -17,7 +17,9 @@ V share the read), converts it once per CTA and stores it into a 128-byte-swizzl
 staged items that every consumer reads (so R = 128 streams the KV once per CTA). k_scale is
 folded into the softmax scale and v_scale into the output (SPEC section 3). With more than one
 split, each CTA writes the fp32 partial O (normalised, times v_scale) and the log2 LSE that the
-existing merge kernel reads.
+existing merge kernel reads. A sliding window (window_left / window_right, SPEC section 3) limits
+each CTA to the key tiles its rows' windows touch and masks their edges; the sinks (fp32 per
+query head, -inf = none) join the unsplit epilogue's denominator, or the loader's split merge.
 
 Structure after the CUTLASS Hopper FMHA example (examples/python/CuTeDSL/cute/hopper/kernel/
 attention/fmha.py) and FlashAttention-3's hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp (producer /
@@ -102,6 +104,7 @@ class WgmmaPagedAttention:
         k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
+        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads], natural log; -inf = no sink (SPEC 3)
         ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
         ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
         q_stride_t: cutlass.Int64,
@@ -119,6 +122,8 @@ class WgmmaPagedAttention:
         causal_stride: cutlass.Int64,  # in flags (elements), read in place
         causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
         causal: cutlass.Int32,  # global flag when causal_width == 0
+        window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
+        window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
@@ -170,6 +175,7 @@ class WgmmaPagedAttention:
             k_scale_ptr,
             v_scale_ptr,
             causal_ptr,
+            sinks_ptr,
             ws_o_ptr,
             ws_lse_ptr,
             q_stride_t,
@@ -187,6 +193,8 @@ class WgmmaPagedAttention:
             causal_stride,
             causal_width,
             causal,
+            window_left,
+            window_right,
             num_tokens,
             num_q_heads,
             num_kv_heads,
@@ -217,6 +225,7 @@ class WgmmaPagedAttention:
         k_scale_ptr: cute.Pointer,
         v_scale_ptr: cute.Pointer,
         causal_ptr: cute.Pointer,
+        sinks_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
         q_stride_t: cutlass.Int64,
@@ -234,6 +243,8 @@ class WgmmaPagedAttention:
         causal_stride: cutlass.Int64,
         causal_width: cutlass.Int32,
         causal_global: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
@@ -257,16 +268,20 @@ class WgmmaPagedAttention:
         kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
         row_base = row_tile * v.rows
         num_rows = X.rows_per_kv_head(q_len, group)
-        first_tile, end_tile = X.split_tiles(kv_len, num_splits, split, v.key_tile, cutlass.min)
-        # Causal: no row of this CTA sees a key past its last row's last visible key, so the
-        # tiles after it are skipped (both roles run the same count).
+        # The CTA's key tiles run from the first key its first row sees (window left) to the
+        # last key its last row sees (causal, window right): tiles wholly outside are never
+        # loaded (both roles run the same count); splits divide that range.
         causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
         last_row = cutlass.min(row_base + v.rows, num_rows) - 1
-        cta_last_key = X.last_visible_key(
-            X.row_token(last_row, group), q_len, kv_len, causal, cutlass.select_
+        cta_first_key = X.window_first_key(
+            X.row_token(row_base, group), q_len, kv_len, window_left, cutlass.select_, cutlass.max
         )
-        end_tile = X.visible_end_tile(
-            first_tile, end_tile, cta_last_key, v.key_tile, cutlass.min, cutlass.max
+        cta_last_key = X.window_last_key(
+            X.row_token(last_row, group), q_len, kv_len, causal, window_right, cutlass.select_
+        )
+        begin_tile, end_tile = X.window_tiles(cta_first_key, cta_last_key, v.key_tile)
+        first_tile, end_tile = X.split_tile_range(
+            begin_tile, end_tile, num_splits, split, cutlass.min
         )
         iters = end_tile - first_tile
 
@@ -340,6 +355,9 @@ class WgmmaPagedAttention:
                     o_stride_t,
                     o_stride_h,
                     causal,
+                    window_left,
+                    window_right,
+                    sinks_ptr,
                     seq,
                     split,
                     num_splits,
@@ -578,6 +596,9 @@ class WgmmaPagedAttention:
         o_stride_t: cutlass.Int64,
         o_stride_h: cutlass.Int64,
         causal: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        sinks_ptr: cute.Pointer,
         seq: cutlass.Int32,
         split: cutlass.Int32,
         num_splits: cutlass.Int32,
@@ -650,11 +671,15 @@ class WgmmaPagedAttention:
         # ---- per-row constants: the two rows this thread holds in every accumulator.
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
-        last_key = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        # The mask: one position per row, the window's (before, after) per CTA (uniform).
+        before, after = X.window_offsets(
+            window_left, window_right, causal, cutlass.select_, cutlass.min
+        )
+        position = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
         scale = cute.make_rmem_tensor(cute.make_layout(2), f32)
         for i in cutlass.range_constexpr(2):
             token = X.row_token(row0 + L.acc_row(wg_tidx, i), group)
-            last_key[i] = X.last_visible_key(token, q_len, kv_len, causal, cutlass.select_)
+            position[i] = X.query_position(token, q_len, kv_len)
             # log2-domain score scale of the row: softmax scale x k_scale (one KV head per
             # CTA) x the row's 2^-e
             row_scale = s_row_scale[wg * L.ROWS_PER_WARPGROUP + L.acc_row(wg_tidx, i)]
@@ -695,14 +720,17 @@ class WgmmaPagedAttention:
             s_mn = cute.make_tensor(acc_s.iterator, acc_mn_layout(acc_s.layout))
             key0 = (first_tile + s) * v.key_tile
             # Only a tile some key of which one of this thread's rows does not see is masked
-            # (the last tile, the causal diagonal): the rest skip the per-element predicate.
-            # Per thread, and no shuffle inside, so diverging lanes are harmless.
-            nearest = cutlass.min(last_key[0], last_key[1])
-            if X.tile_needs_mask(key0 + v.key_tile, kv_len, nearest):
+            # (the last tile, the causal diagonal, the window's edges): the rest skip the
+            # per-element predicate. Per thread, and no shuffle inside, so diverging lanes are
+            # harmless.
+            # acc_row(t, 1) > acc_row(t, 0): row 0 has the smaller position
+            if X.window_tile_needs_mask(
+                key0, key0 + v.key_tile, kv_len, position[0], position[1], before, after
+            ):
                 for i in cutlass.range_constexpr(2):
                     for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                         col = key0 + L.acc_col(wg_tidx, j)
-                        visible = X.key_visible(col, kv_len, last_key[i])
+                        visible = X.key_in_window(col, kv_len, position[i], before, after)
                         s_mn[i, j] = cutlass.select_(visible, s_mn[i, j], -f32.inf)
             for i in cutlass.range_constexpr(2):
                 m_tile = -f32.inf
@@ -750,7 +778,7 @@ class WgmmaPagedAttention:
             self.store_row(
                 o_mn, i, row_max[i] * scale[i], total, v_scale, row0 + L.acc_row(wg_tidx, i),
                 num_rows, group, kv_head, q_start, split, num_splits, num_tokens, num_q_heads,
-                out_ptr, ws_o_ptr, ws_lse_ptr, o_stride_t, o_stride_h, wg_tidx,
+                out_ptr, ws_o_ptr, ws_lse_ptr, sinks_ptr, o_stride_t, o_stride_h, wg_tidx,
             )  # fmt: skip
 
     @cute.jit
@@ -773,21 +801,24 @@ class WgmmaPagedAttention:
         out_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
+        sinks_ptr: cute.Pointer,
         o_stride_t: cutlass.Int64,
         o_stride_h: cutlass.Int64,
         wg_tidx: cutlass.Int32,
     ):
-        """Row slot i of this thread's O: out (query dtype) = O / l x v_scale, or with splits
-        the fp32 partial O and the log2 LSE (-inf for an empty split) for the merge."""
+        """Row slot i of this thread's O: out (query dtype) = O / (l + e^sink) x v_scale, the
+        sink joining the denominator at max(m, sink) in log2 units (no overflow either way); or
+        with splits the fp32 partial O and the log2 LSE (-inf for an empty split), without the
+        sink: the merge adds it once."""
         head_dim = self.v.head_dim
         q_dtype = self.q_dtype
         if r < num_rows:
             token = X.row_token(r, group)
             head = X.row_head(r, group, kv_head)
-            inv = cutlass.select_(total > 0.0, v_scale / total, cutlass.Float32(0.0))
             row_ws = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
             out_row = cutlass.Int64(q_start + token) * o_stride_t + cutlass.Int64(head) * o_stride_h
             if num_splits > 1:
+                inv = cutlass.select_(total > 0.0, v_scale / total, cutlass.Float32(0.0))
                 if wg_tidx % 4 == 0:
                     lse = cutlass.Float32(-math.inf)
                     if total > 0.0:
@@ -799,6 +830,14 @@ class WgmmaPagedAttention:
                         o_mn[i, c] * inv
                     )
             else:
+                sink = cute.make_tensor(sinks_ptr + head, cute.make_layout(1))[0] * LOG2_E
+                top = cute.arch.fmax(m_scaled, sink)
+                top = cutlass.select_(top == -cutlass.Float32.inf, cutlass.Float32(0.0), top)
+                keep = _exp2(m_scaled - top)
+                denominator = total * keep + _exp2(sink - top)
+                inv = cutlass.select_(
+                    denominator > 0.0, v_scale * keep / denominator, cutlass.Float32(0.0)
+                )
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                     d = L.acc_col(wg_tidx, c)
                     cute.make_tensor(out_ptr + (out_row + d), cute.make_layout(1))[0] = (
