@@ -27,3 +27,16 @@ def read_causal_flag(
         )[0]
         causal = cutlass.select_(flag != 0, cutlass.Int32(1), cutlass.Int32(0))
     return causal
+
+
+@cute.jit
+def read_page_id(
+    bt_row: cute.Pointer, bt_stride_b: cutlass.Int64, col: cutlass.Int32, num_cols: cutlass.Int32
+) -> cutlass.Int32:
+    """Entry ``col`` of a sequence's block-table row at ``bt_row`` (strided by ``bt_stride_b``);
+    0 for a column past the row's ``num_cols`` (a page no key of the sequence lies in)."""
+    page = cutlass.Int32(0)
+    if col < num_cols:
+        entry = bt_row + cutlass.Int64(col) * bt_stride_b
+        page = cute.make_tensor(entry, cute.make_layout(1))[0]
+    return page

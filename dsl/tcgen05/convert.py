@@ -14,6 +14,7 @@ from cutlass.cute.nvgpu import tcgen05
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
+from dsl.common.kernel_reads import read_page_id
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
@@ -257,11 +258,7 @@ class ConvertRole:
         _, tile, _ = L.item_of(item, iters, v.d_tiles, cutlass.select_)
         col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, v.page_size)
         col = col0 + L.lane_page(lane, v.page_size)
-        page = cutlass.Int32(0)
-        if col < num_cols:
-            entry = bt_row + cutlass.Int64(col) * bt_stride_b
-            page = cute.make_tensor(entry, cute.make_layout(1))[0]
-        return page
+        return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
     def load_item(

@@ -39,7 +39,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
-from dsl.common.kernel_reads import read_causal_flag
+from dsl.common.kernel_reads import read_causal_flag, read_page_id
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 
@@ -473,11 +473,7 @@ class WgmmaPagedAttention:
         v = self.v
         col0, _ = L.tile_page_slot(key0, v.key_tile, v.page_size)
         col = col0 + L.lane_page(lane, v.key_tile, v.page_size)
-        page = cutlass.Int32(0)
-        if col < num_cols:
-            entry = bt_row + cutlass.Int64(col) * bt_stride_b
-            page = cute.make_tensor(entry, cute.make_layout(1))[0]
-        return page
+        return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
     def load_item(
