@@ -22,6 +22,13 @@ MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
 CPY = (None,) + MMA
 
 
+def _thread_source(ptr, slot, kv_head, chunk, stride_b, stride_s, stride_h):
+    """Address (as an integer) of this loader thread's 16-byte chunk of (page 0, ``slot``,
+    ``kv_head``) in one cache: everything of a copy's source but its page (traced inline)."""
+    offset = X.key_offset(0, slot, kv_head, stride_b, stride_s, stride_h) + chunk * L.CHUNK
+    return (ptr + cute.assume(offset, divby=L.CHUNK)).toint()
+
+
 class ConvertRole:
     """Warps 4-7 (traits.CONVERT_WARPGROUP)."""
 
@@ -145,22 +152,10 @@ class ConvertRole:
         lane = wg_tidx % 32
         chunk = L.loader_chunk(wg_tidx)
         thread_slot = L.loader_row(wg_tidx, 0)
-        k_thread = (
-            k_ptr
-            + cute.assume(
-                X.key_offset(0, thread_slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
-                + chunk * L.CHUNK,
-                divby=L.CHUNK,
-            )
-        ).toint()
-        v_thread = (
-            v_ptr
-            + cute.assume(
-                X.key_offset(0, thread_slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
-                + chunk * L.CHUNK,
-                divby=L.CHUNK,
-            )
-        ).toint()
+        k_thread = _thread_source(k_ptr, thread_slot, kv_head, chunk, k_stride_b, k_stride_s,
+                                  k_stride_h)  # fmt: skip
+        v_thread = _thread_source(v_ptr, thread_slot, kv_head, chunk, v_stride_b, v_stride_s,
+                                  v_stride_h)  # fmt: skip
         # The host refuses cache strides of 2^31 elements or more: page x block stride is then
         # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
         k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
