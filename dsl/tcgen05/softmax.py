@@ -50,6 +50,15 @@ def _warp_column_sums(values, lane):
     return values[0]
 
 
+def _load_scores(load_s, tStS, chunk, stage, chunk_shape, acc_dtype):
+    """Scores of column chunk ``chunk`` of S stage ``stage``, read from TMEM into registers and
+    visible to the thread (the TMEM-load fence) before use (traced inline)."""
+    scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+    cute.copy(load_s, tStS[(None, chunk, 0, 0, stage)], scores)
+    cute.arch.fence_view_async_tmem_load()
+    return scores
+
+
 class SoftmaxRole:
     """Warps 0-3 (traits.SOFTMAX_WARPGROUP)."""
 
@@ -332,9 +341,7 @@ class SoftmaxRole:
         j = key0 + wg_tidx
         chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
         for c in cutlass.range_constexpr(rows // chunk):
-            scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-            cute.copy(load_s, tStS[(None, c, 0, 0, stage)], scores)
-            cute.arch.fence_view_async_tmem_load()
+            scores = _load_scores(load_s, tStS, c, stage, chunk_shape, acc_dtype)
             for i in cutlass.range_constexpr(chunk):
                 n = c * chunk + i
                 value = scores[i]
@@ -377,9 +384,7 @@ class SoftmaxRole:
         j = key0 + wg_tidx
         chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
         for c in cutlass.range_constexpr(rows // chunk):
-            scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-            cute.copy(load_s, tStS[(None, c, 0, 0, s_stage)], scores)
-            cute.arch.fence_view_async_tmem_load()
+            scores = _load_scores(load_s, tStS, c, s_stage, chunk_shape, acc_dtype)
             probs32 = cute.make_rmem_tensor(chunk_shape, acc_dtype)
             for i in cutlass.range_constexpr(0, chunk, 2):
                 n = c * chunk + i
