@@ -6,9 +6,8 @@ NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU
 (dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They are therefore opt-in only
 (``FP8NCA_CUDA_FAMILY=wgmma`` / ``tcgen05``, or ``PagedAttention.plan(family=...)``), ``auto``
 never picks them, and a request they cannot serve falls back to the portable mma.sync family with
-the reason (in the plan's ``family_reason`` and a warning, once per reason). wgmma runs sliding
-windows and attention sinks; tcgen05 takes the same C arguments unused, so they are refused for
-it (:data:`WINDOW_FAMILIES`).
+the reason (in the plan's ``family_reason`` and a warning, once per reason). Both run sliding
+windows and attention sinks (:data:`WINDOW_FAMILIES`).
 
 Where the libraries come from: the package build compiles them when ``FP8NCA_BUILD_DSL=1``
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
@@ -67,7 +66,7 @@ FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
 
 # The families whose kernels apply ``window`` and ``sinks`` (the others take the arguments and
 # ignore them, so the loader refuses such a problem for them).
-WINDOW_FAMILIES = ("wgmma",)
+WINDOW_FAMILIES = ("wgmma", "tcgen05")
 
 # The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
 # pointers, int64 strides in elements, int32 sizes and flags, the softmax scale, the stream.
@@ -279,7 +278,7 @@ def plan_unsupported_reason(family: Family, problem: AttentionProblem) -> str | 
     if capability not in family.archs:
         major, minor = capability
         return f"needs an {family.gpus} GPU, this one is sm_{major}{minor}"
-    # The C interface carries both for every family; only wgmma's kernel reads them so far.
+    # The C interface carries both for every family; a family's kernel may not read them yet.
     if family.name not in WINDOW_FAMILIES and problem.has_window:
         return f"sliding windows are not in the {family.name} family yet (wgmma runs them)"
     if family.name not in WINDOW_FAMILIES and problem.sinks is not None:

@@ -327,6 +327,10 @@ def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
     )
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: (10, 0))
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) is None
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) is None
+    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, sinks=sinks)) is None
+    # A family whose kernel does not read them is refused with the reason.
+    monkeypatch.setattr(dsl_families, "WINDOW_FAMILIES", ("wgmma",))
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) == (
         "sliding windows are not in the tcgen05 family yet (wgmma runs them)"
     )
@@ -550,18 +554,20 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
 
 
+# head_dim 128: a shape both families build
 WINDOW_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, True, False],
-                        causal_dtype=torch.bool, padded_rows=2, seed=12)  # fmt: skip
+                        causal_dtype=torch.bool, padded_rows=2, head_dim=128, seed=12)  # fmt: skip
 
 
+@pytest.mark.parametrize("family,capability", [("wgmma", (9, 0)), ("tcgen05", (10, 0))])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("window,with_sinks", [((70, 5), True), ((-1, 20), False), ((9, -1), True)])
 def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
-    monkeypatch, num_splits, window, with_sinks
+    monkeypatch, family, capability, num_splits, window, with_sinks
 ):
-    """A wgmma plan takes a window and sinks: the launch gets the window's sides and a sinks
-    pointer (-inf per head when there are none); with splits the merge adds each head's sink
-    exactly once and matches the reference."""
+    """A wgmma or tcgen05 plan takes a window and sinks: the launch gets the window's sides and
+    a sinks pointer (-inf per head when there are none); with splits the merge adds each head's
+    sink exactly once and matches the reference."""
     sinks = torch.tensor([6.0, -20.0, 0.5, 2.0, -1.0, 9.0, 0.0, -3.0]) if with_sinks else None
     extra = {"window": window, "sinks": sinks}
     problem = problem_of(WINDOW_CASE, **extra)
@@ -585,10 +591,10 @@ def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
         return tensor
 
     monkeypatch.setattr(torch, "empty", empty)
-    library = FakeLibrary(DEFAULT_TABLES["wgmma"], checked)
-    mock_gpu(monkeypatch, libraries={"wgmma": library})
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
-    assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
+    library = FakeLibrary(DEFAULT_TABLES[family], checked)
+    mock_gpu(monkeypatch, capability, libraries={family: library})
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
+    assert plan.family == family and plan.dsl.num_splits == num_splits
     cuda_backend.run(problem, plan, out)
     assert seen["window"] == window
     expected_sinks = sinks if with_sinks else torch.full((8,), -math.inf)
@@ -714,15 +720,17 @@ WINDOW_GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(GPU_FAMILIES))
 @pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("index", range(len(WINDOW_GPU_CASES)))
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 @pytest.mark.parametrize("sink_scale", [None, 8.0, -30.0])
-def test_wgmma_window_and_sinks_match_the_reference_on_its_gpu(
-    query_dtype, index, num_splits, sink_scale
+def test_family_window_and_sinks_match_the_reference_on_its_gpu(
+    family, query_dtype, index, num_splits, sink_scale
 ):
-    """wgmma runs sliding windows and sinks (unsplit: in its epilogue; split: in the merge)."""
-    gpu_family_or_skip("wgmma")
+    """Both families run sliding windows and sinks (unsplit: in the kernel's epilogue; split:
+    in the merge)."""
+    gpu_family_or_skip(family)
     spec = dict(WINDOW_GPU_CASES[index])
     window = spec.pop("window")
     case = make_case(**spec, head_dim=128, query_dtype=query_dtype, device="cuda", seed=index)
@@ -731,8 +739,8 @@ def test_wgmma_window_and_sinks_match_the_reference_on_its_gpu(
     if sink_scale is not None:
         sinks = (torch.rand(heads, device="cuda") + 0.5) * sink_scale
     problem = problem_of(case, window=window, sinks=sinks)
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family="wgmma")
-    assert plan.family == "wgmma", plan.family_reason
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
+    assert plan.family == family, plan.family_reason
     out = torch.full_like(case.query, math.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no run-time fallback

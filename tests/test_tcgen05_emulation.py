@@ -5,8 +5,9 @@ it imports from dsl/tcgen05/layouts.py (the same functions are called here, not 
 right bytes in the right places: which CTA owns which rows (token, head) and key tiles (split
 ranges), which pages and 16-byte chunks each converter thread copies and where in the swizzled
 ring they land, the order in which the two MMA warps consume the converted K/V items, the mask
-predicate and per-column constants, the bf16 -> fp16 row scaling, the online-softmax update
-order and the split-KV state handed to the merge. The ring is read back through the UMMA
+predicate and per-column constants, the sliding window's key tiles and mask, the bf16 -> fp16
+row scaling, the online-softmax update order, the sink in the unsplit epilogue and the split-KV
+state handed to the merge. The ring is read back through the UMMA
 128-byte-swizzle layout the DSL gives the ldmatrix reads (test_tcgen05_host checks that layout
 against the DSL itself). Planted bugs in the maps must make the comparison fail.
 
@@ -27,6 +28,7 @@ from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
+from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -86,6 +88,14 @@ def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
     return kq, vp
 
 
+def sink_log2(problem, head: int) -> float:
+    """The sink of query head ``head`` in log2 units as the kernel reads it (the loader passes
+    -inf, no sink, when the problem has none)."""
+    if problem.sinks is None:
+        return -math.inf
+    return float(problem.sinks[head]) * math.log2(math.e)
+
+
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     rows, d_tiles, head_dim = variant.rows, variant.d_tiles, variant.head_dim
@@ -98,11 +108,20 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     num_rows = X.rows_per_kv_head(q_len, group)
     if row_base >= num_rows:
         return {}
-    first, end = L.split_tiles(kv_len, num_splits, split, min)
-    iters = end - first
     causal = problem.causal
     if problem.causal_per_seq is not None:
         causal = int(problem.causal_per_seq[seq] != 0)
+    left, right = problem.window
+    # the tiles from the first row's first visible key to the last row's last, split
+    last_row = min(row_base + rows, num_rows) - 1
+    cta_first_key = X.window_first_key(X.row_token(row_base, group), q_len, kv_len, left, _select,
+                                       max)  # fmt: skip
+    cta_last_key = X.window_last_key(
+        X.row_token(last_row, group), q_len, kv_len, causal, right, _select
+    )
+    begin, end = X.window_tiles(cta_first_key, cta_last_key, L.KEY_TILE)
+    first, end = X.split_tile_range(begin, end, num_splits, split, min)
+    iters = end - first
 
     # Q prologue: rows x head_dim fp16, row factors.
     is_bf16 = problem.query.dtype == torch.bfloat16
@@ -117,16 +136,10 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     k_scale = float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
     col_scale = problem.softmax_scale * math.log2(math.e) * k_scale * inverse
-    last_key = np.array(
-        [
-            _select(
-                causal != 0,
-                X.query_position(X.row_token(row_base + n, group), q_len, kv_len),
-                kv_len - 1,
-            )
-            for n in range(rows)
-        ]
-    )
+    position = X.query_position(X.row_token(row_base + np.arange(rows), group), q_len, kv_len)
+    before, after = X.window_offsets(left, right, causal, _select, min)
+    first_position = X.query_position(X.row_token(row_base, group), q_len, kv_len)
+    last_position = X.query_position(X.row_token(last_row, group), q_len, kv_len)
 
     # Converter: every staged item through the ring, in the kernel's item order.
     kc, vc = problem.key_cache, problem.value_cache
@@ -176,19 +189,17 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     m_prev = np.full(rows, -np.inf)
     l_sum = np.zeros(rows)
     o = np.zeros((head_dim, rows))
-    min_last_key = min(
-        kv_len - 1,
-        X.last_visible_key(X.row_token(row_base, group), q_len, kv_len, causal, _select),
-    )
     for s in range(iters):
         k_tile = np.concatenate([converted[kq[s, dk]] for dk in range(d_tiles)], axis=1)
         v_tile = np.concatenate([converted[vp[s, dm]] for dm in range(d_tiles)], axis=1)
         scores = k_tile @ q16.T  # S^T [key, row]
         key0 = (first + s) * L.KEY_TILE
         j = key0 + np.arange(L.KEY_TILE)
-        # Tiles every column sees whole skip the mask (the kernel's fast path).
-        visible = L.key_visible(j[:, None], kv_len, last_key[None, :], 1)
-        if L.tile_unmasked(key0, kv_len, min_last_key):
+        # Only tiles some row does not see whole are masked (the kernel's fast path).
+        visible = X.key_in_window(j[:, None], kv_len, position[None, :], before, after)
+        if not X.window_tile_needs_mask(
+            key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
+        ):
             visible = np.ones_like(visible)
         m_new = np.maximum(m_prev, np.where(visible, scores, -np.inf).max(axis=0))
         m_use = np.where(m_new == -np.inf, 0.0, m_new)
@@ -205,8 +216,16 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         r = row_base + n
         if r < num_rows:
             token, head = X.row_token(r, group), X.row_head(r, group, kv_head)
+            m_scaled = m_prev[n] * col_scale[n]
             inv = v_scale / l_sum[n] if l_sum[n] > 0 else 0.0
-            lse = m_prev[n] * col_scale[n] + math.log2(l_sum[n]) if l_sum[n] > 0 else -math.inf
+            if num_splits == 1:  # the sink joins the denominator at max(m, sink)
+                sink = sink_log2(problem, head)
+                top = max(m_scaled, sink)
+                top = 0.0 if top == -math.inf else top
+                keep = math.exp2(m_scaled - top)
+                denominator = l_sum[n] * keep + math.exp2(sink - top)
+                inv = v_scale * keep / denominator if denominator > 0 else 0.0
+            lse = m_scaled + math.log2(l_sum[n]) if l_sum[n] > 0 else -math.inf
             result[q_start + token, head] = (o[:, n] * inv, lse)
     return result
 
@@ -252,21 +271,75 @@ CASES = {
         q_lens=[16, 4], kv_lens=[16, 390], num_q_heads=4, num_kv_heads=2, block_size=256,
         causal=[False, True], causal_dtype=torch.bool, splits=1,
     ),
+    # Sliding windows and sinks (natural-log logits per query head: large positive, the sink
+    # dominates the row; large negative, no effect; small). Window smaller than a page, causal,
+    # GQA 4 (R = 36 and 120: two and four 32-row CTAs), each CTA loads one of the 4-6 tiles.
+    "window_below_a_page_causal_sinks": dict(
+        q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, window=(5, 0), sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5],
+        splits=1,
+    ),
+    # Window spanning pages and tiles, both sides, bidirectional, 64 rows, split-KV over the
+    # windowed range
+    "window_pages_bidir_rows64_split3_sinks": dict(
+        q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, window=(150, 70), sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0],
+        rows=64, splits=3,
+    ),
+    # Window larger than the context: the same as none (per-sequence mixed flags, split 2)
+    "window_beyond_context_mixed": dict(
+        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
+        causal=[True, False, True], causal_dtype=torch.int32, window=(5000, 2**31 - 1),
+        sinks=[20.0, -50.0], splits=2,
+    ),
+    # One-sided: left only, bidirectional, 128 rows (R = 160: two row tiles), split 2
+    "window_left_only_rows128_split2": dict(
+        q_lens=[40, 12], kv_lens=[800, 500], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=False, window=(200, -1), rows=128, splits=2,
+    ),
+    # One-sided: right only, bidirectional (causal rows would cap it), fp16, page 64
+    "window_right_only_f16_sinks": dict(
+        q_lens=[7, 12], kv_lens=[600, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
+        causal=False, query_dtype=torch.float16, window=(-1, 9), sinks=[4.0, -4.0, 15.0, 1.0],
+        splits=1,
+    ),
+    # Mixed bool flags with a two-sided window on a causal prefill (right capped at 0 there),
+    # page 256 (a page holds two key tiles: half of one may be skipped), 128 rows
+    "window_mixed_flags_page256_split2": dict(
+        q_lens=[130, 4], kv_lens=[130, 900], num_q_heads=4, num_kv_heads=2, block_size=256,
+        causal=[True, False], causal_dtype=torch.bool, window=(60, 20), sinks=[5.0, -5.0, 0.0, 8.0],
+        rows=128, splits=2,
+    ),
+    # head_dim 256, causal, window left only, sinks, unsplit
+    "window_d256_causal_sinks": dict(
+        q_lens=[6, 3], kv_lens=[400, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
+        head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
+    ),
 }  # fmt: skip
 
 
-def _run_case(name: str) -> float:
+def _prepare(name: str):
+    """(case, problem, variant, splits, extra reference kwargs: window, sinks) of
+    ``CASES[name]``."""
     spec = dict(CASES[name])
     splits = spec.pop("splits")
     rows = spec.pop("rows", 32)
     head_dim = spec.pop("head_dim", 128)
+    extra = {"window": spec.pop("window", (-1, -1))}
+    if "sinks" in spec:
+        extra["sinks"] = torch.tensor(spec.pop("sinks"), dtype=torch.float32)
     case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=5, **spec)
     problem = validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
     )
     variant = T.Variant(head_dim, rows, problem.block_size, str(case.query.dtype).split(".")[1])
+    return case, problem, variant, splits, extra
+
+
+def _run_case(name: str) -> tuple[float, float]:
+    case, problem, variant, splits, extra = _prepare(name)
     out = emulate(problem, variant, splits).to(case.query.dtype)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
     n = int(case.cu_seqlens_q[-1])
     assert out[:n].abs().sum() > 0
     return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
@@ -278,12 +351,42 @@ def test_emulated_tcgen05_kernel_matches_reference(name):
     assert error <= tolerance
 
 
-def _causal_off_by_one(j, kv_len, position, causal):
-    return (j < kv_len) & ((causal == 0) | (j < position))
+def _causal_off_by_one(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position < after) & (position - j <= before)
 
 
-def _unmasked_ignores_causal(key0, kv_len, min_last_key):
-    return key0 + L.KEY_TILE <= kv_len
+def _window_lower_bound_unmasked(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position <= after)
+
+
+def _tile_mask_ignores_causal(key0, key_end, kv_len, first_position, last_position, before, after):
+    return (key_end > kv_len) | (last_position - key0 > before)
+
+
+def _tile_mask_ignores_window_start(key0, key_end, kv_len, first_position, last_position,
+                                    before, after):  # fmt: skip
+    return (key_end > kv_len) | (key_end - 1 - first_position > after)
+
+
+def _offsets_ignore_causal(left, right, causal, select, minimum):
+    return select(left >= 0, left, X.INT32_MAX), select(right >= 0, right, X.INT32_MAX)
+
+
+def _window_end_floor(first_key, last_key, key_tile):
+    return first_key // key_tile, last_key // key_tile
+
+
+def _window_begins_a_tile_early(first_key, last_key, key_tile):
+    begin, end = PLANTED_ORIGINALS["window_tiles"](first_key, last_key, key_tile)
+    return max(begin - 1, 0), end
+
+
+def _window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum):
+    return maximum(X.query_position(token, q_len, kv_len) - left, 0)
+
+
+def _window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
+    return PLANTED_ORIGINALS["window_last_key"](token, q_len, q_len, causal, right, select)
 
 
 def _k_and_v_swapped(i, iters, d_tiles, select):
@@ -299,9 +402,9 @@ def _head_from_token(r, group, kv_head):
     return kv_head * group + r // group % group
 
 
-def _split_drops_last_tile(kv_len, num_splits, split, minimum):
-    first, end = PLANTED_ORIGINALS["split_tiles"](kv_len, num_splits, split, minimum)
-    return first, minimum(end, X.ceil_div(kv_len, L.KEY_TILE) - 1)
+def _split_range_drops_last_tile(begin, end, num_splits, split, minimum):
+    first, last = PLANTED_ORIGINALS["split_tile_range"](begin, end, num_splits, split, minimum)
+    return first, minimum(last, end - 1)
 
 
 def _chunk_unswizzled(thread):
@@ -326,7 +429,9 @@ def _ring_rows_shifted(thread, step):
 
 PLANTED_ORIGINALS = {
     "item_of": L.item_of,
-    "split_tiles": L.split_tiles,
+    "split_tile_range": X.split_tile_range,
+    "window_tiles": X.window_tiles,
+    "window_last_key": X.window_last_key,
     "loader_step_page_slot": L.loader_step_page_slot,
     "loader_ring_offset": L.loader_ring_offset,
 }
@@ -340,13 +445,54 @@ def _head_dim_slices_reversed(i, iters, d_tiles, select):
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
 # it must break)
 PLANTED = {
-    "key_visible": (L, "key_visible", _causal_off_by_one, "f16_causal_split3"),
+    "key_in_window": (X, "key_in_window", _causal_off_by_one, "f16_causal_split3"),
+    "key_in_window:lower": (
+        X,
+        "key_in_window",
+        _window_lower_bound_unmasked,
+        "window_below_a_page_causal_sinks",
+    ),
+    "window_tile_needs_mask": (
+        X,
+        "window_tile_needs_mask",
+        _tile_mask_ignores_causal,
+        "f16_causal_split3",
+    ),
+    "window_tile_needs_mask:start": (
+        X,
+        "window_tile_needs_mask",
+        _tile_mask_ignores_window_start,
+        "window_left_only_rows128_split2",
+    ),
+    "window_offsets": (X, "window_offsets", _offsets_ignore_causal, "f16_causal_split3"),
+    "window_tiles": (
+        X,
+        "window_tiles",
+        _window_end_floor,
+        "window_pages_bidir_rows64_split3_sinks",
+    ),
+    "window_first_key": (
+        X,
+        "window_first_key",
+        _window_left_unbounded_forgotten,
+        "bf16_bidir_gqa4",
+    ),
+    "window_last_key": (
+        X,
+        "window_last_key",
+        _window_last_key_of_q_len,
+        "window_right_only_f16_sinks",
+    ),
     "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
     "item_of_d256": (L, "item_of", _head_dim_slices_reversed, "f16_d256_split2"),
     "page_slot": (X, "page_slot", _page_off_by_one, "int32_flags_strided"),
     "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
-    "split_tiles": (L, "split_tiles", _split_drops_last_tile, "f16_causal_split3"),
-    "tile_unmasked": (L, "tile_unmasked", _unmasked_ignores_causal, "f16_causal_split3"),
+    "split_tile_range": (
+        X,
+        "split_tile_range",
+        _split_range_drops_last_tile,
+        "window_pages_bidir_rows64_split3_sinks",
+    ),
     "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
     "loader_step_page": (L, "loader_step_page_slot", _step_page_dropped, "bf16_bidir_gqa4"),
     "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),
@@ -361,6 +507,48 @@ def test_planted_index_bug_is_caught(name, monkeypatch):
     monkeypatch.setattr(module, attr, bug)
     error, tolerance = _run_case(case)
     assert not error <= tolerance  # NaN counts as caught
+
+
+def _poison_tiles_outside_windows(problem) -> int:
+    """Fill with FP8 NaN (0x7F) every K and V page that lies wholly in key tiles no query row of
+    its sequence sees (masking.visible_range, the reference's own rule); returns how many pages.
+    A kernel that loads such a tile turns NaN (0 x NaN in P V)."""
+    poisoned = 0
+    for seq in range(problem.num_seqs):
+        q_len = int(problem.cu_seqlens_q[seq + 1] - problem.cu_seqlens_q[seq])
+        kv_len = int(problem.seq_lens[seq])
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
+        low = int(start.min()) // L.KEY_TILE * L.KEY_TILE
+        high = X.ceil_div(int(end.max()), L.KEY_TILE) * L.KEY_TILE
+        for col in range(X.ceil_div(kv_len, problem.block_size)):
+            if (col + 1) * problem.block_size <= low or col * problem.block_size >= high:
+                page = int(problem.block_table[seq, col])
+                problem.key_cache[page].view(torch.uint8).fill_(0x7F)
+                problem.value_cache[page].view(torch.uint8).fill_(0x7F)
+                poisoned += 1
+    return poisoned
+
+
+POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_rows64_split3_sinks",
+            "window_d256_causal_sinks", "window_mixed_flags_page256_split2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", POISONED)
+def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
+    case, problem, variant, splits, extra = _prepare(name)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    assert _poison_tiles_outside_windows(problem) > 0
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
+    # The poison is live: a launch that starts a tile early, or ignores the window, reads it.
+    monkeypatch.setattr(X, "window_tiles", _window_begins_a_tile_early)
+    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+    monkeypatch.undo()
+    problem.window = (-1, -1)
+    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -157,12 +157,16 @@ def test_item_order_has_every_k_and_v_item_once():
                 assert items.index((False, s, 0)) < items.index((True, s, 0))
 
 
-def test_split_ranges_partition_the_key_tiles():
-    for kv_len in (1, 127, 128, 129, 1000):
+def test_split_ranges_partition_the_windowed_key_tiles():
+    """The kernel's CTA range (X.window_tiles over KEY_TILE-key tiles) split by
+    X.split_tile_range: every tile once, in order, whatever the split count."""
+    for first_key, last_key in ((0, 0), (0, 126), (0, 127), (5, 128), (130, 999), (256, 1000)):
+        begin, end = X.window_tiles(first_key, last_key, L.KEY_TILE)
+        assert begin * L.KEY_TILE <= first_key and last_key < end * L.KEY_TILE
         for splits in (1, 2, 3, 7):
-            ranges = [L.split_tiles(kv_len, splits, s, min) for s in range(splits)]
-            tiles = [t for first, end in ranges for t in range(first, end)]
-            assert tiles == list(range(X.ceil_div(kv_len, L.KEY_TILE)))
+            ranges = [X.split_tile_range(begin, end, splits, s, min) for s in range(splits)]
+            tiles = [t for first, stop in ranges for t in range(first, stop)]
+            assert tiles == list(range(begin, end))
 
 
 # ---------------------------------------------------------------------------- DSL layouts

@@ -10,7 +10,9 @@ import math
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import tcgen05
+from cutlass.cutlass_dsl import dsl_user_op
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
@@ -20,6 +22,25 @@ from dsl.tcgen05 import traits as T
 
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
 CPY = (None,) + MMA
+
+
+@dsl_user_op
+def bitselect(mask: int, a, b, *, loc=None, ip=None) -> cutlass.Int32:
+    """``(a & mask) | (b & ~mask)`` as one ``lop3.b32`` (LUT 0xE4: a where the immediate mask
+    is set, else b); written as ``&`` / ``|`` it compiles to two LOP3s in the integer-pipe FP8
+    conversion (layouts.e4m3x4_to_f16x2_scaled)."""
+    operands = [cutlass.Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b)]
+    return cutlass.Int32(
+        llvm.inline_asm(
+            cutlass.Int32.mlir_type,
+            operands,
+            f"lop3.b32 $0, $1, $2, {mask & 0xFFFFFFFF:#x}, 0xE4;",
+            "=r,r,r",
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
 
 
 def _thread_source(ptr, slot, kv_head, chunk, stride_b, stride_s, stride_h):
@@ -231,7 +252,7 @@ class ConvertRole:
         minus_zero = cutlass.Int32(-0x7FFF8000)  # fp16x2 (-0, -0): keeps -0 as -0
         for w in cutlass.range_constexpr(T.INTEGER_CONVERTED_WORDS):
             halves = L.e4m3x4_to_f16x2_scaled(
-                raw_words[w], lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel))
+                raw_words[w], lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel)), bitselect
             )
             for h in cutlass.range_constexpr(2):
                 cvt_words[2 * w + h] = cute.arch.fma_packed_f16x2(halves[h], two_pow_8, minus_zero)

@@ -13,6 +13,9 @@ tcgen05.st into TMEM, the A operand); two MMA warps issue the two GEMMs; the sof
 (one TMEM lane = one key per thread) takes column maxima across its 128 threads (redux + shared
 atomics), writes P (fp16) to shared memory, keeps per-thread column sums, rescales O in TMEM and
 writes the output (or the split's fp32 partial O and log2 LSE for the existing merge kernel).
+A sliding window (window_left / window_right, SPEC section 3) limits each CTA to the key tiles its
+rows' windows touch and masks their edges; the sinks (fp32 per query head, natural log) join the
+denominator once: in the unsplit epilogue, or in the merge after a split launch.
 k_scale is folded into the softmax scale and v_scale into the output (SPEC section 3); a bf16
 query is made fp16 by a per-row power of two (dsl/tcgen05/layouts.py) folded into the same scale.
 The pipeline order (K of tile s+1 converted before V of tile s, so BMM1 of the next tile runs
@@ -33,6 +36,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
 from dsl.common import indexing as X
+from dsl.common.kernel_reads import read_causal_flag
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 from dsl.tcgen05.convert import ConvertRole
@@ -75,10 +79,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
         causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
-        # sinks_ptr, window_left, window_right: the shared C interface's (dsl/build.py), unused
-        # here: the loader (fp8_noncausal_attn/dsl_families.py) refuses a window or sinks for
-        # this family until it implements them.
-        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads] (unused)
+        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads], natural log; -inf = no sink (SPEC 3)
         ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
         ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
         q_stride_t: cutlass.Int64,
@@ -96,8 +97,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal_stride: cutlass.Int64,  # in flags (elements), read in place
         causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
         causal: cutlass.Int32,  # global flag when causal_width == 0
-        window_left: cutlass.Int32,  # unused (see sinks_ptr)
-        window_right: cutlass.Int32,  # unused (see sinks_ptr)
+        window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
+        window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
@@ -143,6 +144,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             k_scale_ptr,
             v_scale_ptr,
             causal_ptr,
+            sinks_ptr,
             ws_o_ptr,
             ws_lse_ptr,
             q_stride_t,
@@ -160,6 +162,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             causal_stride,
             causal_width,
             causal,
+            window_left,
+            window_right,
             num_tokens,
             num_q_heads,
             num_kv_heads,
@@ -187,6 +191,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         k_scale_ptr: cute.Pointer,
         v_scale_ptr: cute.Pointer,
         causal_ptr: cute.Pointer,
+        sinks_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
         q_stride_t: cutlass.Int64,
@@ -204,6 +209,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal_stride: cutlass.Int64,
         causal_width: cutlass.Int32,
         causal_global: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
@@ -234,7 +241,21 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
         row_base = row_tile * rows
         num_rows = X.rows_per_kv_head(q_len, group)
-        first_tile, end_tile = L.split_tiles(kv_len, num_splits, split, cutlass.min)
+        # The CTA's key tiles run from the first key its first row sees (window left) to the
+        # last key its last row sees (causal, window right): tiles wholly outside are never
+        # loaded (converter and MMA warps run the same count); splits divide that range.
+        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
+        last_row = cutlass.min(row_base + rows, num_rows) - 1
+        cta_first_key = X.window_first_key(
+            X.row_token(row_base, group), q_len, kv_len, window_left, cutlass.select_, cutlass.max
+        )
+        cta_last_key = X.window_last_key(
+            X.row_token(last_row, group), q_len, kv_len, causal, window_right, cutlass.select_
+        )
+        begin_tile, end_tile = X.window_tiles(cta_first_key, cta_last_key, L.KEY_TILE)
+        first_tile, end_tile = X.split_tile_range(
+            begin_tile, end_tile, num_splits, split, cutlass.min
+        )
         iters = end_tile - first_tile
         # A tile of rows past this sequence's R has nothing to do (the grid covers the longest).
         idle = row_base >= num_rows
@@ -253,7 +274,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         s_sum = smem.allocate_tensor(acc_dtype, cute.make_layout((rows, 4)), 16)
         s_row_scale = smem.allocate_tensor(acc_dtype, cute.make_layout(rows), 16)
         s_col_scale = smem.allocate_tensor(acc_dtype, cute.make_layout(rows), 16)
-        s_last_key = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows), 16)
+        s_position = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows), 16)
 
         ring_bytes = T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES
         ring = smem.allocate_array(cutlass.Int8, ring_bytes, byte_alignment=1024)
@@ -481,7 +502,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 s_sum,
                 s_row_scale,
                 s_col_scale,
-                s_last_key,
+                s_position,
                 out_ptr,
                 ws_o_ptr,
                 ws_lse_ptr,
@@ -494,13 +515,13 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 kv_len,
                 num_rows,
                 row_base,
+                last_row,
                 first_tile,
                 iters,
-                seq,
-                causal_ptr,
-                causal_stride,
-                causal_width,
-                causal_global,
+                causal,
+                window_left,
+                window_right,
+                sinks_ptr,
                 k_scale_ptr,
                 v_scale_ptr,
                 scale_log2,

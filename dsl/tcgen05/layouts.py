@@ -26,12 +26,6 @@ SWIZZLE_ROWS = 8  # 128-byte swizzle: 16-byte chunk c of row j is stored at chun
 CHUNK = 16  # bytes per cp.async copy
 
 
-def split_tiles(kv_len, num_splits, split, minimum):
-    """(first key tile, end key tile) of split ``split`` over ``KEY_TILE``-key tiles
-    (dsl/common/indexing.split_tiles)."""
-    return X.split_tiles(kv_len, num_splits, split, KEY_TILE, minimum)
-
-
 def item_count(iters, d_tiles):
     """Staged items of a split: one K and one V item per 128-wide head-dim slice per key tile."""
     return 2 * iters * d_tiles
@@ -143,15 +137,3 @@ def e4m3x4_to_f16x2_scaled(word, prmt):
     lo = (prmt(word, 0, E4M3_LANES_LO) << E4M3_SHIFT) & E4M3_MASK
     hi = (prmt(word, 0, E4M3_LANES_HI) << E4M3_SHIFT) & E4M3_MASK
     return lo, hi
-
-
-def tile_unmasked(key0, kv_len, min_last_key):
-    """Every key of the tile starting at ``key0`` is visible to every column (the softmax skips
-    the mask there): the tile lies inside the sequence and ends at or before the smallest last
-    visible key of the CTA's columns."""
-    return (key0 + KEY_TILE <= kv_len) & (key0 + KEY_TILE - 1 <= min_last_key)
-
-
-def key_visible(j, kv_len, position, causal):
-    """Mask predicate: key j is seen by a query at ``position`` (causal: 0 or 1)."""
-    return (j < kv_len) & ((causal == 0) | (j <= position))

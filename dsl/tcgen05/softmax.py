@@ -1,10 +1,12 @@
 """Softmax warpgroup of the tcgen05 kernel: masked column maxima across the 128 key lanes of
-S^T, P in fp16, column sums, O rescale in TMEM, and the epilogue (output, or the split's fp32
-partial O and log2 LSE for the merge kernel).
+S^T, P in fp16, column sums, O rescale in TMEM, and the epilogue (output with the attention sink
+in the denominator, or the split's fp32 partial O and log2 LSE for the merge kernel).
 
 NEVER RUN ON A GPU. A mixin of dsl/tcgen05/kernel.Tcgen05PagedAttention; index maps from
 dsl/tcgen05/layouts.py.
 """
+
+import math
 
 import cutlass
 import cutlass.cute as cute
@@ -12,9 +14,9 @@ import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import tcgen05
 
 from dsl.common import indexing as X
-from dsl.common.kernel_reads import read_causal_flag
 from dsl.tcgen05 import layouts as L
 
+LOG2_E = math.log2(math.e)
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
 
 
@@ -72,7 +74,7 @@ class SoftmaxRole:
         s_sum: cute.Tensor,
         s_row_scale: cute.Tensor,
         s_col_scale: cute.Tensor,
-        s_last_key: cute.Tensor,
+        s_position: cute.Tensor,
         out_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
@@ -85,13 +87,13 @@ class SoftmaxRole:
         kv_len: cutlass.Int32,
         num_rows: cutlass.Int32,
         row_base: cutlass.Int32,
+        last_row: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
-        seq: cutlass.Int32,
-        causal_ptr: cute.Pointer,
-        causal_stride: cutlass.Int64,
-        causal_width: cutlass.Int32,
-        causal_global: cutlass.Int32,
+        causal: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        sinks_ptr: cute.Pointer,
         k_scale_ptr: cute.Pointer,
         v_scale_ptr: cute.Pointer,
         scale_log2: cutlass.Float32,
@@ -150,15 +152,14 @@ class SoftmaxRole:
         softmax_bar.arrive_and_wait()
 
         # Per-column constants in shared memory (read as broadcasts every tile, so they cost no
-        # registers): log2-domain score scale and the last key the column's query may see.
-        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
+        # registers): log2-domain score scale and the column's query position; the window's
+        # (before, after) offsets from it are the same for the whole CTA.
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         for k in cutlass.range_constexpr((rows + 127) // 128):
             n = k * 128 + wg_tidx
             if n < rows:
                 s_col_scale[n] = scale_log2 * k_scale * s_row_scale[n]
-                position = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
-                s_last_key[n] = cutlass.select_(causal != 0, position, kv_len - 1)
+                s_position[n] = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
         softmax_bar.arrive_and_wait()
         # Column state is the same in every thread, so lane c % 32 of each warp keeps the
         # running maximum of column c and computes its correction; the other lanes fetch it
@@ -168,31 +169,33 @@ class SoftmaxRole:
         l_mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
         l_mine.fill(0.0)
 
-        # A tile every column sees whole (layouts.tile_unmasked) skips the mask: the last key
-        # the CTA's first column (smallest token) may see bounds every column's.
-        min_last_key = cutlass.min(
-            kv_len - 1,
-            X.last_visible_key(
-                X.row_token(row_base, group), q_len, kv_len, causal, cutlass.select_
-            ),
+        # Only a tile some key of which one of the CTA's rows does not see is masked (the last
+        # tile, the causal diagonal, the window's edges: X.window_tile_needs_mask from the first
+        # and last row's positions); the rest skip the per-score predicate.
+        before, after = X.window_offsets(
+            window_left, window_right, causal, cutlass.select_, cutlass.min
         )
+        first_position = X.query_position(X.row_token(row_base, group), q_len, kv_len)
+        last_position = X.query_position(X.row_token(last_row, group), q_len, kv_len)
         for s in cutlass.range(iters):
             parity = s % 2
             s_handle = s_consumer.wait_and_advance()
             key0 = (first_tile + s) * L.KEY_TILE
-            unmasked = L.tile_unmasked(key0, kv_len, min_last_key)
+            needs_mask = X.window_tile_needs_mask(
+                key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
+            )
             # Pass 1: column maxima, chunk by chunk.
             mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             mine.fill(-acc_dtype.inf)
-            if unmasked:
+            if needs_mask:
                 self.max_pass(
-                    load_s, tStS, tSsP, s_handle.index, s_last_key, m_prev, mine, key0, kv_len,
-                    wg_tidx, lane, False,
+                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev, mine,
+                    key0, kv_len, wg_tidx, lane, True,
                 )  # fmt: skip
             else:
                 self.max_pass(
-                    load_s, tStS, tSsP, s_handle.index, s_last_key, m_prev, mine, key0, kv_len,
-                    wg_tidx, lane, True,
+                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev, mine,
+                    key0, kv_len, wg_tidx, lane, False,
                 )  # fmt: skip
             for k in cutlass.range_constexpr(lane_slots):
                 c = k * 32 + lane
@@ -224,15 +227,17 @@ class SoftmaxRole:
             # memory (converted two at a time), and the column sums of P: lane c of each warp
             # gets its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
             p_handle = p_producer.acquire_and_advance()
-            if unmasked:
+            if needs_mask:
                 self.p_pass(
-                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_last_key, s_col_scale,
-                    s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane, False,
+                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
+                    s_col_scale, s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane,
+                    True,
                 )  # fmt: skip
             else:
                 self.p_pass(
-                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_last_key, s_col_scale,
-                    s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane, True,
+                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
+                    s_col_scale, s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane,
+                    False,
                 )  # fmt: skip
             cute.arch.fence_view_async_shared()
             p_handle.commit()
@@ -258,23 +263,39 @@ class SoftmaxRole:
                 s_sum[c, wg_warp] = l_mine[k]
         softmax_bar.arrive_and_wait()
 
+        # Thread n: column n's output factor into s_row_scale[n] (the row scales are spent):
+        # v_scale / l, or with a sink v_scale x keep / (l x keep + 2^(sink - top)) where both
+        # terms are taken at top = max(m, sink) in log2 units (neither can overflow); with
+        # splits v_scale / l and the log2 LSE without the sink (the merge adds it once).
         final = (iters + 1) % 2  # parity of the last tile's maximum
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
         split_mode = num_splits > 1
         if wg_tidx < rows:
             n = wg_tidx
             r = row_base + n
-            if split_mode and r < num_rows:
-                l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
-                m_fin = s_max[n, final]
-                scale_n = s_col_scale[n]
-                lse = -acc_dtype.inf
-                if l_sum > 0.0:
-                    lse = m_fin * scale_n + cute.math.log2(l_sum, fastmath=False)
+            l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
+            m_scaled = s_max[n, final] * s_col_scale[n]
+            factor = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
+            if r < num_rows:
                 token = X.row_token(r, group)
                 head = X.row_head(r, group, kv_head)
-                idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
-                cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
+                if split_mode:
+                    lse = -acc_dtype.inf
+                    if l_sum > 0.0:
+                        lse = m_scaled + cute.math.log2(l_sum, fastmath=False)
+                    idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
+                    cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
+                else:
+                    sink = cute.make_tensor(sinks_ptr + head, cute.make_layout(1))[0] * LOG2_E
+                    top = cute.arch.fmax(m_scaled, sink)
+                    top = cutlass.select_(top == -acc_dtype.inf, cutlass.Float32(0.0), top)
+                    keep = _exp2(m_scaled - top)
+                    denominator = l_sum * keep + _exp2(sink - top)
+                    factor = cutlass.select_(
+                        denominator > 0.0, v_scale * keep / denominator, cutlass.Float32(0.0)
+                    )
+            s_row_scale[n] = factor
+        softmax_bar.arrive_and_wait()
 
         # The last O: wait without advancing, read chunk by chunk, release at the end (which
         # lets the MMA warp free TMEM). An empty split writes zeros.
@@ -293,9 +314,7 @@ class SoftmaxRole:
                     n = c * chunk + i
                     r = row_base + n
                     if r < num_rows:
-                        l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
-                        inv = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
-                        value = acc[i] * inv
+                        value = acc[i] * s_row_scale[n]
                         token = X.row_token(r, group)
                         head = X.row_head(r, group, kv_head)
                         if split_mode:
@@ -323,7 +342,9 @@ class SoftmaxRole:
         tStS: cute.Tensor,
         tSsP: cute.Tensor,
         stage: cutlass.Int32,
-        s_last_key: cute.Tensor,
+        s_position: cute.Tensor,
+        before: cutlass.Int32,
+        after: cutlass.Int32,
         m_prev: cute.Tensor,
         mine: cute.Tensor,
         key0: cutlass.Int32,
@@ -346,7 +367,7 @@ class SoftmaxRole:
                 n = c * chunk + i
                 value = scores[i]
                 if cutlass.const_expr(masked):
-                    visible = L.key_visible(j, kv_len, s_last_key[n], 1)
+                    visible = X.key_in_window(j, kv_len, s_position[n], before, after)
                     value = cutlass.select_(visible, scores[i], -acc_dtype.inf)
                 col_max = cute.arch.warp_redux_sync(value, kind="fmax", nan=True)
                 if n % 32 == lane:
@@ -363,7 +384,9 @@ class SoftmaxRole:
         tSsP: cute.Tensor,
         s_stage: cutlass.Int32,
         p_stage: cutlass.Int32,
-        s_last_key: cute.Tensor,
+        s_position: cute.Tensor,
+        before: cutlass.Int32,
+        after: cutlass.Int32,
         s_col_scale: cute.Tensor,
         s_sum: cute.Tensor,
         correction: cute.Tensor,
@@ -396,7 +419,7 @@ class SoftmaxRole:
                 for h in cutlass.range_constexpr(2):
                     p = _exp2(args[h])
                     if cutlass.const_expr(masked):
-                        visible = L.key_visible(j, kv_len, s_last_key[n + h], 1)
+                        visible = X.key_in_window(j, kv_len, s_position[n + h], before, after)
                         p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
                     probs32[i + h] = p
             probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
