@@ -49,9 +49,9 @@ def umma_sw128_read(tile_bytes: np.ndarray) -> np.ndarray:
 
 
 def _fp8_to_float(b: np.ndarray) -> np.ndarray:
-    """Exact, as the converter for every non-NaN byte: its F2FP share is exact, and its
-    integer-pipe share (layouts.e4m3x4_to_f16x2_scaled, x 2^8) is checked exact for every byte by
-    test_tcgen05_host."""
+    """Exact, as the converter for every byte (NaN bytes give NaN): its F2FP share is exact,
+    and its integer-pipe share (layouts.e4m3x4_to_f16x2_scaled, x 2^8) is checked exact for
+    every byte, NaN included, by test_tcgen05_host."""
     return torch.from_numpy(b.copy()).view(torch.float8_e4m3fn).double().numpy()
 
 

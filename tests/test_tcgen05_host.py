@@ -114,29 +114,55 @@ def _prmt(a, b, selector):
     return out
 
 
+def _bitselect(mask, a, b):
+    """PTX lop3.b32 with LUT 0xE4 (the kernel's convert.bitselect): a where mask is set, else b."""
+    return (a & np.uint64(mask)) | (b & np.uint64(mask ^ 0xFFFFFFFF))
+
+
 def _f16_lanes(bits):
     halves = np.stack([bits & 0xFFFF, bits >> np.uint64(16)], axis=-1).astype(np.uint16)
     return halves.view(np.float16).astype(np.float64)
 
 
-def test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position():
-    """layouts.e4m3x4_to_f16x2_scaled (the converter's integer-pipe share) gives value x 2^-8
-    for all 256 bytes in all four byte positions; the e4m3fn NaN bytes give +-480 x 2^-8."""
+def _every_byte_in_every_position():
+    """Words holding every pair (x, y) of bytes as bytes x, y, y, x: each byte value in each of
+    the four positions, next to every other byte value (a carry into a neighbour shows)."""
     x, y = np.meshgrid(np.arange(256, dtype=np.uint64), np.arange(256, dtype=np.uint64))
     x, y = x.ravel(), y.ravel()
-    words = x | y << np.uint64(8) | y << np.uint64(16) | x << np.uint64(24)
-    lo, hi = L.e4m3x4_to_f16x2_scaled(words, _prmt)
+    return x | y << np.uint64(8) | y << np.uint64(16) | x << np.uint64(24), x, y
+
+
+def _fp8_values(dtype):
+    return torch.from_numpy(np.arange(256, dtype=np.uint8)).view(dtype).double().numpy()
+
+
+def test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position():
+    """layouts.e4m3x4_to_f16x2_scaled (the converter's integer-pipe share) gives value x 2^-8
+    for all 256 bytes in all four byte positions, NaN for the e4m3fn NaN bytes 0x7f / 0xff
+    (SPEC: NaN in the cache propagates, as the hardware conversion does), and the kernel's
+    x 2^8 (fp16, as its HFMA2) gives the value back."""
+    words, x, y = _every_byte_in_every_position()
+    lo, hi = L.e4m3x4_to_f16x2_scaled(words, _prmt, _bitselect)
     got = np.concatenate([_f16_lanes(lo), _f16_lanes(hi)], axis=1)  # bytes x, y, y, x
-    value = torch.from_numpy(np.arange(256, dtype=np.uint8)).view(torch.float8_e4m3fn)
-    value = value.double().numpy()
-    value[0x7F], value[0xFF] = 480.0, -480.0
-    want = np.stack([value[x], value[y], value[y], value[x]], axis=1) * 2.0**-8
-    assert np.array_equal(got, want)
-    assert np.array_equal(np.signbit(got), np.signbit(want))  # -0 stays -0
+    value = _fp8_values(torch.float8_e4m3fn)
+    assert np.isnan(value[0x7F]) and np.isnan(value[0xFF])
+    want = np.stack([value[x], value[y], value[y], value[x]], axis=1)
+    assert np.array_equal(got, want * 2.0**-8, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))  # -0 stays -0, NaN keeps its sign
+    back = (got.astype(np.float16) * np.float16(256.0)).astype(np.float64)
+    assert np.array_equal(back, want, equal_nan=True)
 
 
-def test_integer_e4m3_conversion_test_catches_a_wrong_mask(monkeypatch):
-    monkeypatch.setattr(L, "E4M3_MASK", 0xFF80FF80)  # forgets to clear the sign copy in bit 14
+@pytest.mark.parametrize(
+    "name, planted",
+    [
+        ("E4M3_MASK", 0xBF80BF80),  # clears the NaN mark: 0x7f / 0xff -> +-480
+        ("E4M3_NAN_BORROW", 0x02020202),  # marks 0x7e as NaN too
+        ("E4M3_LANES_LO", 0x9180),  # sign from the marked byte: NaN turns negative, -x positive
+    ],
+)
+def test_integer_e4m3_conversion_test_catches_a_planted_bug(monkeypatch, name, planted):
+    monkeypatch.setattr(L, name, planted)
     with pytest.raises(AssertionError):
         test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position()
 

@@ -119,21 +119,32 @@ def staged_offset(row, chunk):
 
 # FP8 -> fp16 on the integer pipe, for a share of each item (traits.INTEGER_CONVERTED_WORDS): the
 # conversion pipe (F2FP, 16 results / clk / SM) would otherwise bound the converter. e4m3 byte
-# S EEEE MMM placed as S | EEEEMMM << 7 in a 16-bit lane is the fp16 of its value x 2^-8 for
-# every byte (normal and subnormal; the e4m3fn NaN bytes 0x7f / 0xff become +-480, not NaN):
-# PRMT sign-extends each byte into its lane (byte b at bits 0-7, its sign at bits 8-15), a shift
-# by 7 moves it in place and the mask keeps the sign (bit 15) and EEEEMMM (bits 13-7). The
-# kernel then multiplies by 2^8 (HFMA2, exact).
-E4M3_LANES_LO = 0x9180  # PRMT selector: lanes (byte 0, byte 1), each byte sign-extended
-E4M3_LANES_HI = 0xB3A2  # lanes (byte 2, byte 3)
+# S EEEE MMM placed as S | N | EEEEMMM << 7 in a 16-bit lane, N = 1 for the e4m3fn NaN bytes
+# (magnitude 0x7f) and 0 otherwise, is the fp16 of its value x 2^-8 for every other byte (normal
+# and subnormal) and an fp16 NaN (exponent 11111, mantissa 1110000000) for 0x7f / 0xff, as the
+# hardware conversion gives. Per word: each byte's inverted magnitude with bit 7 set, minus 1,
+# keeps bit 7 unless the magnitude is 0x7f (never borrowing from the next byte); that bit,
+# inverted, replaces the sign bit (one LOP3, one IADD, one LOP3 bit-select). PRMT then puts each
+# marked byte in the low half of its lane with its sign (replicated, from the raw word) above
+# it, a shift by 7 moves it in place and the mask keeps bits 15-7. The kernel then multiplies
+# by 2^8 (HFMA2, exact; NaN stays NaN).
+E4M3_MAGNITUDES = 0x7F7F7F7F
+E4M3_SIGNS = 0x80808080
+E4M3_NAN_BORROW = 0x01010101  # clears bit 7 of a byte exactly when its magnitude is 0x7f
+E4M3_LANES_LO = 0xD1C0  # PRMT(marked, raw): lanes (byte 0, byte 1), raw byte's sign above each
+E4M3_LANES_HI = 0xF3E2  # lanes (byte 2, byte 3)
 E4M3_SHIFT = 7
-E4M3_MASK = 0xBF80BF80
+E4M3_MASK = 0xFF80FF80  # per lane: sign (bit 15), NaN mark (bit 14), EEEEMMM (bits 13-7)
 
 
-def e4m3x4_to_f16x2_scaled(word, prmt):
+def e4m3x4_to_f16x2_scaled(word, prmt, bitselect):
     """(fp16x2 bits of bytes 0-1, of bytes 2-3) of a 32-bit word of four e4m3 bytes, each value
-    times 2^-8. ``prmt(a, b, selector)`` is PTX ``prmt.b32`` (the kernel's cute.arch.prmt, a
-    Python replica in the tests)."""
-    lo = (prmt(word, 0, E4M3_LANES_LO) << E4M3_SHIFT) & E4M3_MASK
-    hi = (prmt(word, 0, E4M3_LANES_HI) << E4M3_SHIFT) & E4M3_MASK
+    times 2^-8 (NaN bytes give an fp16 NaN of their sign). ``prmt(a, b, selector)`` is PTX
+    ``prmt.b32`` (the kernel's cute.arch.prmt, a Python replica in the tests);
+    ``bitselect(mask, a, b)`` is ``(a & mask) | (b & ~mask)`` for a 32-bit constant mask (one
+    LOP3 in the kernel, which ptxas would otherwise split in two here)."""
+    not_nan = (~word | E4M3_SIGNS) - E4M3_NAN_BORROW  # bit 7 of a byte: not a NaN byte
+    marked = bitselect(E4M3_MAGNITUDES, word, ~not_nan)
+    lo = (prmt(marked, word, E4M3_LANES_LO) << E4M3_SHIFT) & E4M3_MASK
+    hi = (prmt(marked, word, E4M3_LANES_HI) << E4M3_SHIFT) & E4M3_MASK
     return lo, hi
