@@ -13,9 +13,21 @@ from pathlib import Path
 
 # Instruction families the family must contain, by role: the MMA form (UTCHMMA = tcgen05.mma
 # kind::f16), TMEM traffic (STTM from the converter, LDTM/STTM in the softmax warps), the load
-# path (LDGSTS = cp.async), the exact FP8 -> fp16 conversion, ldmatrix reads of the ring.
-REQUIRED = ("UTCHMMA", "STTM", "LDTM", "LDGSTS", "F2FP.F16.E4M3.UNPACK_B", "LDSM")
+# path (LDGSTS = cp.async), ldmatrix reads of the ring.
+REQUIRED = ("UTCHMMA", "STTM", "LDTM", "LDGSTS", "LDSM")
 FORBIDDEN = ("LDL", "STL")  # local memory: spills or stack arrays
+# The exact FP8 -> fp16 conversion per cache dtype: (required, forbidden). e4m3 uses F2FP (and
+# the integer pipe for a share); e5m2 is byte moves (PRMT), so its conversion-pipe form must
+# not appear.
+CONVERSION = {
+    "float8_e4m3fn": (("F2FP.F16.E4M3.UNPACK_B",), ()),
+    "float8_e5m2": (("PRMT",), ("F2FP.F16.E5M2.UNPACK_B",)),
+}
+
+
+def kv_dtype_of(cubin: Path) -> str:
+    """Cache dtype of a kept cubin, from its variant folder (``..._e4m3`` / ``..._e5m2``)."""
+    return "float8_e5m2" if Path(cubin).parent.name.endswith("_e5m2") else "float8_e4m3fn"
 
 
 def cuobjdump_path() -> Path:
@@ -59,12 +71,14 @@ def resource_usage(cubin: Path) -> dict[str, int]:
     return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, m.groups()), strict=True))
 
 
-def problems(cubin: Path) -> list[str]:
-    """What is wrong with a tcgen05 cubin (empty when every check passes)."""
+def problems(cubin: Path, kv_dtype: str | None = None) -> list[str]:
+    """What is wrong with a tcgen05 cubin of cache dtype ``kv_dtype`` (default: from its folder
+    name) (empty when every check passes)."""
     ops = opcodes(cubin)
     usage = resource_usage(cubin)
-    found = [f"missing {name}" for name in REQUIRED if count(ops, name) == 0]
-    found += [f"{count(ops, name)} x {name}" for name in FORBIDDEN if count(ops, name)]
+    required, forbidden = CONVERSION[kv_dtype or kv_dtype_of(cubin)]
+    found = [f"missing {name}" for name in REQUIRED + required if count(ops, name) == 0]
+    found += [f"{count(ops, name)} x {name}" for name in FORBIDDEN + forbidden if count(ops, name)]
     found += [f"{key} {usage[key]} bytes" for key in ("STACK", "LOCAL") if usage[key]]
     return found
 
@@ -73,7 +87,8 @@ def main(argv=None) -> int:
     status = 0
     for path in map(Path, argv if argv is not None else sys.argv[1:]):
         ops, usage = opcodes(path), resource_usage(path)
-        summary = {name: count(ops, name) for name in REQUIRED + FORBIDDEN}
+        required, forbidden = CONVERSION[kv_dtype_of(path)]
+        summary = {name: count(ops, name) for name in REQUIRED + required + FORBIDDEN + forbidden}
         bad = problems(path)
         status |= bool(bad)
         print(f"{path.name}: {usage} {summary} {'OK' if not bad else bad}")

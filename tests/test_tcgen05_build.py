@@ -41,9 +41,9 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
     out, record = built
     for entry in record["variants"]:
         cubin = out / entry["cubins"][0]
-        assert sass_check.problems(cubin) == [], entry["symbol"]
-        ops = sass_check.opcodes(cubin)
         variant = next(v for v in build.VARIANTS if v.name == entry["variant"])
+        assert sass_check.problems(cubin, variant.kv_dtype) == [], entry["symbol"]
+        ops = sass_check.opcodes(cubin)
         # Per 128-wide head-dim slice and GEMM: 128 x 128 fp16 in K steps of 16 -> 8 UTCHMMA.
         assert sass_check.count(ops, "UTCHMMA") == 2 * 8 * variant.d_tiles
         usage = sass_check.resource_usage(cubin)

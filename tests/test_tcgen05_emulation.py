@@ -48,11 +48,11 @@ def umma_sw128_read(tile_bytes: np.ndarray) -> np.ndarray:
     return tile_bytes[swizzled]
 
 
-def _fp8_to_float(b: np.ndarray) -> np.ndarray:
-    """Exact, as the converter for every byte (NaN bytes give NaN): its F2FP share is exact,
-    and its integer-pipe share (layouts.e4m3x4_to_f16x2_scaled, x 2^8) is checked exact for
-    every byte, NaN included, by test_tcgen05_host."""
-    return torch.from_numpy(b.copy()).view(torch.float8_e4m3fn).double().numpy()
+def _fp8_to_float(b: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Exact, as the converter for every byte (NaN bytes give NaN): e4m3's F2FP share is exact,
+    and its integer-pipe share (layouts.e4m3x4_to_f16x2_scaled, x 2^8) and e5m2's byte moves
+    (layouts.e5m2x4_to_f16x2) are checked exact for every byte by test_tcgen05_host."""
+    return torch.from_numpy(b.copy()).view(dtype).double().numpy()
 
 
 def q_to_fp16(q: np.ndarray, is_bf16: bool) -> tuple[np.ndarray, float]:
@@ -182,7 +182,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 off = thread_off + X.key_offset(page, slot0 + step_slot, 0, *strides)
                 dst = ring_thread + L.loader_ring_offset(0, step)
                 stage[dst : dst + L.CHUNK] = src[off : off + L.CHUNK]
-        converted.append(_fp8_to_float(umma_sw128_read(stage)))
+        converted.append(_fp8_to_float(umma_sw128_read(stage), kc.dtype))
 
     # MMA + softmax warps, tile by tile, in the kernel's update order.
     kq, vp = consumer_items(iters, d_tiles)
@@ -255,6 +255,16 @@ CASES = {
     "bf16_rows128_causal": dict(
         q_lens=[16, 5], kv_lens=[300, 200], num_q_heads=16, num_kv_heads=2, block_size=16,
         causal=True, rows=128, splits=2,
+    ),
+    # e5m2 caches (byte-move conversion): 64 rows, causal, split 2; fp16 query at head_dim 256
+    "e5m2_bf16_rows64_causal_split2": dict(
+        q_lens=[12, 20], kv_lens=[200, 333], num_q_heads=8, num_kv_heads=2, block_size=16,
+        cache_dtype=torch.float8_e5m2, causal=True, rows=64, splits=2,
+    ),
+    "e5m2_f16_d256_bidir": dict(
+        q_lens=[6, 3], kv_lens=[270, 129], num_q_heads=4, num_kv_heads=2, block_size=16,
+        cache_dtype=torch.float8_e5m2, causal=False, query_dtype=torch.float16, head_dim=256,
+        splits=1,
     ),
     # per-sequence int32 flags read through strided index tensors, page size 32, MHA
     "int32_flags_strided": dict(
@@ -332,7 +342,8 @@ def _prepare(name: str):
     problem = validate_attention(
         *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
     )
-    variant = T.Variant(head_dim, rows, problem.block_size, str(case.query.dtype).split(".")[1])
+    variant = T.Variant(head_dim, rows, problem.block_size, str(case.query.dtype).split(".")[1],
+                        str(case.key_cache.dtype).split(".")[1])  # fmt: skip
     return case, problem, variant, splits, extra
 
 

@@ -12,8 +12,10 @@ from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
 
-def test_variant_table_covers_both_query_dtypes_and_both_archs():
+def test_variant_table_covers_both_query_and_cache_dtypes_and_both_archs():
     assert {v.q_dtype for v in build.VARIANTS} == {"bfloat16", "float16"}
+    assert {v.kv_dtype for v in build.VARIANTS} == set(T.KV_DTYPES)
+    assert {v.kv_dtype for v in build.CI_VARIANTS} == set(T.KV_DTYPES)
     assert T.ARCHS == ("sm_100a", "sm_103a")
     names = [v.name for v in build.VARIANTS]
     assert len(set(names)) == len(names)
@@ -55,7 +57,7 @@ def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
         (dict(page_size=8), "page_size 8"),
         (dict(page_size=48), "page_size 48"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="float8_e5m2"), "dtypes"),
+        (dict(kv_dtype="bfloat16"), "dtypes"),
         (dict(head_dim=256, rows=256), "no TMEM column"),
     ],
 )
@@ -165,6 +167,27 @@ def test_integer_e4m3_conversion_test_catches_a_planted_bug(monkeypatch, name, p
     monkeypatch.setattr(L, name, planted)
     with pytest.raises(AssertionError):
         test_integer_e4m3_conversion_is_exact_for_every_byte_in_every_position()
+
+
+def test_e5m2_byte_moves_are_exact_for_every_byte_in_every_position():
+    """layouts.e5m2x4_to_f16x2 (the converter's e5m2 path: PRMT only) gives each byte's value
+    exactly as fp16, subnormals, +-0, +-Inf and NaN included, in all four byte positions."""
+    words, x, y = _every_byte_in_every_position()
+    lo, hi = L.e5m2x4_to_f16x2(words, _prmt)
+    got = np.concatenate([_f16_lanes(lo), _f16_lanes(hi)], axis=1)  # bytes x, y, y, x
+    value = _fp8_values(torch.float8_e5m2)
+    assert np.isinf(value[0x7C]) and np.isnan(value[0x7F]) and np.isnan(value[0xFE])
+    want = np.stack([value[x], value[y], value[y], value[x]], axis=1)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    assert ((lo | hi) >> np.uint64(32) == 0).all()  # nothing above the two lanes
+
+
+@pytest.mark.parametrize("name, planted", [("E5M2_LANES_LO", 0x0414), ("E5M2_LANES_HI", 0x2434)])
+def test_e5m2_byte_move_test_catches_a_planted_bug(monkeypatch, name, planted):
+    monkeypatch.setattr(L, name, planted)  # bytes 0 / 1 or 2 / 3 swapped
+    with pytest.raises(AssertionError):
+        test_e5m2_byte_moves_are_exact_for_every_byte_in_every_position()
 
 
 def test_item_order_has_every_k_and_v_item_once():

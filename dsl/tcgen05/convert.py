@@ -241,21 +241,29 @@ class ConvertRole:
 
     @cute.jit
     def convert_exactly(self, raw: cute.Tensor, cvt: cute.Tensor, cvt_shape: cute.Shape):
-        """FP8 -> fp16, exact: F2FP (two values per instruction) for most words, the integer
-        pipe for the first ``traits.INTEGER_CONVERTED_WORDS`` (layouts.e4m3x4_to_f16x2_scaled,
-        then x 2^8). Both tensors are compact, so word w of ``raw`` is words 2w, 2w + 1 of
-        ``cvt``."""
-        cvt.store(raw.load().to(self.mma_dtype).reshape(cvt_shape))
+        """FP8 -> fp16, exact. e4m3: F2FP (two values per instruction) for most words, the
+        integer pipe for the first ``traits.INTEGER_CONVERTED_WORDS`` (layouts.
+        e4m3x4_to_f16x2_scaled, then x 2^8). e5m2: every word by byte moves (layouts.
+        e5m2x4_to_f16x2), no conversion-pipe instruction. Both tensors are compact, so word w
+        of ``raw`` is words 2w, 2w + 1 of ``cvt``."""
         raw_words = cute.recast_tensor(raw, cutlass.Int32)
         cvt_words = cute.recast_tensor(cvt, cutlass.Int32)
-        two_pow_8 = cutlass.Int32(0x5C005C00)  # fp16x2 (256, 256)
-        minus_zero = cutlass.Int32(-0x7FFF8000)  # fp16x2 (-0, -0): keeps -0 as -0
-        for w in cutlass.range_constexpr(T.INTEGER_CONVERTED_WORDS):
-            halves = L.e4m3x4_to_f16x2_scaled(
-                raw_words[w], lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel)), bitselect
-            )
-            for h in cutlass.range_constexpr(2):
-                cvt_words[2 * w + h] = cute.arch.fma_packed_f16x2(halves[h], two_pow_8, minus_zero)
+        prmt = lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel))  # noqa: E731
+        if cutlass.const_expr(self.kv_dtype is cutlass.Float8E5M2):
+            for w in cutlass.range_constexpr(cute.size(raw_words)):
+                halves = L.e5m2x4_to_f16x2(raw_words[w], prmt)
+                for h in cutlass.range_constexpr(2):
+                    cvt_words[2 * w + h] = halves[h]
+        else:
+            cvt.store(raw.load().to(self.mma_dtype).reshape(cvt_shape))
+            two_pow_8 = cutlass.Int32(0x5C005C00)  # fp16x2 (256, 256)
+            minus_zero = cutlass.Int32(-0x7FFF8000)  # fp16x2 (-0, -0): keeps -0 as -0
+            for w in cutlass.range_constexpr(T.INTEGER_CONVERTED_WORDS):
+                halves = L.e4m3x4_to_f16x2_scaled(raw_words[w], prmt, bitselect)
+                for h in cutlass.range_constexpr(2):
+                    cvt_words[2 * w + h] = cute.arch.fma_packed_f16x2(
+                        halves[h], two_pow_8, minus_zero
+                    )
 
     @cute.jit
     def read_item_pages(

@@ -12,6 +12,9 @@ from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
 TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
 SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
 ARCHS = ("sm_100a", "sm_103a")
+# FP8 caches: e4m3 (F2FP and an integer-pipe share) and e5m2 (byte moves: the high byte of an fp16),
+# both exact into the fp16 A operand (dsl/tcgen05/convert.py convert_exactly).
+KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 # Warp roles: two warpgroups and two MMA warps, 320 threads. TMEM lane access is by warp % 4,
 # so the two roles that touch all 128 lanes (softmax: S and O; converter: K and V) each take a
@@ -109,7 +112,7 @@ class Variant:
             raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
         if self.rows > 32 and self.rows % 32:
             raise ValueError(f"rows {self.rows}: above 32, whole 32-column softmax chunks")
-        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype)
+        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.convert_stages < 1:
             raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
         if self.tmem_columns > TMEM_COLUMNS:
