@@ -50,18 +50,15 @@ CI_VARIANTS = tuple(
 
 # The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): both query dtypes;
 # head_dim 64 and 128 with 64 or 128 query rows per CTA (one or two consumer warpgroups),
-# head_dim 256 with 64 (two consumers would spill). The page size and the cache dtype are
-# compile-time constants of a variant: the default table is e4m3 with pages of 16 (the drafter
-# default); ``--page-size`` (16..256) and ``--kv-dtype float8_e5m2`` build others. Same C
-# interface as tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
-def wgmma_variants(
-    page_sizes: tuple[int, ...] = (16,), kv_dtypes: tuple[str, ...] = ("float8_e4m3fn",)
-) -> tuple:
-    """Every wgmma shape and query dtype at the given page sizes and cache dtypes."""
+# head_dim 256 with 64 (two consumers would spill). The page size is a run-time argument
+# (``page_shift``: one kernel for pages of 16..256); the cache dtype is a compile-time constant:
+# the default table is e4m3, ``--kv-dtype float8_e5m2`` builds e5m2. Same C interface as
+# tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
+def wgmma_variants(kv_dtypes: tuple[str, ...] = ("float8_e4m3fn",)) -> tuple:
+    """Every wgmma shape and query dtype for the given cache dtypes."""
     return tuple(
-        wgmma_traits.Variant(d, c, page, q, kv)
+        wgmma_traits.Variant(d, c, q, kv)
         for kv in kv_dtypes
-        for page in page_sizes
         for d, consumers in ((64, (1, 2)), (128, (1, 2)), (256, (1,)))
         for c in consumers
         for q in Q_DTYPES
@@ -118,8 +115,8 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
         ptr(cutlass.Float32, 16),  # ws_o
         ptr(cutlass.Float32, 4),  # ws_lse
         *([i64] * 13),  # q, o, k, v, block-table strides; causal stride
-        *([i32] * 10),  # causal width, causal, window left/right, num_tokens, num_seqs, heads,
-        # row tiles, splits
+        *([i32] * 11),  # causal width, causal, window left/right, page shift, num_tokens,
+        # num_seqs, heads, row tiles, splits
         cutlass.Float32(1.0),  # softmax scale
         make_fake_stream(),
         # Per-compile options (the CUTE_DSL_* environment is read once per process).
@@ -137,6 +134,8 @@ def cubins(out_dir: Path, arch: str, variant: Variant) -> list[Path]:
 #   const char *fp8nca_tcgen05_variant_name(int i);   "<variant name>@<arch>"
 #   int fp8nca_tcgen05_run(int i, <the arguments of Tcgen05PagedAttention.__call__>);
 # The cubin of variant i is loaded on every visible device at its first run (thread-safe).
+# ``page_shift`` is log2 of the cache's page size (4..8: pages of 16..256 keys); a variant
+# named ``_p<N>`` was compiled for pages of N only and ignores it.
 ARGUMENTS = (
     "void *q, void *k, void *v, void *out, void *block_table, void *cu_seqlens_q, "
     "void *seq_lens, void *k_scale, void *v_scale, void *causal_flags, void *sinks, "
@@ -145,7 +144,7 @@ ARGUMENTS = (
     "int64_t k_stride_b, int64_t k_stride_s, int64_t k_stride_h, int64_t v_stride_b, "
     "int64_t v_stride_s, int64_t v_stride_h, int64_t bt_stride_s, int64_t bt_stride_b, "
     "int64_t causal_stride, int32_t causal_width, int32_t causal, int32_t window_left, "
-    "int32_t window_right, int32_t num_tokens, "
+    "int32_t window_right, int32_t page_shift, int32_t num_tokens, "
     "int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t row_tiles, "
     "int32_t num_splits, float softmax_scale, cudaStream_t stream"
 )
@@ -153,7 +152,8 @@ FORWARD = (
     "q, k, v, out, block_table, cu_seqlens_q, seq_lens, k_scale, v_scale, causal_flags, sinks, "
     "ws_o, ws_lse, q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_s, "
     "k_stride_h, v_stride_b, v_stride_s, v_stride_h, bt_stride_s, bt_stride_b, causal_stride, "
-    "causal_width, causal, window_left, window_right, num_tokens, num_seqs, num_q_heads, "
+    "causal_width, causal, window_left, window_right, page_shift, num_tokens, num_seqs, "
+    "num_q_heads, "
     "num_kv_heads, row_tiles, num_splits, softmax_scale, stream"
 )
 
@@ -285,9 +285,6 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", action="append", help="variant name; default: all")
     parser.add_argument("--ci", action="store_true", help="only the CI variants")
     parser.add_argument(
-        "--page-size", action="append", type=int, help="wgmma: page sizes to build (default 16)"
-    )
-    parser.add_argument(
         "--kv-dtype",
         action="append",
         choices=wgmma_traits.KV_DTYPES,
@@ -298,17 +295,10 @@ def main(argv=None) -> int:
     if args.arch and not set(args.arch) <= set(archs):
         parser.error(f"--arch {args.arch}: the {args.family} family builds {list(archs)}")
     pool = ci_variants() if args.ci else all_variants()
-    if args.page_size or args.kv_dtype:
+    if args.kv_dtype:
         if args.family != "wgmma" or args.ci:
-            parser.error("--page-size / --kv-dtype: only for the full wgmma table")
-        pool = wgmma_variants(
-            tuple(args.page_size or (16,)), tuple(args.kv_dtype or ("float8_e4m3fn",))
-        )
-        for variant in pool:
-            try:
-                variant.check()
-            except ValueError as error:
-                parser.error(str(error))
+            parser.error("--kv-dtype: only for the full wgmma table")
+        pool = wgmma_variants(tuple(args.kv_dtype))
     variants = [v for v in pool if not args.variant or v.name in args.variant]
     if not variants:
         parser.error(f"no variant named {args.variant}; known: {[v.name for v in pool]}")

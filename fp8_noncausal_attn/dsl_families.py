@@ -16,8 +16,12 @@ by ``os.pathsep``, searched first) names folders holding one built locally with
 time. The C interface (dsl/build.py ``ARGUMENTS``)::
 
     int fp8nca_<family>_variant_count(void);
-    const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_p16_bf16_e4m3@sm_90a"
+    const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
     int fp8nca_<family>_run(int i, <LAUNCH_ARGUMENTS>);  // 0, the DSL's error, -1: unknown i
+
+A variant name with ``_p<N>`` (``tcgen05_d128_n32_p16_bf16_e4m3``) was compiled for pages of N
+keys only; one without (``wgmma_d128_m64_bf16_e4m3``) takes the page size at run time
+(``page_shift`` = log2 of it) and runs every power of two in 16..256.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ LAUNCH_ARGUMENTS = (
     ("bt_stride_s", ctypes.c_int64), ("bt_stride_b", ctypes.c_int64),
     ("causal_stride", ctypes.c_int64), ("causal_width", ctypes.c_int32),
     ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
-    ("window_right", ctypes.c_int32), ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
+    ("window_right", ctypes.c_int32), ("page_shift", ctypes.c_int32),
+    ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
     ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
     ("row_tiles", ctypes.c_int32), ("num_splits", ctypes.c_int32),
     ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
@@ -100,11 +105,13 @@ WAVE_FILL = 0.9
 MAX_GRID_Z = 65535
 # The producers' page arithmetic is 32 x 32 -> 64 bits with 32-bit in-page offsets.
 MAX_PAGE_ELEMENTS = 2**31
+# The page sizes a variant built without a page size (``page_size`` None) runs.
+RUN_TIME_PAGE_SIZES = tuple(2**shift for shift in range(4, 9))
 
 _DTYPE_TAGS = {"bf16": torch.bfloat16, "f16": torch.float16,
                "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # fmt: skip
 _NAME = re.compile(
-    r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)_p(?P<page_size>\d+)_"
+    r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)(?:_p(?P<page_size>\d+))?_"
     r"(?P<q>bf16|f16)_(?P<kv>e4m3|e5m2)@(?P<arch>sm_\d+a)"
 )
 
@@ -117,19 +124,21 @@ class BuiltVariant:
     name: str  # "<variant>@<arch>"
     head_dim: int
     rows: int  # query rows per CTA
-    page_size: int
+    page_size: int | None  # compiled for this page size only; None: any of RUN_TIME_PAGE_SIZES
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
     arch: str
 
 
 def parse_variant(index: int, name: str) -> BuiltVariant:
-    """``"wgmma_d128_m64_p16_bf16_e4m3@sm_90a"`` -> its fields (ValueError if malformed)."""
+    """``"wgmma_d128_m64_bf16_e4m3@sm_90a"`` -> its fields (ValueError if malformed); the page
+    size is None for a name without ``_p<N>`` (a run-time page size)."""
     found = _NAME.fullmatch(name)
     if found is None:
         raise ValueError(f"not a DSL variant name: {name!r}")
+    page_size = None if found["page_size"] is None else int(found["page_size"])
     return BuiltVariant(
-        index, name, int(found["head_dim"]), int(found["rows"]), int(found["page_size"]),
+        index, name, int(found["head_dim"]), int(found["rows"]), page_size,
         _DTYPE_TAGS[found["q"]], _DTYPE_TAGS[found["kv"]], found["arch"],
     )  # fmt: skip
 
@@ -214,14 +223,17 @@ def choose_variant(
 ) -> tuple[BuiltVariant | None, str]:
     """The built variant for ``rows`` = max_seqlen_q x group query rows per KV head: the one
     with the fewest rows per CTA that holds them all, else the one with the most (several row
-    tiles). None and the reason when nothing built matches the other fields."""
+    tiles). None and the reason when nothing built matches the other fields. A variant with a
+    run-time page size (``page_size`` None) serves every size in RUN_TIME_PAGE_SIZES."""
     wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "kv_dtype": kv_dtype,
               "page_size": page_size}  # fmt: skip
     fits = list(variants)
     for field, value in wanted.items():
         narrowed = [v for v in fits if getattr(v, field) == value]
+        if field == "page_size" and value in RUN_TIME_PAGE_SIZES:
+            narrowed += [v for v in fits if v.page_size is None]
         if not narrowed:
-            built = sorted({str(getattr(v, field)).removeprefix("torch.") for v in fits})
+            built = sorted({_shown(getattr(v, field)) for v in fits})
             shown = str(value).removeprefix("torch.")
             return None, f"no built variant for {field} {shown} (built: {', '.join(built)})"
         fits = narrowed
@@ -229,6 +241,14 @@ def choose_variant(
     if holding:
         return min(holding, key=lambda v: v.rows), ""
     return max(fits, key=lambda v: v.rows), ""
+
+
+def _shown(value) -> str:
+    """A variant field in a refusal: dtypes without ``torch.``, a run-time page size as the
+    range it runs."""
+    if value is None:
+        return f"{RUN_TIME_PAGE_SIZES[0]}..{RUN_TIME_PAGE_SIZES[-1]}"
+    return str(value).removeprefix("torch.")
 
 
 def choose_splits(ctas: int, key_tiles: int, num_seqs: int, resident: int) -> int:
@@ -409,7 +429,7 @@ def launch_arguments(
         0 if ws_o is None else ws_o.data_ptr(), 0 if ws_lse is None else ws_lse.data_ptr(),
         *q.stride()[:2], *out.stride()[:2], *k.stride()[:3], *v.stride()[:3], *bt.stride(),
         causal_stride, causal_width, int(bool(problem.causal)), *window_sides(problem),
-        problem.num_tokens,
+        problem.block_size.bit_length() - 1, problem.num_tokens,
         problem.num_seqs, problem.num_q_heads, problem.num_kv_heads, plan.row_tiles,
         plan.num_splits, float(problem.softmax_scale), stream,
     )  # fmt: skip

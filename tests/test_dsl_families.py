@@ -41,7 +41,7 @@ DEFAULT_TABLES = {
 }
 # The one variant per family the build test compiles (about 10-15 s each here).
 SMALL_BUILDS = {
-    "wgmma": ("sm_90a", "wgmma_d64_m64_p16_bf16_e4m3"),
+    "wgmma": ("sm_90a", "wgmma_d64_m64_bf16_e4m3"),
     "tcgen05": ("sm_100a", "tcgen05_d128_n32_p16_bf16_e4m3"),
 }
 
@@ -129,16 +129,17 @@ def test_launch_arguments_are_the_c_interface_of_dsl_build():
 
 def test_every_built_variant_name_parses_to_its_fields():
     for arch in wgmma_traits.ARCHS:
-        for v in build.wgmma_variants((16, 64), wgmma_traits.KV_DTYPES):
+        for v in build.wgmma_variants(wgmma_traits.KV_DTYPES):
             parsed = dsl_families.parse_variant(3, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
-            assert fields == (v.head_dim, v.rows, v.page_size, arch)
+            assert fields == (v.head_dim, v.rows, None, arch)  # a run-time page size
             assert parsed.q_dtype == getattr(torch, v.q_dtype)
             assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
     for arch in tcgen05_traits.ARCHS:
         for v in build.VARIANTS:
             parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
-            assert (parsed.head_dim, parsed.rows, parsed.arch) == (v.head_dim, v.rows, arch)
+            fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
+            assert fields == (v.head_dim, v.rows, v.page_size, arch)
     with pytest.raises(ValueError, match="not a DSL variant name"):
         dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3")  # no arch
 
@@ -247,10 +248,19 @@ def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn,
 def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
     family, arch, head_dim, rows, expected
 ):
+    page = "" if family == "wgmma" else "_p16"  # wgmma: a run-time page size
     name, why = choose(family, arch, head_dim=head_dim, rows=rows)
-    assert why == "" and name == f"{expected}_p16_bf16_e4m3@{arch}"
+    assert why == "" and name == f"{expected}{page}_bf16_e4m3@{arch}"
     name, _ = choose(family, arch, head_dim=head_dim, q=torch.float16, rows=rows)
-    assert name == f"{expected}_p16_f16_e4m3@{arch}"
+    assert name == f"{expected}{page}_f16_e4m3@{arch}"
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
+def test_a_run_time_page_variant_serves_every_page_size_a_compiled_one_only_its_own(page):
+    name, why = choose("wgmma", "sm_90a", page=page)
+    assert (name, why) == ("wgmma_d128_m64_bf16_e4m3@sm_90a", "")
+    name, why = choose("tcgen05", "sm_100a", page=page)
+    assert (name is None) == (page != 16)
 
 
 @pytest.mark.parametrize(
@@ -261,6 +271,9 @@ def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
         ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
         ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
         ("tcgen05", {"page": 32}, "no built variant for page_size 32 (built: 16)"),
+        ("wgmma", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
+        ("wgmma", {"page": 512}, "no built variant for page_size 512 (built: 16..256)"),
+        ("wgmma", {"page": 48}, "no built variant for page_size 48 (built: 16..256)"),
         ("wgmma", {"arch": "sm_100a"}, "no built variant for arch sm_100a (built: sm_90a)"),
     ],
 )
@@ -372,7 +385,7 @@ def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
         plan = plan_case(attn, case, family="wgmma")
     assert (plan.family, plan.family_reason) == ("wgmma", "")
     dsl = plan.backend_plan.dsl
-    assert dsl.variant.name == "wgmma_d64_m64_p16_bf16_e4m3@sm_90a"
+    assert dsl.variant.name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
     assert (dsl.row_tiles, dsl.num_splits) == (1, 1)
 
 
@@ -382,8 +395,8 @@ def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
         ((10, 0), "wgmma", ("wgmma",), "wgmma refused, mma_sync runs: needs an sm_90 (H100, "
                                        "H200) GPU, this one is sm_100"),
         ((10, 3), "tcgen05", (), "tcgen05 refused, mma_sync runs: not built"),
-        ((9, 0), "wgmma", ("wgmma",), "wgmma refused, mma_sync runs: no built variant for "
-                                      "page_size 32 (built: 16)"),
+        ((10, 0), "tcgen05", ("tcgen05",), "tcgen05 refused, mma_sync runs: no built variant "
+                                           "for page_size 32 (built: 16)"),
     ],
 )  # fmt: skip
 def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
@@ -393,7 +406,8 @@ def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
     mock_gpu(monkeypatch, capability=capability, libraries=tables)
     monkeypatch.setenv(dsl_families.FAMILY_ENV, family)
     page = 32 if "page_size" in reason else 16
-    case = make_case([3, 5], [40, 21], block_size=page, seed=5)
+    head_dim = 128 if family == "tcgen05" else 64  # a head_dim the family builds
+    case = make_case([3, 5], [40, 21], block_size=page, head_dim=head_dim, seed=5)
     attn = attention(case)
     with pytest.warns(RuntimeWarning, match=re.escape(reason)):
         plan = plan_case(attn, case)
@@ -485,6 +499,7 @@ def emulated_launch(problem, out, buffers, case=None, extra=None):
         assert arguments["out"] == out.data_ptr()
         assert arguments["k_stride_b"] == problem.key_cache.stride(0)
         assert arguments["k_scale"] == problem.k_scale.data_ptr()
+        assert 1 << arguments["page_shift"] == problem.block_size
         splits = arguments["num_splits"]
         if splits == 1:
             assert arguments["ws_o"] == 0
@@ -544,7 +559,7 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
     assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
     cuda_backend.run(problem, plan, out)
     ((index, arguments),) = library.calls
-    assert library.variants[index].name == "wgmma_d64_m64_p16_bf16_e4m3@sm_90a"
+    assert library.variants[index].name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
     assert (arguments["row_tiles"], arguments["num_splits"]) == (1, num_splits)  # R = 4 x 4
     assert (arguments["causal_width"], arguments["causal_stride"]) == (4, 1)
     assert arguments["causal_flags"] == SPLIT_CASE.causal.data_ptr()
@@ -552,6 +567,21 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
     expected = fna.paged_attention(*SPLIT_CASE.args(), **SPLIT_CASE.kwargs(), backend="reference")
     assert torch.all(out[8:] == 0)  # 3 padding rows
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("page", [16, 32, 128, 256])
+def test_run_passes_the_caches_page_shift(monkeypatch, page):
+    """One wgmma kernel runs every page size: the launch carries log2(block_size)."""
+    case = make_case([3, 5], [40, 300], block_size=page, seed=9)
+    problem = problem_of(case)
+    out = torch.full_like(case.query, math.nan)
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, out, {}, case))
+    mock_gpu(monkeypatch, libraries={"wgmma": library})
+    plan = cuda_backend.plan(problem, None, num_splits=1, family="wgmma")
+    assert plan.family == "wgmma"
+    cuda_backend.run(problem, plan, out)
+    ((_, arguments),) = library.calls
+    assert arguments["page_shift"] == {16: 4, 32: 5, 128: 7, 256: 8}[page]
 
 
 # head_dim 128: a shape both families build

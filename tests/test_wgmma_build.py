@@ -49,19 +49,14 @@ def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):
         assert sass_check.resource_usage(cubin)["REG"] <= variant.registers_per_thread["consumer"]
 
 
-# Beyond the default table (e4m3, pages of 16), built on request (--page-size, --kv-dtype):
-# the tile-spanning pages path (32: two pages per tile, a slot per step), the page holding
-# several tiles (256: a slot per tile) and the e5m2 conversion, at the register-tight
-# 128-row producer (setmaxnreg 104). Compiled only (about 15 s each), not linked.
-EXTRA = (
-    T.Variant(128, 2, 32, "bfloat16"),
-    T.Variant(128, 2, 256, "float16"),
-    T.Variant(128, 2, 64, "bfloat16", "float8_e5m2"),
-)
+# Beyond the default table (e4m3), built on request (--kv-dtype): the e5m2 conversion at the
+# register-tight 128-row producer (setmaxnreg 104). Compiled only (about 15 s), not linked. The
+# page size is a run-time argument: every variant above runs pages of 16..256.
+EXTRA = (T.Variant(128, 2, "bfloat16", "float8_e5m2"),)
 
 
 @pytest.mark.parametrize("variant", EXTRA, ids=lambda v: v.name)
-def test_other_page_sizes_and_e5m2_compile_sass_clean(variant, tmp_path):
+def test_e5m2_compiles_sass_clean(variant, tmp_path):
     build.compile_variant(variant, "sm_90a", tmp_path)
     (cubin,) = build.cubins(tmp_path, "sm_90a", variant)
     assert sass.problems(cubin, variant) == []

@@ -71,14 +71,20 @@ def test_wgmma_reader_is_the_kernels_operand_map(rows, head_dim):
     assert np.array_equal(wgmma_byte_offset(r, d, rows), L.operand_offset(r, d, rows))
 
 
+def page_shift(problem) -> int:
+    """The kernel's run-time ``page_shift`` argument (dsl_families.launch_arguments)."""
+    return problem.block_size.bit_length() - 1
+
+
 def tile_pages(problem, variant, seq, key0, kv_len):
     """The page id every producer lane holds for the key tile at key0 (read_tile_pages): lane
     l reads the tile's page lane_page(l), or holds 0 past the sequence's last page."""
-    col0, _ = L.tile_page_slot(key0, variant.key_tile, variant.page_size)
-    num_cols = X.ceil_div(kv_len, variant.page_size)
+    shift = page_shift(problem)
+    col0, _ = L.tile_page_slot(key0, shift)
+    num_cols = X.page_count(kv_len, shift)
     pages = np.zeros(32, np.int64)
     for lane in range(32):
-        col = col0 + L.lane_page(lane, variant.key_tile, variant.page_size)
+        col = col0 + L.lane_page(lane, variant.key_tile, shift)
         if col < num_cols:
             pages[lane] = int(problem.block_table[seq, col])
     return pages
@@ -88,17 +94,17 @@ def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cach
     """The producer warpgroup's stores of one staged item, replayed thread by thread: the row's
     page from the lane that read it (a shuffle), the thread's and the step's page/slot parts,
     unchecked loads for a tile inside the sequence and zeros past kv_len in its last tile."""
-    kt, d, page_size = variant.key_tile, variant.head_dim, variant.page_size
+    kt, d, shift = variant.key_tile, variant.head_dim, page_shift(problem)
     stage = np.zeros(kt * d)
     strides, base = cache.stride()[:3], cache.storage_offset()
     pages = tile_pages(problem, variant, seq, key0, kv_len)  # the same in every warp
-    _, slot0 = L.tile_page_slot(key0, kt, page_size)
+    _, slot0 = L.tile_page_slot(key0, shift)
     full = key0 + kt <= kv_len
     for t in range(L.WARPGROUP):
-        thread_page, thread_slot = L.loader_thread_page_slot(t, d, page_size)
+        thread_page, thread_slot = L.loader_thread_page_slot(t, d, shift)
         chunk = L.loader_chunk(t, d)
         for step in range(L.loader_steps(kt, d)):
-            step_page, step_slot = L.loader_step_page_slot(step, d, page_size)
+            step_page, step_slot = L.loader_step_page_slot(step, d, shift)
             values = np.zeros(L.CHUNK)  # rows past kv_len are stored as zeros
             if full or key0 + L.loader_row(t, step, d) < kv_len:
                 source_lane = (thread_page + step_page) % 32  # shfl.idx takes 5 lane bits
@@ -385,7 +391,7 @@ def _prepare(name: str):
     )
     q_dtype = str(case.query.dtype).split(".")[1]
     kv_dtype = str(case.key_cache.dtype).split(".")[1]
-    variant = T.Variant(head_dim, consumers, problem.block_size, q_dtype, kv_dtype)
+    variant = T.Variant(head_dim, consumers, q_dtype, kv_dtype)
     return case, problem, variant, splits, extra
 
 
@@ -417,8 +423,8 @@ def _window_lower_bound_unmasked(j, kv_len, position, before, after):
     return (j < kv_len) & (j - position <= after)
 
 
-def _slot_in_half_page(j, page_size):
-    return j // page_size, j % (page_size // 2)
+def _slot_in_half_page(j, page_shift):
+    return j >> page_shift, j & ((1 << (page_shift - 1)) - 1)
 
 
 def _head_from_token(r, group, kv_head):
@@ -474,20 +480,28 @@ def _q_rows_overlap(thread, step, head_dim):
     return ORIGINAL["q_row"](thread, step // 2 * 2, head_dim)
 
 
-def _lane_reads_next_page(lane, key_tile, page_size):
-    return (lane + 1) % L.pages_per_tile(key_tile, page_size)
+def _lane_reads_next_page(lane, key_tile, page_shift):
+    return (lane + 1) % L.pages_per_tile(key_tile, page_shift)
 
 
-def _step_slot_dropped(step, head_dim, page_size):
-    return ORIGINAL["loader_step_page_slot"](step, head_dim, page_size)[0], 0
+def _step_slot_dropped(step, head_dim, page_shift):
+    return ORIGINAL["loader_step_page_slot"](step, head_dim, page_shift)[0], 0
 
 
-def _thread_page_dropped(thread, head_dim, page_size):
-    return 0, ORIGINAL["loader_thread_page_slot"](thread, head_dim, page_size)[1]
+def _thread_page_dropped(thread, head_dim, page_shift):
+    return 0, ORIGINAL["loader_thread_page_slot"](thread, head_dim, page_shift)[1]
 
 
-def _tile_slot_dropped(key0, key_tile, page_size):
-    return key0 // page_size, 0
+def _tile_slot_dropped(key0, page_shift):
+    return key0 >> page_shift, 0
+
+
+def _page_count_floor(kv_len, page_shift):
+    return kv_len >> page_shift
+
+
+def _tile_spans_one_page(key_tile, page_shift):
+    return 1
 
 
 def _store_step_one_row(step, head_dim):
@@ -515,7 +529,10 @@ PLANTED = {
     ),
     "window_offsets": (X, _offsets_ignore_causal, "f16_causal_split3"),
     # a page that holds two key tiles: the second tile's slot
-    "page_slot": (X, _slot_in_half_page, "bool_flags_page256"),
+    "page_slot_of": (X, _slot_in_half_page, "bool_flags_page256"),
+    # the last, partly filled page of a sequence (kv_len 300, pages of 16)
+    "page_count": (X, _page_count_floor, "bf16_bidir_gqa4"),
+    "pages_per_tile": (L, _tile_spans_one_page, "int32_flags_strided_vllm"),
     "tile_page_slot": (L, _tile_slot_dropped, "bool_flags_page256"),
     "lane_page": (L, _lane_reads_next_page, "bf16_bidir_gqa4"),
     "loader_step_page_slot": (L, _step_slot_dropped, "int32_flags_strided_vllm"),

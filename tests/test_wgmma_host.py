@@ -22,15 +22,16 @@ def test_variant_table_covers_both_query_dtypes_and_is_buildable():
         v.check()
 
 
-def test_page_sizes_and_e5m2_build_on_request_with_their_names():
-    """``--page-size`` / ``--kv-dtype`` widen the table: every page size 16..256 and both FP8
-    caches are buildable variants, named by their page and cache dtype."""
-    table = build.wgmma_variants((16, 32, 64, 128, 256), T.KV_DTYPES)
-    assert len(table) == 5 * 2 * len(build.WGMMA_VARIANTS)
+def test_e5m2_builds_on_request_and_names_carry_no_page_size():
+    """``--kv-dtype`` widens the table: both FP8 caches are buildable variants, named by their
+    cache dtype; the page size is the kernel's run-time argument, so no name carries one."""
+    table = build.wgmma_variants(T.KV_DTYPES)
+    assert len(table) == 2 * len(build.WGMMA_VARIANTS)
     assert build.wgmma_variants() == build.WGMMA_VARIANTS
     for v in table:
         v.check()
-    assert "wgmma_d128_m128_p256_f16_e5m2" in {v.name for v in table}
+    assert "wgmma_d128_m128_f16_e5m2" in {v.name for v in table}
+    assert not any("_p" in v.name for v in table)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_page_sizes_and_e5m2_build_on_request_with_their_names():
     ],
 )
 def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages, smem, regs):
-    v = T.Variant(head_dim, consumers, 16, "bfloat16")
+    v = T.Variant(head_dim, consumers, "bfloat16")
     v.check()
     assert (v.key_tile, v.stages, v.smem_bytes) == (key_tile, stages, smem)
     assert v.smem_bytes <= T.SMEM_BYTES
@@ -60,14 +61,12 @@ def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages
         (dict(head_dim=96), "head_dim 96"),
         (dict(consumers=3), "consumers 3"),
         (dict(head_dim=256, consumers=2), "spills"),
-        (dict(page_size=8), "page_size 8"),
-        (dict(page_size=48), "page_size 48"),
         (dict(q_dtype="float32"), "dtypes"),
         (dict(kv_dtype="float8_e4m3fnuz"), "dtypes"),
     ],
 )
 def test_unbuildable_variants_are_refused(kwargs, message):
-    args = dict(head_dim=128, consumers=1, page_size=16, q_dtype="bfloat16") | kwargs
+    args = dict(head_dim=128, consumers=1, q_dtype="bfloat16") | kwargs
     with pytest.raises(ValueError, match=message):
         T.Variant(**args).check()
 
@@ -76,7 +75,7 @@ def test_unbuildable_variants_are_refused(kwargs, message):
 def test_producer_writes_every_16_bit_chunk_of_an_item_once(head_dim):
     """The producer's (row, chunk) pairs cover the item; each FP8 chunk lands as two 16-byte
     chunks at operand_offset, and together they tile the item's bytes exactly once."""
-    key_tile = T.Variant(head_dim, 1, 16, "float16").key_tile
+    key_tile = T.Variant(head_dim, 1, "float16").key_tile
     seen = sorted(
         L.operand_offset(L.loader_row(t, s, head_dim), L.loader_chunk(t, head_dim) * 16 + h * 8,
                          key_tile)
@@ -97,32 +96,43 @@ def test_q_loader_writes_every_chunk_of_the_q_tile_once(head_dim):
     assert seen == list(range(0, 64 * head_dim * 2, L.CHUNK))
 
 
-PAGE_SIZES = (16, 32, 64, 128, 256)
+PAGE_SHIFTS = (4, 5, 6, 7, 8)  # pages of 16..256 keys: the kernel's run-time page_shift
+
+
+def test_run_time_page_maps_are_division_by_the_page_size():
+    """page_slot_of / page_count (shifts and a mask: what the kernel runs with a run-time page
+    size) equal division by the page size for every key, sequence length and page size."""
+    j = np.arange(5000)
+    for shift in PAGE_SHIFTS:
+        col, slot = X.page_slot_of(j, shift)
+        assert np.array_equal(col, j // 2**shift) and np.array_equal(slot, j % 2**shift)
+        assert np.array_equal(X.page_count(j, shift), -(-j // 2**shift))
 
 
 @pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_producer_page_and_slot_parts_add_up_to_the_rows_page_and_slot(head_dim, page_size):
+@pytest.mark.parametrize("page_shift", PAGE_SHIFTS)
+def test_producer_page_and_slot_parts_add_up_to_the_rows_page_and_slot(head_dim, page_shift):
     """The producer's row address is the tile's first (column, slot), plus the thread's part
-    (computed once), plus the step's (a constant): together, page_slot of the key it loads,
-    for every thread, step and tile start; the page comes from a lane of its own warp that
-    read exactly that column."""
-    key_tile = T.Variant(head_dim, 1, page_size, "float16").key_tile
-    lanes = [L.lane_page(lane, key_tile, page_size) for lane in range(32)]
+    (computed once), plus the step's (uniform): together, the (column, slot) of the key it
+    loads, for every thread, step and tile start; the page comes from a lane of its own warp
+    that read exactly that column."""
+    page_size = 2**page_shift
+    key_tile = T.Variant(head_dim, 1, "float16").key_tile
+    lanes = [L.lane_page(lane, key_tile, page_shift) for lane in range(32)]
     for key0 in range(0, 4 * max(page_size, key_tile), key_tile):
-        col0, slot0 = L.tile_page_slot(key0, key_tile, page_size)
+        col0, slot0 = L.tile_page_slot(key0, page_shift)
         for t in range(L.WARPGROUP):
             for step in range(L.loader_steps(key_tile, head_dim)):
-                page, slot = L.loader_page_slot(t, step, head_dim, page_size)
+                page, slot = L.loader_page_slot(t, step, head_dim, page_shift)
                 j = key0 + L.loader_row(t, step, head_dim)
-                assert (col0 + lanes[page], slot0 + slot) == X.page_slot(j, page_size)
-                assert page < L.pages_per_tile(key_tile, page_size) <= 32
+                assert (col0 + lanes[page], slot0 + slot) == (j // page_size, j % page_size)
+                assert page < L.pages_per_tile(key_tile, page_shift) <= 32
 
 
 @pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
 def test_producer_store_offsets_are_the_operand_map_of_the_row(head_dim):
     """A step adds whole swizzle groups of rows: base + step constant is operand_offset."""
-    key_tile = T.Variant(head_dim, 1, 16, "float16").key_tile
+    key_tile = T.Variant(head_dim, 1, "float16").key_tile
     for t in range(L.WARPGROUP):
         for step in range(L.loader_steps(key_tile, head_dim)):
             for half in range(2):
@@ -201,7 +211,7 @@ def _probe(head_dim: int, q_dtype: str) -> dict:
 
     from dsl.wgmma.kernel import DTYPES, acc_as_a_operand, acc_mn_layout
 
-    v = T.Variant(head_dim, 1, 16, q_dtype)
+    v = T.Variant(head_dim, 1, q_dtype)
     kt, dt = v.key_tile, DTYPES[q_dtype]
     found = {}
 
@@ -251,7 +261,7 @@ def test_operand_offset_is_the_dsl_wgmma_smem_layout(dsl_layouts):
     under the DSL's 128-byte swizzle on byte addresses."""
     head_dim, found = dsl_layouts
     assert found["swizzles"] == {"S<3,4,3>"}
-    key_tile = T.Variant(head_dim, 1, 16, "bfloat16").key_tile
+    key_tile = T.Variant(head_dim, 1, "bfloat16").key_tile
     for name, rows in (("q", 64), ("k", key_tile), ("v", key_tile)):
         stage = rows * head_dim * 2
         for (row, dim), element in found[name].items():
@@ -298,7 +308,7 @@ def test_sass_model_counts_k_and_v_per_producer_iteration():
     per iteration: the SASS model must divide its instructions by both items' FP8 bytes."""
     from benchmarks.sass_model.dsl_families import family_roles
 
-    v = T.Variant(128, 2, 16, "bfloat16")
+    v = T.Variant(128, 2, "bfloat16")
     roles, threads, _ = family_roles("wgmma", v)
     per_iter = {role.name: role.kv_bytes_per_iter for role in roles}
     assert per_iter == {"producer": 2 * v.key_tile * 128, "consumer": 2 * v.key_tile * 128}

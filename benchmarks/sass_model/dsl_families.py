@@ -22,7 +22,8 @@ from .model import bound
 from .roles import Role, instr_per_kv_byte, role_counts
 from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
 
-_NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)_p(\d+)_(bf16|f16)_(e4m3|e5m2)")
+# A name without _p<N>: the page size is a run-time argument (the wgmma family).
+_NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)(?:_p(\d+))?_(bf16|f16)_(e4m3|e5m2)")
 _Q = {"bf16": "bfloat16", "f16": "float16"}
 _KV = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
@@ -41,12 +42,12 @@ class Built:
         return self.variant.rows
 
 
-def _variant(family: str, head_dim: int, rows: int, page: int, q: str, kv: str):
+def _variant(family: str, head_dim: int, rows: int, page: int | None, q: str, kv: str):
     if family == "wgmma":
         from dsl.wgmma.layouts import ROWS_PER_WARPGROUP
         from dsl.wgmma.traits import Variant
 
-        return Variant(head_dim, rows // ROWS_PER_WARPGROUP, page, q, kv)
+        return Variant(head_dim, rows // ROWS_PER_WARPGROUP, q, kv)
     from dsl.tcgen05.traits import Variant
 
     return Variant(head_dim, rows, page, q, kv)
@@ -85,7 +86,7 @@ def read_build(build_dir: str | Path) -> list[Built]:
     found = []
     for entry in build["variants"]:
         family, d, rows, page, q, kv = _NAME.search(entry["variant"]).groups()
-        variant = _variant(family, int(d), int(rows), int(page), _Q[q], _KV[kv])
+        variant = _variant(family, int(d), int(rows), page and int(page), _Q[q], _KV[kv])
         cubin = Path(build_dir) / entry["cubins"][0]
         found.append(Built(family, entry["arch"], cubin, variant))
     return found

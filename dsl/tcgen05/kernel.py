@@ -100,6 +100,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal: cutlass.Int32,  # global flag when causal_width == 0
         window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
         window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
+        page_shift: cutlass.Int32,  # log2(page size); unused: the page is v.page_size (16)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,

@@ -124,6 +124,7 @@ class WgmmaPagedAttention:
         causal: cutlass.Int32,  # global flag when causal_width == 0
         window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
         window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
+        page_shift: cutlass.Int32,  # log2(page size): 4..8 (pages of 16..256 keys)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
@@ -195,6 +196,7 @@ class WgmmaPagedAttention:
             causal,
             window_left,
             window_right,
+            page_shift,
             num_tokens,
             num_q_heads,
             num_kv_heads,
@@ -245,6 +247,7 @@ class WgmmaPagedAttention:
         causal_global: cutlass.Int32,
         window_left: cutlass.Int32,
         window_right: cutlass.Int32,
+        page_shift: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
@@ -328,6 +331,7 @@ class WgmmaPagedAttention:
                     seq,
                     kv_head,
                     kv_len,
+                    page_shift,
                     first_tile,
                     iters,
                     wg_tidx,
@@ -398,6 +402,7 @@ class WgmmaPagedAttention:
         seq: cutlass.Int32,
         kv_head: cutlass.Int32,
         kv_len: cutlass.Int32,
+        page_shift: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
         wg_tidx: cutlass.Int32,
@@ -415,7 +420,7 @@ class WgmmaPagedAttention:
         v = self.v
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
         lane = wg_tidx % 32
-        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, v.page_size)
+        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, page_shift)
         chunk = L.loader_chunk(wg_tidx, v.head_dim)
         k_thread = k_ptr + cute.assume(
             X.key_offset(0, thread_slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
@@ -433,24 +438,28 @@ class WgmmaPagedAttention:
         k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
         v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
         bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
-        num_cols = X.ceil_div(kv_len, v.page_size)
-        pages = self.read_tile_pages(bt_row, bt_stride_b, num_cols, first_tile * v.key_tile, lane)
+        num_cols = X.page_count(kv_len, page_shift)
+        pages = self.read_tile_pages(
+            bt_row, bt_stride_b, num_cols, first_tile * v.key_tile, lane, page_shift
+        )
         for s in cutlass.range(iters):
             key0 = (first_tile + s) * v.key_tile
             pages_next = self.read_tile_pages(
-                bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane
+                bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, page_shift
             )
-            _, slot0 = L.tile_page_slot(key0, v.key_tile, v.page_size)
+            _, slot0 = L.tile_page_slot(key0, page_shift)
             full = key0 + v.key_tile <= kv_len
             # K then V of the tile, both items' loads issued before the wait for a free stage
             # and before either store, so 2 x key_tile x head_dim bytes per CTA are in flight
             # (64 of the producer's registers).
             raw_k = self.load_item(
-                k_thread, k_block, k_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
-            )
+                k_thread, k_block, k_slot, pages, thread_page, slot0, full, key0, kv_len,
+                page_shift, wg_tidx,
+            )  # fmt: skip
             raw_v = self.load_item(
-                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len, wg_tidx
-            )
+                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len,
+                page_shift, wg_tidx,
+            )  # fmt: skip
             k_handle = kv_producer.acquire_and_advance()
             self.store_item(raw_k, ring16 + k_handle.index * (v.item_bytes // 2), wg_tidx)
             k_handle.commit()
@@ -468,11 +477,11 @@ class WgmmaPagedAttention:
         num_cols: cutlass.Int32,
         key0: cutlass.Int32,
         lane: cutlass.Int32,
+        page_shift: cutlass.Int32,
     ) -> cutlass.Int32:
         """This lane's page of the key tile at key0 (lane_page; 0 past the sequence's last)."""
-        v = self.v
-        col0, _ = L.tile_page_slot(key0, v.key_tile, v.page_size)
-        col = col0 + L.lane_page(lane, v.key_tile, v.page_size)
+        col0, _ = L.tile_page_slot(key0, page_shift)
+        col = col0 + L.lane_page(lane, self.v.key_tile, page_shift)
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
@@ -487,12 +496,13 @@ class WgmmaPagedAttention:
         full: cutlass.Boolean,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
+        page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ) -> cute.Tensor:
         """This thread's FP8 chunks of one staged item (K or V of the key tile at key0): a tile
         wholly inside the sequence loads every row unchecked; the last one zeros rows past
-        kv_len. ``thread_page`` and ``slot0`` are plain ints where the variant fixes them to 0
-        (layouts.loader_thread_page_slot, tile_page_slot), else Int32."""
+        kv_len. ``thread_page`` is a plain 0 where head_dim fixes it (layouts.
+        loader_thread_page_slot), else Int32."""
         raw = cute.make_rmem_tensor(
             cute.make_layout((L.CHUNK, L.loader_steps(self.v.key_tile, self.v.head_dim))),
             self.kv_dtype,
@@ -500,12 +510,12 @@ class WgmmaPagedAttention:
         if full:
             self.load_rows(
                 raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
-                kv_len, wg_tidx, False,
+                kv_len, page_shift, wg_tidx, False,
             )  # fmt: skip
         else:
             self.load_rows(
                 raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
-                kv_len, wg_tidx, True,
+                kv_len, page_shift, wg_tidx, True,
             )  # fmt: skip
         return raw
 
@@ -521,6 +531,7 @@ class WgmmaPagedAttention:
         slot0,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
+        page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         checked: cutlass.Constexpr,
     ):
@@ -530,19 +541,17 @@ class WgmmaPagedAttention:
         if cutlass.const_expr(checked):
             raw.fill(0.0)
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
-            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, v.page_size)
-            page = pages
-            if cutlass.const_expr(L.pages_per_tile(v.key_tile, v.page_size) > 1):
-                page = cute.arch.shuffle_sync(pages, offset=thread_page + step_page)
+            # The step's page and slot are uniform (shift and mask of a constant); a page past
+            # the tile's first comes from the lane that read it.
+            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, page_shift)
+            page = cute.arch.shuffle_sync(pages, offset=thread_page + step_page)
             # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
             # IMAD.WIDE.U32 with the thread pointer as its addend.
             off = cutlass.Int64(
                 cutlass.Uint64(page.to(cutlass.Uint32))
                 * cutlass.Uint64(block_stride.to(cutlass.Uint32))
             )
-            slot = slot0 + step_slot
-            if cutlass.const_expr(not isinstance(slot, int) or slot != 0):
-                off = off + cutlass.Int64(slot * slot_stride)
+            off = off + cutlass.Int64((slot0 + step_slot) * slot_stride)
             src = cute.make_tensor(
                 thread_ptr + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
             )

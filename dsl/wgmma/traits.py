@@ -6,7 +6,7 @@ without the DSL. The kernel (dsl/wgmma/kernel.py) reads every size from here.
 
 from dataclasses import dataclass
 
-from dsl.common.variant import check_page_and_dtypes, variant_name
+from dsl.common.variant import check_dtypes, variant_name
 from dsl.wgmma.layouts import ROWS_PER_WARPGROUP, WARPGROUP
 
 ARCHS = ("sm_90a",)
@@ -30,20 +30,18 @@ CONSUMER_REGISTERS = 200
 @dataclass(frozen=True)
 class Variant:
     """One compiled kernel: ``consumers`` x 64 query rows per CTA (R = q_len x group rows of one
-    KV head; more rows take more CTAs, each streaming the KV again)."""
+    KV head; more rows take more CTAs, each streaming the KV again). The page size is a run-time
+    argument (``page_shift``, any of dsl.common.variant.PAGE_SHIFTS), not part of a variant."""
 
     head_dim: int
     consumers: int
-    page_size: int
     q_dtype: str
     kv_dtype: str = "float8_e4m3fn"
 
     @property
     def name(self) -> str:
         rows = f"m{self.rows}"
-        return variant_name(
-            "wgmma", self.head_dim, rows, self.page_size, self.q_dtype, self.kv_dtype
-        )
+        return variant_name("wgmma", self.head_dim, rows, None, self.q_dtype, self.kv_dtype)
 
     @property
     def rows(self) -> int:
@@ -106,7 +104,7 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the wgmma family builds {HEAD_DIMS}")
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
-        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype, KV_DTYPES)
+        check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.head_dim == 256 and self.consumers == 2:
             raise ValueError(
                 f"{self.name}: O takes 128 of a consumer's {CONSUMER_REGISTERS} registers at "
