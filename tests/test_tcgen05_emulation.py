@@ -16,6 +16,7 @@ What this does not check: the tcgen05 / TMEM fragment layouts inside the DSL's o
 """
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -86,6 +87,15 @@ def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
             vp[s, dm] = idx
             idx += 1
     return kq, vp
+
+
+# Tiles the emulation took on the exact path (True) and kept the reference maxima (False).
+LAZY_TILES: Counter = Counter()
+
+
+def _reference(m):
+    """The maximum P is taken against (softmax._reference): 0 while a column has seen no key."""
+    return np.where(m == -np.inf, 0.0, m)
 
 
 def sink_log2(problem, head: int) -> float:
@@ -196,27 +206,37 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         key0 = (first + s) * L.KEY_TILE
         j = key0 + np.arange(L.KEY_TILE)
         # Only tiles some row does not see whole are masked (the kernel's fast path).
-        visible = X.key_in_window(j[:, None], kv_len, position[None, :], before, after)
-        if not X.window_tile_needs_mask(
+        needs_mask = X.window_tile_needs_mask(
             key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
-        ):
+        )
+        visible = X.key_in_window(j[:, None], kv_len, position[None, :], before, after)
+        if not needs_mask:
             visible = np.ones_like(visible)
-        m_new = np.maximum(m_prev, np.where(visible, scores, -np.inf).max(axis=0))
-        m_use = np.where(m_new == -np.inf, 0.0, m_new)
+        # Lazy rescale: past the first tile an unmasked tile keeps the reference maxima unless
+        # a score of any column outruns them (every warp's vote), else the exact path.
+        exact = True
+        if not needs_mask and s > 0:
+            highest = (scores * col_scale - _reference(m_prev) * col_scale).max()
+            exact = bool(L.rescale_needed(highest))
+        LAZY_TILES[exact] += 1
+        correction = np.ones(rows)
+        if exact:
+            m_new = np.maximum(m_prev, np.where(visible, scores, -np.inf).max(axis=0))
+            correction = np.exp2((_reference(m_prev) - _reference(m_new)) * col_scale)
+            m_prev = m_new
+        m_use = _reference(m_prev)
         with np.errstate(invalid="ignore"):
             p = np.where(visible, np.exp2(scores * col_scale - m_use * col_scale), 0.0)
-            correction = np.exp2((m_prev - m_use) * col_scale)
         p16 = p.astype(np.float16).astype(np.float64)
         l_sum = l_sum * correction + p.sum(axis=0)  # the kernel sums P before its fp16 rounding
         o = o * correction + v_tile.T @ p16
-        m_prev = m_new
 
     result = {}
     for n in range(rows):
         r = row_base + n
         if r < num_rows:
             token, head = X.row_token(r, group), X.row_head(r, group, kv_head)
-            m_scaled = m_prev[n] * col_scale[n]
+            m_scaled = _reference(m_prev[n]) * col_scale[n]
             inv = v_scale / l_sum[n] if l_sum[n] > 0 else 0.0
             if num_splits == 1:  # the sink joins the denominator at max(m, sink)
                 sink = sink_log2(problem, head)
@@ -578,3 +598,43 @@ def test_bf16_row_scaling_is_exact_down_to_2_pow_minus_32_of_the_row_max(seed):
         big = np.abs(scaled) >= 2.0**-17
         assert np.array_equal(q16[big], scaled[big])
         assert np.all(np.abs(q16 - scaled) <= 2.0**-25)
+
+
+def _shrink_first_tile_keys(problem, factor: float = 1 / 16) -> None:
+    """Scale the K pages of every sequence's first key tile by ``factor`` (a power of two:
+    exact for e4m3 normals), so the scores of later tiles outrun its maxima by far more than
+    2^LAZY_RESCALE_LOG2."""
+    for seq in range(problem.num_seqs):
+        cols = min(X.ceil_div(L.KEY_TILE, problem.block_size), int(problem.block_table.shape[1]))
+        for col in range(cols):
+            page = int(problem.block_table[seq, col])
+            values = problem.key_cache[page].float() * factor
+            problem.key_cache[page] = values.to(problem.key_cache.dtype)
+
+
+@pytest.mark.parametrize("never", [False, True])
+def test_lazy_rescale_moves_the_reference_when_scores_outrun_it(monkeypatch, never):
+    """Keys of the first tile 16x smaller: the second tile's check fires and takes the exact
+    path (both paths are taken and the result matches the reference); a check that never fires
+    (a planted bug) leaves P above 2^16, past fp16, and fails."""
+    case, problem, variant, splits, extra = _prepare("bf16_bidir_gqa4")
+    _shrink_first_tile_keys(problem)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    if never:
+        monkeypatch.setattr(L, "rescale_needed", lambda highest: False)
+    LAZY_TILES.clear()
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    passed = bool(relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype])
+    assert passed != never
+    if not never:
+        assert LAZY_TILES[True] > 0 and LAZY_TILES[False] > 0
+
+
+def test_lazy_rescale_keeps_the_reference_on_ordinary_scores():
+    """On the random cases most tiles past the first keep their reference (the fast path)."""
+    LAZY_TILES.clear()
+    for name in ("bf16_bidir_gqa4", "window_pages_bidir_rows64_split3_sinks"):
+        error, tolerance = _run_case(name)
+        assert error <= tolerance
+    assert LAZY_TILES[False] > 0

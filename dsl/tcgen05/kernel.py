@@ -50,7 +50,6 @@ _DTYPES = {
     "bfloat16": cutlass.BFloat16,
     "float16": cutlass.Float16,
     "float8_e4m3fn": cutlass.Float8E4M3FN,
-    "float8_e5m2": cutlass.Float8E5M2,
 }
 
 
@@ -100,7 +99,6 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal: cutlass.Int32,  # global flag when causal_width == 0
         window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
         window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
-        page_shift: cutlass.Int32,  # log2(page size); unused: the page is v.page_size (16)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
@@ -277,6 +275,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         s_row_scale = smem.allocate_tensor(acc_dtype, cute.make_layout(rows), 16)
         s_col_scale = smem.allocate_tensor(acc_dtype, cute.make_layout(rows), 16)
         s_position = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows), 16)
+        # Per softmax warp and tile parity: a score outran the reference maxima (lazy rescale).
+        s_grew = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4, 2)), 16)
 
         ring_bytes = T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES
         ring = smem.allocate_array(cutlass.Int8, ring_bytes, byte_alignment=1024)
@@ -505,6 +505,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 s_row_scale,
                 s_col_scale,
                 s_position,
+                s_grew,
                 out_ptr,
                 ws_o_ptr,
                 ws_lse_ptr,

@@ -24,6 +24,12 @@ def _exp2(x):
     return cute.math.exp2(x, fastmath=True)
 
 
+def _reference(m):
+    """The maximum P is taken against: the running column maximum, 0 while the column has seen
+    no key (no inf - inf; a lazy tile may then accumulate against 0 and keep it)."""
+    return cutlass.select_(m == -cutlass.Float32.inf, cutlass.Float32(0.0), m)
+
+
 def _warp_column_sums(values, lane):
     """Butterfly transpose-reduce: ``values`` are this lane's 32 column entries (Python list of
     Float32); returns, on lane c, the sum over the warp's 32 lanes of column c. 31 shuffles in
@@ -75,6 +81,7 @@ class SoftmaxRole:
         s_row_scale: cute.Tensor,
         s_col_scale: cute.Tensor,
         s_position: cute.Tensor,
+        s_grew: cute.Tensor,
         out_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
@@ -184,45 +191,51 @@ class SoftmaxRole:
             needs_mask = X.window_tile_needs_mask(
                 key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
             )
-            # Pass 1: column maxima, chunk by chunk.
-            mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-            mine.fill(-acc_dtype.inf)
-            if needs_mask:
-                self.max_pass(
-                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev, mine,
-                    key0, kv_len, wg_tidx, lane, True,
+            # Lazy rescale (layouts.rescale_needed): past the first tile, an unmasked tile
+            # first checks its scores against the reference maxima (half an FFMA2 and an FMNMX
+            # per score); only when one outruns them, on masked tiles and on the first tile
+            # does it take the exact column maxima and rescale O.
+            old_reference = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+            for k in cutlass.range_constexpr(lane_slots):
+                old_reference[k] = _reference(m_prev[k])
+            exact = cutlass.Int32(1)
+            if cutlass.select_(needs_mask, cutlass.Int32(0), s) > 0:
+                highest = self.check_pass(
+                    load_s, tStS, tSsP, s_handle.index, s_col_scale, s_sum, wg_warp
+                )
+                grew = cute.arch.vote_any_sync(L.rescale_needed(highest))
+                if lane == 0:
+                    s_grew[wg_warp, parity] = cutlass.select_(
+                        grew, cutlass.Int32(1), cutlass.Int32(0)
+                    )
+                softmax_bar.arrive_and_wait()  # every warp's vote (double-buffered by parity)
+                exact = (
+                    s_grew[0, parity] | s_grew[1, parity] | s_grew[2, parity] | s_grew[3, parity]
+                )
+                if exact != 0:
+                    self.exact_maxima(
+                        load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
+                        s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
+                        False, softmax_bar,
+                    )  # fmt: skip
+            elif needs_mask:
+                self.exact_maxima(
+                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
+                    s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
+                    True, softmax_bar,
                 )  # fmt: skip
             else:
-                self.max_pass(
-                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev, mine,
-                    key0, kv_len, wg_tidx, lane, False,
+                self.exact_maxima(
+                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
+                    s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
+                    False, softmax_bar,
                 )  # fmt: skip
-            for k in cutlass.range_constexpr(lane_slots):
-                c = k * 32 + lane
-                if c < rows:
-                    cute.arch.atomic_fmax(
-                        s_max.iterator + s_max.layout((c, parity)),
-                        mine[k],
-                        sem="relaxed",
-                        scope="cta",
-                    )
-            softmax_bar.arrive_and_wait()
-
-            # Lane c of each warp: column c's correction, and its exp2 offset (-maximum x
-            # scale, 0 for a column with nothing visible yet) into this warp's column of s_sum,
-            # so pass 2 is half a packed FFMA2 per score. s_sum[:, warp] is only this warp's
-            # (it holds the column sums after the loop).
+            # Lane c of each warp: column 32 k + c's correction (exactly 1 where the reference
+            # stayed).
             correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             for k in cutlass.range_constexpr(lane_slots):
                 c = cutlass.min(k * 32 + lane, rows - 1)
-                m_new = s_max[c, parity]
-                m_use = cutlass.select_(m_new == -acc_dtype.inf, cutlass.Float32(0.0), m_new)
-                correction[k] = _exp2((m_prev[k] - m_use) * s_col_scale[c])
-                s_sum[c, wg_warp] = -(m_use * s_col_scale[c])
-                m_prev[k] = m_new
-            # Every lane's offsets before any lane reads them (the next tile's writes come after
-            # softmax_bar, when no lane reads these any more).
-            cute.arch.sync_warp()
+                correction[k] = _exp2((old_reference[k] - _reference(m_prev[k])) * s_col_scale[c])
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
             # memory (converted two at a time), and the column sums of P: lane c of each warp
             # gets its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
@@ -245,15 +258,8 @@ class SoftmaxRole:
 
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
-                for dm in cutlass.range_constexpr(d_tiles):
-                    for c in cutlass.range_constexpr(chunks):
-                        acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-                        cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
-                        for i in cutlass.range_constexpr(chunk):
-                            n = c * chunk + i
-                            acc[i] = acc[i] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
-                        cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
-                cute.arch.fence_view_async_tmem_store()
+                if exact != 0:
+                    self.rescale_o(load_s, thr_store_o, tStO, tStO_dst, correction, chunk_shape)
                 o_handle.release()
 
         # ---- epilogue: column sums across the 128 key lanes, then O / l, or the split state.
@@ -267,14 +273,18 @@ class SoftmaxRole:
         # v_scale / l, or with a sink v_scale x keep / (l x keep + 2^(sink - top)) where both
         # terms are taken at top = max(m, sink) in log2 units (neither can overflow); with
         # splits v_scale / l and the log2 LSE without the sink (the merge adds it once).
-        final = (iters + 1) % 2  # parity of the last tile's maximum
+        # Column n = wg_tidx is owned by this very lane (k = warp): its reference maximum.
+        m_ref = m_prev[0]
+        for k in cutlass.range_constexpr(1, lane_slots):
+            m_ref = cutlass.select_(wg_warp == k, m_prev[k], m_ref)
+        m_ref = _reference(m_ref)
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
         split_mode = num_splits > 1
         if wg_tidx < rows:
             n = wg_tidx
             r = row_base + n
             l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
-            m_scaled = s_max[n, final] * s_col_scale[n]
+            m_scaled = m_ref * s_col_scale[n]
             factor = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
             if r < num_rows:
                 token = X.row_token(r, group)
@@ -334,6 +344,111 @@ class SoftmaxRole:
                             )
         if iters > 0:
             o_last.release()
+
+    @cute.jit
+    def check_pass(
+        self,
+        load_s: cute.TiledCopy,
+        tStS: cute.Tensor,
+        tSsP: cute.Tensor,
+        stage: cutlass.Int32,
+        s_col_scale: cute.Tensor,
+        s_sum: cute.Tensor,
+        wg_warp: cutlass.Int32,
+    ) -> cutlass.Float32:
+        """The largest exp2 argument (S x scale + offset, the reference maxima's offsets of the
+        last exact tile) among this thread's scores of an unmasked tile."""
+        rows = self.v.rows
+        chunk = min(rows, 32)
+        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
+        highest = -self.acc_dtype.inf
+        for c in cutlass.range_constexpr(rows // chunk):
+            scores = _load_scores(load_s, tStS, c, stage, chunk_shape, self.acc_dtype)
+            for i in cutlass.range_constexpr(0, chunk, 2):
+                n = c * chunk + i
+                args = cute.arch.fma_packed_f32x2(
+                    (scores[i], scores[i + 1]),
+                    (s_col_scale[n], s_col_scale[n + 1]),
+                    (s_sum[n, wg_warp], s_sum[n + 1, wg_warp]),
+                )
+                highest = cute.arch.fmax(highest, cute.arch.fmax(args[0], args[1]))
+        return highest
+
+    @cute.jit
+    def exact_maxima(
+        self,
+        load_s: cute.TiledCopy,
+        tStS: cute.Tensor,
+        tSsP: cute.Tensor,
+        stage: cutlass.Int32,
+        s_position: cute.Tensor,
+        before: cutlass.Int32,
+        after: cutlass.Int32,
+        m_prev: cute.Tensor,
+        s_max: cute.Tensor,
+        s_col_scale: cute.Tensor,
+        s_sum: cute.Tensor,
+        parity: cutlass.Int32,
+        key0: cutlass.Int32,
+        kv_len: cutlass.Int32,
+        wg_tidx: cutlass.Int32,
+        wg_warp: cutlass.Int32,
+        lane: cutlass.Int32,
+        masked: cutlass.Constexpr,
+        softmax_bar: pipeline.NamedBarrier,
+    ):
+        """New reference maxima: the tile's column maxima (masked keys as -inf when ``masked``)
+        across the 128 key lanes, joined with the running ones; lane c of each warp then writes
+        column 32 k + c's exp2 offset (-maximum x scale, 0 for a column with nothing visible
+        yet) into this warp's column of s_sum, so the P pass is half a packed FFMA2 per score.
+        s_sum[:, warp] is only this warp's (it holds the column sums after the loop)."""
+        rows = self.v.rows
+        acc_dtype = self.acc_dtype
+        lane_slots = (rows + 31) // 32
+        mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+        mine.fill(-acc_dtype.inf)
+        self.max_pass(
+            load_s, tStS, tSsP, stage, s_position, before, after, m_prev, mine, key0, kv_len,
+            wg_tidx, lane, masked,
+        )  # fmt: skip
+        for k in cutlass.range_constexpr(lane_slots):
+            c = k * 32 + lane
+            if c < rows:
+                cute.arch.atomic_fmax(
+                    s_max.iterator + s_max.layout((c, parity)), mine[k], sem="relaxed", scope="cta"
+                )
+        softmax_bar.arrive_and_wait()
+        for k in cutlass.range_constexpr(lane_slots):
+            c = cutlass.min(k * 32 + lane, rows - 1)
+            m_new = s_max[c, parity]
+            s_sum[c, wg_warp] = -(_reference(m_new) * s_col_scale[c])
+            m_prev[k] = m_new
+        # Every lane's offsets before any lane reads them (the next tile's writes come after
+        # softmax_bar, when no lane reads these any more).
+        cute.arch.sync_warp()
+
+    @cute.jit
+    def rescale_o(
+        self,
+        load_s: cute.TiledCopy,
+        thr_store_o: cute.TiledCopy,
+        tStO: cute.Tensor,
+        tStO_dst: cute.Tensor,
+        correction: cute.Tensor,
+        chunk_shape: cute.Shape,
+    ):
+        """O^T[:, n] *= column n's correction, in TMEM (lane n % 32 holds it)."""
+        rows = self.v.rows
+        chunk = min(rows, 32)
+        for dm in cutlass.range_constexpr(self.v.d_tiles):
+            for c in cutlass.range_constexpr(rows // chunk):
+                acc = cute.make_rmem_tensor(chunk_shape, self.acc_dtype)
+                cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                for i in cutlass.range_constexpr(chunk):
+                    n = c * chunk + i
+                    acc[i] = acc[i] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
+                cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
+        cute.arch.fence_view_async_tmem_store()
 
     @cute.jit
     def max_pass(
