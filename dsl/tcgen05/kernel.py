@@ -50,6 +50,7 @@ _DTYPES = {
     "bfloat16": cutlass.BFloat16,
     "float16": cutlass.Float16,
     "float8_e4m3fn": cutlass.Float8E4M3FN,
+    "float8_e5m2": cutlass.Float8E5M2,
 }
 
 
@@ -99,6 +100,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal: cutlass.Int32,  # global flag when causal_width == 0
         window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
         window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
+        page_shift: cutlass.Int32,  # log2(page size); unused: the page is v.page_size (16)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,

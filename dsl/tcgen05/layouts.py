@@ -150,6 +150,18 @@ def e4m3x4_to_f16x2_scaled(word, prmt, bitselect):
     return lo, hi
 
 
+# e5m2 is the high byte of an IEEE fp16 (1 sign, 5 exponent, 2 mantissa bits, the same bias): a
+# byte moved into the high half of a 16-bit lane is its exact fp16, subnormals, Inf and NaN
+# included. One PRMT per pair and no conversion-pipe instruction (as csrc/mma_sync/fp8_bits.h).
+E5M2_LANES_LO = 0x1404  # PRMT(raw, 0): lanes (byte 0 << 8, byte 1 << 8)
+E5M2_LANES_HI = 0x3424  # lanes (byte 2 << 8, byte 3 << 8)
+
+
+def e5m2x4_to_f16x2(word, prmt):
+    """(fp16x2 bits of bytes 0-1, of bytes 2-3) of a 32-bit word of four e5m2 bytes, exact."""
+    return prmt(word, 0, E5M2_LANES_LO), prmt(word, 0, E5M2_LANES_HI)
+
+
 # Lazy rescale (after FA4): past a CTA's first key tile, an unmasked tile keeps the columns'
 # reference maxima (no exact column maxima, no O rescale) unless some score's exp2 argument
 # against them exceeds LAZY_RESCALE_LOG2: then the tile takes the exact path. P stays <= 2^8, which
