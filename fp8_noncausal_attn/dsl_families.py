@@ -19,8 +19,9 @@ time. The C interface (dsl/build.py ``ARGUMENTS``)::
     const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
     int fp8nca_<family>_run(int i, <LAUNCH_ARGUMENTS>);  // 0, the DSL's error, -1: unknown i
 
-A variant name with ``_p<N>`` (``tcgen05_d128_n32_p16_bf16_e4m3``) was compiled for pages of N
-keys only; one without (``wgmma_d128_m64_bf16_e4m3``) takes the page size at run time
+A variant name with ``_p<N>`` (``tcgen05_d128_n32_p16_bf16_e4m3``, as built before both families
+took the page at run time) was compiled for pages of N keys only; one without
+(``wgmma_d128_m64_bf16_e4m3``, ``tcgen05_d128_n32_bf16_e4m3``) takes the page size at run time
 (``page_shift`` = log2 of it) and runs every power of two in 16..256.
 """
 

@@ -42,7 +42,7 @@ DEFAULT_TABLES = {
 # The one variant per family the build test compiles (about 10-15 s each here).
 SMALL_BUILDS = {
     "wgmma": ("sm_90a", "wgmma_d64_m64_bf16_e4m3"),
-    "tcgen05": ("sm_100a", "tcgen05_d128_n32_p16_bf16_e4m3"),
+    "tcgen05": ("sm_100a", "tcgen05_d128_n32_bf16_e4m3"),
 }
 
 
@@ -139,7 +139,8 @@ def test_every_built_variant_name_parses_to_its_fields():
         for v in build.VARIANTS:
             parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
-            assert fields == (v.head_dim, v.rows, v.page_size, arch)
+            assert fields == (v.head_dim, v.rows, None, arch)  # a run-time page size
+            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
     with pytest.raises(ValueError, match="not a DSL variant name"):
         dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3")  # no arch
 
@@ -242,17 +243,17 @@ def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn,
         ("tcgen05", "sm_100a", 128, 33, "tcgen05_d128_n64"),
         ("tcgen05", "sm_103a", 128, 100, "tcgen05_d128_n128"),
         ("tcgen05", "sm_103a", 128, 500, "tcgen05_d128_n128"),
-        ("tcgen05", "sm_100a", 256, 64, "tcgen05_d256_n32"),
+        ("tcgen05", "sm_100a", 256, 64, "tcgen05_d256_n64"),
+        ("tcgen05", "sm_100a", 256, 32, "tcgen05_d256_n32"),
     ],
 )
 def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
     family, arch, head_dim, rows, expected
 ):
-    page = "" if family == "wgmma" else "_p16"  # wgmma: a run-time page size
     name, why = choose(family, arch, head_dim=head_dim, rows=rows)
-    assert why == "" and name == f"{expected}{page}_bf16_e4m3@{arch}"
+    assert why == "" and name == f"{expected}_bf16_e4m3@{arch}"
     name, _ = choose(family, arch, head_dim=head_dim, q=torch.float16, rows=rows)
-    assert name == f"{expected}{page}_f16_e4m3@{arch}"
+    assert name == f"{expected}_f16_e4m3@{arch}"
 
 
 @pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
@@ -260,7 +261,10 @@ def test_a_run_time_page_variant_serves_every_page_size_a_compiled_one_only_its_
     name, why = choose("wgmma", "sm_90a", page=page)
     assert (name, why) == ("wgmma_d128_m64_bf16_e4m3@sm_90a", "")
     name, why = choose("tcgen05", "sm_100a", page=page)
-    assert (name is None) == (page != 16)
+    assert (name, why) == ("tcgen05_d128_n32_bf16_e4m3@sm_100a", "")
+    fixed = (dsl_families.parse_variant(0, "tcgen05_d128_n32_p16_bf16_e4m3@sm_100a"),)
+    args = ("sm_100a", 128, torch.bfloat16, torch.float8_e4m3fn, page, 32)
+    assert (dsl_families.choose_variant(fixed, *args)[0] is None) == (page != 16)
 
 
 @pytest.mark.parametrize(
@@ -270,7 +274,7 @@ def test_a_run_time_page_variant_serves_every_page_size_a_compiled_one_only_its_
         ("tcgen05", {"head_dim": 64}, "no built variant for head_dim 64 (built: 128, 256)"),
         ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
         ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
-        ("tcgen05", {"page": 32}, "no built variant for page_size 32 (built: 16)"),
+        ("tcgen05", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 512}, "no built variant for page_size 512 (built: 16..256)"),
         ("wgmma", {"page": 48}, "no built variant for page_size 48 (built: 16..256)"),
@@ -396,7 +400,7 @@ def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
                                        "H200) GPU, this one is sm_100"),
         ((10, 3), "tcgen05", (), "tcgen05 refused, mma_sync runs: not built"),
         ((10, 0), "tcgen05", ("tcgen05",), "tcgen05 refused, mma_sync runs: no built variant "
-                                           "for page_size 32 (built: 16)"),
+                                           "for head_dim 64 (built: 128, 256)"),
     ],
 )  # fmt: skip
 def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
@@ -405,9 +409,9 @@ def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
     tables = {name: FakeLibrary(DEFAULT_TABLES[name]) for name in libraries}
     mock_gpu(monkeypatch, capability=capability, libraries=tables)
     monkeypatch.setenv(dsl_families.FAMILY_ENV, family)
-    page = 32 if "page_size" in reason else 16
-    head_dim = 128 if family == "tcgen05" else 64  # a head_dim the family builds
-    case = make_case([3, 5], [40, 21], block_size=page, head_dim=head_dim, seed=5)
+    # a head_dim the family builds, unless the reason is the head_dim
+    head_dim = 128 if family == "tcgen05" and "head_dim" not in reason else 64
+    case = make_case([3, 5], [40, 21], head_dim=head_dim, seed=5)
     attn = attention(case)
     with pytest.warns(RuntimeWarning, match=re.escape(reason)):
         plan = plan_case(attn, case)
@@ -570,15 +574,16 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
 
 
 @pytest.mark.parametrize("page", [16, 32, 128, 256])
-def test_run_passes_the_caches_page_shift(monkeypatch, page):
-    """One wgmma kernel runs every page size: the launch carries log2(block_size)."""
-    case = make_case([3, 5], [40, 300], block_size=page, seed=9)
+@pytest.mark.parametrize("family,capability", [("wgmma", (9, 0)), ("tcgen05", (10, 0))])
+def test_run_passes_the_caches_page_shift(monkeypatch, page, family, capability):
+    """One kernel per shape runs every page size: the launch carries log2(block_size)."""
+    case = make_case([3, 5], [40, 300], block_size=page, head_dim=128, seed=9)
     problem = problem_of(case)
     out = torch.full_like(case.query, math.nan)
-    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, out, {}, case))
-    mock_gpu(monkeypatch, libraries={"wgmma": library})
-    plan = cuda_backend.plan(problem, None, num_splits=1, family="wgmma")
-    assert plan.family == "wgmma"
+    library = FakeLibrary(DEFAULT_TABLES[family], emulated_launch(problem, out, {}, case))
+    mock_gpu(monkeypatch, capability=capability, libraries={family: library})
+    plan = cuda_backend.plan(problem, None, num_splits=1, family=family)
+    assert plan.family == family
     cuda_backend.run(problem, plan, out)
     ((_, arguments),) = library.calls
     assert arguments["page_shift"] == {16: 4, 32: 5, 128: 7, 256: 8}[page]

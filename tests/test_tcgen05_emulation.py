@@ -156,8 +156,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     k_str, v_str = kc.stride()[:3], vc.stride()[:3]
     bt = problem.block_table
     ring = np.zeros((T.LOAD_STAGES, L.KEY_TILE * L.ITEM_BYTES), np.uint8)
-    page_size = variant.page_size
-    num_cols = X.ceil_div(kv_len, page_size)
+    page_shift = problem.block_size.bit_length() - 1  # the launch's page_shift
+    num_cols = X.page_count(kv_len, page_shift)
     converted = []
     for i in range(L.item_count(iters, d_tiles)):
         is_v, tile, dslice = L.item_of(i, iters, d_tiles, _select)
@@ -166,11 +166,11 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             (vbytes, v_str, vc.storage_offset()) if is_v else (kbytes, k_str, kc.storage_offset())
         )
         key0 = (first + tile) * L.KEY_TILE
-        col0, slot0 = L.tile_page_slot(key0, page_size)
+        col0, slot0 = L.tile_page_slot(key0, page_shift)
         # Lane l of every converter warp reads the block table once per item.
         lane_pages = [
-            int(bt[seq, col0 + L.lane_page(lane, page_size)])
-            if col0 + L.lane_page(lane, page_size) < num_cols
+            int(bt[seq, col0 + L.lane_page(lane, page_shift)])
+            if col0 + L.lane_page(lane, page_shift) < num_cols
             else 0
             for lane in range(32)
         ]
@@ -185,8 +185,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             )
             ring_thread = L.loader_ring_offset(t, 0)
             for step in range(L.LOADER_STEPS):
-                step_page, step_slot = L.loader_step_page_slot(step, page_size)
-                page = lane_pages[step_page if L.pages_per_tile(page_size) > 1 else t % 32]
+                step_page, step_slot = L.loader_step_page_slot(step, page_shift)
+                page = lane_pages[step_page if L.pages_per_tile(page_shift) > 1 else t % 32]
                 if not (full or key0 + L.loader_row(t, step) < kv_len):
                     continue
                 off = thread_off + X.key_offset(page, slot0 + step_slot, 0, *strides)
@@ -286,6 +286,17 @@ CASES = {
         cache_dtype=torch.float8_e5m2, causal=False, query_dtype=torch.float16, head_dim=256,
         splits=1,
     ),
+    # head_dim 256 x 64 rows (R = 64 and 40), causal, split 2
+    "bf16_d256_rows64_causal_split2": dict(
+        q_lens=[16, 10], kv_lens=[300, 170], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, head_dim=256, rows=64, splits=2,
+    ),
+    # page size 128 (a page per key tile; the run-time page_shift 7), e5m2, 128 rows (R = 80
+    # and 24), bidirectional, split 2
+    "page128_e5m2_rows128_split2": dict(
+        q_lens=[20, 6], kv_lens=[700, 129], num_q_heads=8, num_kv_heads=2, block_size=128,
+        cache_dtype=torch.float8_e5m2, causal=False, rows=128, splits=2,
+    ),
     # per-sequence int32 flags read through strided index tensors, page size 32, MHA
     "int32_flags_strided": dict(
         q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
@@ -362,8 +373,9 @@ def _prepare(name: str):
     problem = validate_attention(
         *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
     )
-    variant = T.Variant(head_dim, rows, problem.block_size, str(case.query.dtype).split(".")[1],
-                        str(case.key_cache.dtype).split(".")[1])  # fmt: skip
+    variant = T.Variant(
+        head_dim, rows, str(case.query.dtype).split(".")[1], str(case.key_cache.dtype).split(".")[1]
+    )
     return case, problem, variant, splits, extra
 
 
@@ -425,8 +437,16 @@ def _k_and_v_swapped(i, iters, d_tiles, select):
     return not is_v, tile, dslice
 
 
-def _page_off_by_one(j, page_size):
-    return j // page_size + 1, j % page_size
+def _page_off_by_one(j, page_shift):
+    return (j >> page_shift) + 1, j & ((1 << page_shift) - 1)
+
+
+def _page_count_floor(kv_len, page_shift):
+    return kv_len >> page_shift  # forgets the last partial page
+
+
+def _pages_per_tile_one(page_shift):
+    return 1
 
 
 def _head_from_token(r, group, kv_head):
@@ -442,16 +462,16 @@ def _chunk_unswizzled(thread):
     return thread % (L.ITEM_BYTES // L.CHUNK)
 
 
-def _step_page_dropped(step, page_size):
-    return 0, PLANTED_ORIGINALS["loader_step_page_slot"](step, page_size)[1]
+def _step_page_dropped(step, page_shift):
+    return 0, PLANTED_ORIGINALS["loader_step_page_slot"](step, page_shift)[1]
 
 
-def _step_slot_dropped(step, page_size):
-    return PLANTED_ORIGINALS["loader_step_page_slot"](step, page_size)[0], 0
+def _step_slot_dropped(step, page_shift):
+    return PLANTED_ORIGINALS["loader_step_page_slot"](step, page_shift)[0], 0
 
 
-def _lane_page_shifted(lane, page_size):
-    return (lane + 1) % L.pages_per_tile(page_size)
+def _lane_page_shifted(lane, page_shift):
+    return (lane + 1) % L.pages_per_tile(page_shift)
 
 
 def _ring_rows_shifted(thread, step):
@@ -516,7 +536,9 @@ PLANTED = {
     ),
     "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
     "item_of_d256": (L, "item_of", _head_dim_slices_reversed, "f16_d256_split2"),
-    "page_slot": (X, "page_slot", _page_off_by_one, "int32_flags_strided"),
+    "page_slot_of": (X, "page_slot_of", _page_off_by_one, "int32_flags_strided"),
+    "page_count": (X, "page_count", _page_count_floor, "bf16_bidir_gqa4"),
+    "pages_per_tile": (L, "pages_per_tile", _pages_per_tile_one, "int32_flags_strided"),
     "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
     "split_tile_range": (
         X,

@@ -45,7 +45,7 @@ def test_built_variants_fit_tmem_and_shared_memory(variant):
     ],
 )
 def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
-    v = T.Variant(head_dim, rows, 16, "bfloat16")
+    v = T.Variant(head_dim, rows, "bfloat16")
     assert (v.s_stages, v.convert_stages, v.tmem_columns) == (s_stages, convert_stages, tmem)
 
 
@@ -54,15 +54,13 @@ def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
     [
         (dict(head_dim=64), "head_dim 64"),
         (dict(rows=12), "rows 12"),
-        (dict(page_size=8), "page_size 8"),
-        (dict(page_size=48), "page_size 48"),
         (dict(q_dtype="float32"), "dtypes"),
         (dict(kv_dtype="bfloat16"), "dtypes"),
         (dict(head_dim=256, rows=256), "no TMEM column"),
     ],
 )
 def test_unbuildable_variants_are_refused(kwargs, message):
-    args = dict(head_dim=128, rows=32, page_size=16, q_dtype="bfloat16") | kwargs
+    args = dict(head_dim=128, rows=32, q_dtype="bfloat16") | kwargs
     with pytest.raises(ValueError, match=message):
         T.Variant(**args).check()
 
@@ -85,20 +83,26 @@ def test_loader_ring_offset_is_the_swizzled_offset_of_its_row_and_chunk():
             assert L.loader_ring_offset(t, 0) + L.loader_ring_offset(0, s) == want, (t, s)
 
 
-@pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256])
-def test_loader_pages_and_slots_are_those_of_its_rows(page_size):
+@pytest.mark.parametrize("page_shift", L.PAGE_SHIFTS)
+def test_loader_pages_and_slots_are_those_of_its_rows(page_shift):
     """Tile start + the step's (page, slot) + the thread's own slot = page_slot of the row; a
-    step's page comes from the lane that read it."""
+    step's page comes from the lane that read it. The copies' compile-time shift (a plain 0
+    slot where a page holds no more than a tile) agrees with the run-time one the block-table
+    reads use."""
+    page_size = 1 << page_shift
+    run_time_shift = np.int32(page_shift)  # not an int: the run-time formulas
     for key0 in range(0, 4 * page_size + 2 * L.KEY_TILE, L.KEY_TILE):
-        col0, slot0 = L.tile_page_slot(key0, page_size)
+        col0, slot0 = L.tile_page_slot(key0, page_shift)
+        assert (col0, slot0) == L.tile_page_slot(key0, run_time_shift)
         for t in range(128):
             for s in range(L.LOADER_STEPS):
-                step_page, step_slot = L.loader_step_page_slot(s, page_size)
+                step_page, step_slot = L.loader_step_page_slot(s, page_shift)
                 got = (col0 + step_page, slot0 + step_slot + L.loader_row(t, 0))
                 assert got == X.page_slot(key0 + L.loader_row(t, s), page_size)
-                assert step_page < L.pages_per_tile(page_size)
-        read = {L.lane_page(lane, page_size) for lane in range(32)}
-        assert read == set(range(L.pages_per_tile(page_size)))
+                assert step_page < L.pages_per_tile(page_shift)
+        read = {L.lane_page(lane, run_time_shift) for lane in range(32)}
+        assert read == set(range(L.pages_per_tile(page_shift)))
+        assert L.pages_per_tile(page_shift) == max(1, L.KEY_TILE // page_size)
 
 
 def _prmt(a, b, selector):

@@ -22,7 +22,7 @@ from .model import bound
 from .roles import Role, instr_per_kv_byte, role_counts
 from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
 
-# A name without _p<N>: the page size is a run-time argument (the wgmma family).
+# A name without _p<N>: the page size is a run-time argument (both families today).
 _NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)(?:_p(\d+))?_(bf16|f16)_(e4m3|e5m2)")
 _Q = {"bf16": "bfloat16", "f16": "float16"}
 _KV = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
@@ -50,7 +50,7 @@ def _variant(family: str, head_dim: int, rows: int, page: int | None, q: str, kv
         return Variant(head_dim, rows // ROWS_PER_WARPGROUP, q, kv)
     from dsl.tcgen05.traits import Variant
 
-    return Variant(head_dim, rows, page, q, kv)
+    return Variant(head_dim, rows, q, kv)
 
 
 def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:

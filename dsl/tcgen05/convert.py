@@ -88,6 +88,7 @@ class ConvertRole:
         kv_len: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
+        page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         q_producer: pipeline.PipelineProducer,
         cvt_producer: pipeline.PipelineProducer,
@@ -185,19 +186,21 @@ class ConvertRole:
             L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
         )
         bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
-        num_cols = X.ceil_div(kv_len, v.page_size)
+        num_cols = X.page_count(kv_len, page_shift)
 
         # The block table is read an item ahead (lane p of each warp: the item's page p), so the
         # read's latency hides behind the copies of the item before.
-        pages = self.read_item_pages(0, iters, first_tile, bt_row, bt_stride_b, num_cols, lane)
+        pages = self.read_item_pages(
+            0, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
+        )
         for p in cutlass.range_constexpr(lookahead):
             if p < total:
                 pages_next = self.read_item_pages(
-                    p + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, lane
+                    p + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
                 )
                 self.load_item(
                     p, p, copy16, ring_thread, pages, k_thread, v_thread, k_block, k_slot,
-                    v_block, v_slot, kv_len, first_tile, iters, wg_tidx,
+                    v_block, v_slot, kv_len, first_tile, iters, page_shift, wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
             cute.arch.cp_async_commit_group()
@@ -207,11 +210,12 @@ class ConvertRole:
             nxt = i + lookahead
             if nxt < total:
                 pages_next = self.read_item_pages(
-                    nxt + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, lane
+                    nxt + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
                 )
                 self.load_item(
                     nxt, nxt % T.LOAD_STAGES, copy16, ring_thread, pages, k_thread, v_thread,
-                    k_block, k_slot, v_block, v_slot, kv_len, first_tile, iters, wg_tidx,
+                    k_block, k_slot, v_block, v_slot, kv_len, first_tile, iters, page_shift,
+                    wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
             cute.arch.cp_async_commit_group()
@@ -274,14 +278,15 @@ class ConvertRole:
         bt_row: cute.Pointer,
         bt_stride_b: cutlass.Int64,
         num_cols: cutlass.Int32,
+        page_shift: cutlass.Int32,
         lane: cutlass.Int32,
     ) -> cutlass.Int32:
         """This lane's page (layouts.lane_page) of the key tile of staged item ``item``; 0 past
         the sequence's last page (and for an item past the split's last)."""
         v = self.v
         _, tile, _ = L.item_of(item, iters, v.d_tiles, cutlass.select_)
-        col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, v.page_size)
-        col = col0 + L.lane_page(lane, v.page_size)
+        col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, page_shift)
+        col = col0 + L.lane_page(lane, page_shift)
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
@@ -301,14 +306,16 @@ class ConvertRole:
         kv_len: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
+        page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ):
         """cp.async this thread's 16-byte chunks of staged item ``item`` into ring ``stage``: a
         tile wholly inside the sequence copies every row unchecked; the last one skips rows past
-        kv_len (the ring was zeroed once, and earlier items left finite bytes there)."""
+        kv_len (the ring was zeroed once, and earlier items left finite bytes there). The copies
+        are specialised per page size (layouts.PAGE_SHIFTS, one uniform branch per item), so a
+        step's page lane and slots are immediates as with a compile-time page size."""
         is_v, tile, dslice = L.item_of(item, iters, self.v.d_tiles, cutlass.select_)
         key0 = (first_tile + tile) * L.KEY_TILE
-        _, slot0 = L.tile_page_slot(key0, self.v.page_size)
         thread_src = cute.make_ptr(
             self.kv_dtype,
             cutlass.Int64(cutlass.select_(is_v, v_thread, k_thread))
@@ -319,16 +326,18 @@ class ConvertRole:
         block = cutlass.Int32(cutlass.select_(is_v, v_block, k_block))
         slot_stride = cutlass.Int32(cutlass.select_(is_v, v_slot, k_slot))
         dst = ring_thread + cute.assume(stage * (L.KEY_TILE * L.ITEM_BYTES), divby=L.CHUNK)
-        if key0 + L.KEY_TILE <= kv_len:
-            self.copy_rows(
-                copy16, dst, thread_src, block, slot_stride, pages, slot0, key0, kv_len,
-                wg_tidx, False,
-            )  # fmt: skip
-        else:
-            self.copy_rows(
-                copy16, dst, thread_src, block, slot_stride, pages, slot0, key0, kv_len,
-                wg_tidx, True,
-            )  # fmt: skip
+        for k in cutlass.range_constexpr(len(L.PAGE_SHIFTS)):
+            if page_shift == L.PAGE_SHIFTS[k]:
+                if key0 + L.KEY_TILE <= kv_len:
+                    self.copy_rows(
+                        copy16, dst, thread_src, block, slot_stride, pages, key0, kv_len,
+                        wg_tidx, L.PAGE_SHIFTS[k], False,
+                    )  # fmt: skip
+                else:
+                    self.copy_rows(
+                        copy16, dst, thread_src, block, slot_stride, pages, key0, kv_len,
+                        wg_tidx, L.PAGE_SHIFTS[k], True,
+                    )  # fmt: skip
 
     @cute.jit
     def copy_rows(
@@ -339,20 +348,20 @@ class ConvertRole:
         block: cutlass.Int32,
         slot_stride: cutlass.Int32,
         pages: cutlass.Int32,
-        slot0,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
         wg_tidx: cutlass.Int32,
+        page_shift: cutlass.Constexpr,
         checked: cutlass.Constexpr,
     ):
         """One cp.async per step: the step's page from the lane that read it, then thread
         pointer + page x block stride + (tile slot + step slot) x slot stride -> the thread's
-        ring destination + the step's immediate."""
-        v = self.v
+        ring destination + the step's immediate (pages of ``2^page_shift`` keys)."""
+        _, slot0 = L.tile_page_slot(key0, page_shift)
         for step in cutlass.range_constexpr(L.LOADER_STEPS):
-            step_page, step_slot = L.loader_step_page_slot(step, v.page_size)
+            step_page, step_slot = L.loader_step_page_slot(step, page_shift)
             page = pages
-            if cutlass.const_expr(L.pages_per_tile(v.page_size) > 1):
+            if cutlass.const_expr(L.pages_per_tile(page_shift) > 1):
                 page = cute.arch.shuffle_sync(pages, offset=step_page)
             # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
             # IMAD.WIDE.U32 with the thread pointer as its addend.

@@ -100,7 +100,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal: cutlass.Int32,  # global flag when causal_width == 0
         window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
         window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
-        page_shift: cutlass.Int32,  # log2(page size); unused: the page is v.page_size (16)
+        page_shift: cutlass.Int32,  # log2(page size): 4..8 (pages of 16..256 keys)
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
@@ -166,6 +166,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             causal,
             window_left,
             window_right,
+            page_shift,
             num_tokens,
             num_q_heads,
             num_kv_heads,
@@ -213,6 +214,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         causal_global: cutlass.Int32,
         window_left: cutlass.Int32,
         window_right: cutlass.Int32,
+        page_shift: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
@@ -417,6 +419,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 kv_len,
                 first_tile,
                 iters,
+                page_shift,
                 wg_tidx,
                 q_producer,
                 cvt_producer,

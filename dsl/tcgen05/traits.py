@@ -6,7 +6,7 @@ variants without the DSL installed. The kernel (dsl/tcgen05/kernel.py) reads eve
 
 from dataclasses import dataclass
 
-from dsl.common.variant import check_page_and_dtypes, variant_name
+from dsl.common.variant import check_dtypes, variant_name
 from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
 
 TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
@@ -40,20 +40,19 @@ CONVERT_STAGE_COLUMNS = ITEM_BYTES * 16 // 32
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 8..256, multiple of 8."""
+    """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 8..256, multiple of 8.
+    The page size is a run-time argument (``page_shift``, layouts.PAGE_SHIFTS: pages of 16..256
+    keys), not part of a variant."""
 
     head_dim: int
     rows: int
-    page_size: int
     q_dtype: str
     kv_dtype: str = "float8_e4m3fn"
 
     @property
     def name(self) -> str:
         rows = f"n{self.rows}"
-        return variant_name(
-            "tcgen05", self.head_dim, rows, self.page_size, self.q_dtype, self.kv_dtype
-        )
+        return variant_name("tcgen05", self.head_dim, rows, None, self.q_dtype, self.kv_dtype)
 
     @property
     def d_tiles(self) -> int:
@@ -112,7 +111,7 @@ class Variant:
             raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
         if self.rows > 32 and self.rows % 32:
             raise ValueError(f"rows {self.rows}: above 32, whole 32-column softmax chunks")
-        check_page_and_dtypes(self.page_size, self.q_dtype, self.kv_dtype, KV_DTYPES)
+        check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.convert_stages < 1:
             raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
         if self.tmem_columns > TMEM_COLUMNS:
