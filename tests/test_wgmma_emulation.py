@@ -4,12 +4,14 @@ The kernel has never run on a GPU. What can be checked without one is that its i
 it imports from dsl/wgmma/layouts.py and dsl/common/indexing.py (the same functions are called
 here, not a copy), put the right values in the right places: which CTA owns which query rows
 (token, head) and key tiles (split ranges); which pages, rows and 16-byte chunks each producer
-thread loads and where in the swizzled 16-bit ring they land; where each consumer thread puts
-its Q chunks; which (row, key) every accumulator register of every consumer thread holds, hence
-the mask predicate per register, the quad-shuffle row reductions and the online-softmax update
-order; the split state handed to the merge. Operands are read back the way wgmma reads them,
-through ``operand_offset``, which test_wgmma_host checks against the DSL's own wgmma layouts
-(as it checks the accumulator maps against the DSL's fragments). Planted bugs must make it fail.
+thread copies, where in the FP8 staging ring they land and in which order the ring's slots are
+filled and drained, and where in the swizzled 16-bit ring the converted chunks land; where each
+consumer thread puts its Q chunks; which (row, key) every accumulator register of every consumer
+thread holds, hence the mask predicate per register, the quad-shuffle row reductions and the
+online-softmax update order; the split state handed to the merge. Operands are read back the
+way wgmma reads them, through ``operand_offset``, which test_wgmma_host checks against the DSL's
+own wgmma layouts (as it checks the accumulator maps against the DSL's fragments). Planted bugs
+must make it fail.
 
 What this does not check: the DSL's MMA partitions themselves (CUTLASS's responsibility),
 pipelines and barriers (races, deadlocks), anything about speed.
@@ -90,23 +92,23 @@ def tile_pages(problem, variant, seq, key0, kv_len):
     return pages
 
 
-def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache):
-    """The producer warpgroup's stores of one staged item, replayed thread by thread: the row's
-    page from the lane that read it (a shuffle), the thread's and the step's page/slot parts,
-    unchecked loads for a tile inside the sequence and zeros past kv_len in its last tile."""
+def copy_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache, staging, checked):
+    """The producer warpgroup's cp.async of one item (K or V of the key tile at key0) into its
+    FP8 staging item ``staging`` (one value per byte), replayed thread by thread: the row's page
+    from the lane that read it (a shuffle), the thread's and the step's page/slot parts, the
+    thread's chunk at staging_offset; ``checked`` (the prologue, the last tile) stores zeros
+    instead for rows past kv_len."""
     kt, d, shift = variant.key_tile, variant.head_dim, page_shift(problem)
-    stage = np.zeros(kt * d)
     strides, base = cache.stride()[:3], cache.storage_offset()
     pages = tile_pages(problem, variant, seq, key0, kv_len)  # the same in every warp
     _, slot0 = L.tile_page_slot(key0, shift)
-    full = key0 + kt <= kv_len
     for t in range(L.WARPGROUP):
         thread_page, thread_slot = L.loader_thread_page_slot(t, d, shift)
         chunk = L.loader_chunk(t, d)
         for step in range(L.loader_steps(kt, d)):
             step_page, step_slot = L.loader_step_page_slot(step, d, shift)
             values = np.zeros(L.CHUNK)  # rows past kv_len are stored as zeros
-            if full or key0 + L.loader_row(t, step, d) < kv_len:
+            if not checked or key0 + L.loader_row(t, step, d) < kv_len:
                 source_lane = (thread_page + step_page) % 32  # shfl.idx takes 5 lane bits
                 page = int(pages[source_lane])
                 slot = slot0 + thread_slot + step_slot
@@ -114,10 +116,50 @@ def produce_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cach
                 values = np.full(L.CHUNK, np.nan)  # outside the cache: garbage
                 if 0 <= off <= len(cache_bytes) - L.CHUNK:
                     values = _fp8_to_float(cache_bytes[off : off + L.CHUNK], cache.dtype)
+            at = L.staging_offset(t, step)
+            staging[at : at + L.CHUNK] = values
+
+
+def convert_item(variant, staging):
+    """Each producer thread reads its own chunks back from the staging item, converts them and
+    stores them into a swizzled 16-bit stage, which is returned as wgmma reads it."""
+    kt, d = variant.key_tile, variant.head_dim
+    stage = np.zeros(kt * d)
+    for t in range(L.WARPGROUP):
+        for step in range(L.loader_steps(kt, d)):
+            at = L.staging_offset(t, step)
+            values = staging[at : at + L.CHUNK]
             for half in range(2):
-                at = L.loader_store_offset(t, step, half, d, kt) // 2
-                stage[at : at + L.CHUNK // 2] = values[half * 8 : half * 8 + 8]
+                to = L.loader_store_offset(t, step, half, d, kt) // 2
+                stage[to : to + L.CHUNK // 2] = values[half * 8 : half * 8 + 8]
     return read_operand(stage, kt, d)
+
+
+def produce_items(problem, variant, seq, kv_head, first, iters, kv_len, kbytes, vbytes):
+    """[(K, V) of each key tile of the split] as the producer hands them to the consumers,
+    replayed in its order through the FP8 staging ring: the prologue copies tiles 0 ..
+    fp8_stages - 2 (every row checked); iteration s copies tile s + fp8_stages - 1 (unchecked
+    inside the sequence), then converts tile s from its slot (layouts.staging_slot)."""
+    kt, ahead = variant.key_tile, variant.fp8_stages - 1
+    staging = np.full((variant.fp8_stages, 2, kt * variant.head_dim), np.nan)
+    caches = ((kbytes, problem.key_cache), (vbytes, problem.value_cache))
+
+    def copy(n, prologue):
+        key0 = (first + n) * kt
+        slot = L.staging_slot(n, variant.fp8_stages)
+        for item, (cache_bytes, cache) in enumerate(caches):
+            copy_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache,
+                      staging[slot, item], prologue or key0 + kt > kv_len)  # fmt: skip
+
+    for n in range(min(ahead, iters)):
+        copy(n, True)
+    items = []
+    for s in range(iters):
+        if s + ahead < iters:
+            copy(s + ahead, False)
+        slot = L.staging_slot(s, variant.fp8_stages)
+        items.append(tuple(convert_item(variant, staging[slot, item]) for item in (0, 1)))
+    return items
 
 
 def load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start):
@@ -196,18 +238,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     base_scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
 
-    # Producer: K then V of every tile of the split, through the ring in pipeline order.
-    items = []
-    for s in range(iters):
-        key0 = (first + s) * kt
-        items.append(
-            (
-                produce_item(problem, variant, seq, kv_head, key0, kv_len, kbytes,
-                             problem.key_cache),
-                produce_item(problem, variant, seq, kv_head, key0, kv_len, vbytes,
-                             problem.value_cache),
-            )
-        )  # fmt: skip
+    # Producer: K then V of every tile of the split, through the rings in pipeline order.
+    items = produce_items(problem, variant, seq, kv_head, first, iters, kv_len, kbytes, vbytes)
 
     thread = np.arange(L.WARPGROUP)[:, None]
     rows_of = np.stack([L.acc_row(thread[:, 0], i) for i in range(2)], axis=1)  # [t, 2]
@@ -316,9 +348,9 @@ CASES = {
         q_lens=[16, 4], kv_lens=[16, 390], num_q_heads=4, num_kv_heads=2, block_size=256,
         causal=[False, True], causal_dtype=torch.bool, splits=1,
     ),
-    # head_dim 64 and 256 (key tile 64 at 256)
+    # head_dim 64 (3 FP8 staging slots; 2 tiles per split) and 256 (key tile 64 at 256)
     "f16_d64_gqa8": dict(
-        q_lens=[9], kv_lens=[200], num_q_heads=8, num_kv_heads=1, block_size=16, head_dim=64,
+        q_lens=[9], kv_lens=[420], num_q_heads=8, num_kv_heads=1, block_size=16, head_dim=64,
         causal=False, query_dtype=torch.float16, splits=2,
     ),
     # e5m2 cache, page size 128 (one page per key tile), GQA 4, split in 2
@@ -508,6 +540,14 @@ def _store_step_one_row(step, head_dim):
     return step * L.SW128_ROW_BYTES
 
 
+def _staging_of_half_the_threads(thread, step):
+    return (step * L.WARPGROUP + thread % (L.WARPGROUP // 2)) * L.CHUNK
+
+
+def _one_staging_slot(tile, fp8_stages):
+    return 0
+
+
 ORIGINAL = {
     "window_tiles": X.window_tiles,
     "split_tile_range": X.split_tile_range,
@@ -538,6 +578,11 @@ PLANTED = {
     "loader_step_page_slot": (L, _step_slot_dropped, "int32_flags_strided_vllm"),
     "loader_thread_page_slot": (L, _thread_page_dropped, "f16_d64_gqa8"),
     "loader_store_step": (L, _store_step_one_row, "bf16_bidir_gqa4"),
+    # FP8 staging: chunks of two threads in one place; every tile in one slot (the copy of a
+    # later tile lands before the earlier one is converted)
+    "staging_offset": (L, _staging_of_half_the_threads, "bf16_bidir_gqa4"),
+    "staging_slot": (L, _one_staging_slot, "bf16_bidir_gqa4"),
+    "staging_slot:d64": (L, _one_staging_slot, "f16_d64_gqa8"),
     "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
     "split_tile_range": (X, _split_range_drops_last_tile, "window_pages_bidir_split3_sinks"),
     "window_tiles": (X, _window_end_floor, "f16_causal_prefill_m128"),

@@ -34,19 +34,25 @@ def test_e5m2_builds_on_request_and_names_carry_no_page_size():
     assert not any("_p" in v.name for v in table)
 
 
+# barriers + Q + the 16-bit ring (stages x item) + the FP8 staging ring (fp8 stages x K and V)
 @pytest.mark.parametrize(
-    ("head_dim", "consumers", "key_tile", "stages", "smem", "regs"),
+    ("head_dim", "consumers", "key_tile", "stages", "fp8_stages", "smem", "regs"),
     [
-        (64, 1, 128, 4, 1024 + 8192 + 4 * 16384, 255),
-        (128, 1, 128, 4, 1024 + 16384 + 4 * 32768, 255),
-        (128, 2, 128, 4, 1024 + 32768 + 4 * 32768, 200),  # setmaxnreg: producer 104, 2 x 200
-        (256, 1, 64, 4, 1024 + 32768 + 4 * 32768, 255),
+        (64, 1, 128, 4, 3, 1024 + 8192 + 4 * 16384 + 3 * 16384, 255),
+        (64, 2, 128, 4, 3, 1024 + 16384 + 4 * 16384 + 3 * 16384, 200),
+        (128, 1, 128, 4, 2, 1024 + 16384 + 4 * 32768 + 2 * 32768, 255),
+        (128, 2, 128, 4, 2, 1024 + 32768 + 4 * 32768 + 2 * 32768, 200),  # setmaxnreg 104/200
+        (256, 1, 64, 4, 2, 1024 + 32768 + 4 * 32768 + 2 * 32768, 255),
     ],
 )
-def test_shared_memory_and_register_budget(head_dim, consumers, key_tile, stages, smem, regs):
+def test_shared_memory_and_register_budget(
+    head_dim, consumers, key_tile, stages, fp8_stages, smem, regs
+):
     v = T.Variant(head_dim, consumers, "bfloat16")
     v.check()
-    assert (v.key_tile, v.stages, v.smem_bytes) == (key_tile, stages, smem)
+    assert (v.key_tile, v.stages, v.fp8_stages, v.smem_bytes) == (
+        key_tile, stages, fp8_stages, smem
+    )  # fmt: skip
     assert v.smem_bytes <= T.SMEM_BYTES
     assert v.registers_per_thread["consumer"] == regs
     per_role = v.registers_per_thread
@@ -84,6 +90,32 @@ def test_producer_writes_every_16_bit_chunk_of_an_item_once(head_dim):
         for h in range(2)
     )  # fmt: skip
     assert seen == list(range(0, key_tile * head_dim * 2, L.CHUNK))
+
+
+@pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
+def test_fp8_staging_holds_every_chunk_a_thread_copies_once_and_slots_cycle(head_dim):
+    """Each producer thread's cp.async destinations (one per step) tile an FP8 staging item
+    exactly once, so the chunk a thread reads back is the one it copied; the slots of
+    consecutive tiles cycle through the ring, so a tile's slot is refilled only fp8_stages
+    tiles later (after it was converted)."""
+    v = T.Variant(head_dim, 1, "float16")
+    seen = sorted(
+        L.staging_offset(t, s)
+        for t in range(L.WARPGROUP)
+        for s in range(L.loader_steps(v.key_tile, head_dim))
+    )
+    assert seen == list(range(0, v.key_tile * head_dim, L.CHUNK))
+    assert v.fp8_tile_bytes == 2 * v.key_tile * head_dim
+    slots = [L.staging_slot(n, v.fp8_stages) for n in range(3 * v.fp8_stages)]
+    assert slots == list(range(v.fp8_stages)) * 3
+
+
+def test_fp8_staging_fits_beside_the_16_bit_ring_or_the_variant_is_refused(monkeypatch):
+    """Fewer than two FP8 tiles would leave none in flight while one is converted."""
+    v = T.Variant(128, 2, "bfloat16")
+    monkeypatch.setattr(T, "SMEM_BYTES", v.smem_bytes - v.fp8_tile_bytes)
+    with pytest.raises(ValueError, match="room for 1 FP8 tile"):
+        v.check()
 
 
 @pytest.mark.parametrize("head_dim", T.HEAD_DIMS)

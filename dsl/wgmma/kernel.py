@@ -294,6 +294,9 @@ class WgmmaPagedAttention:
         s_row_scale = smem.allocate_tensor(cutlass.Float32, cute.make_layout(v.rows), 16)
         q_raw = smem.allocate_array(cutlass.Int8, v.q_bytes, byte_alignment=1024)
         ring = smem.allocate_array(cutlass.Int8, v.stages * v.item_bytes, byte_alignment=1024)
+        staging = smem.allocate_array(
+            cutlass.Int8, v.fp8_stages * v.fp8_tile_bytes, byte_alignment=128
+        )
         sQ = cute.make_tensor(cute.recast_ptr(q_raw, q_layout.inner, dtype=dt), q_layout.outer)
         sK = cute.make_tensor(cute.recast_ptr(ring, k_layout.inner, dtype=dt), k_layout.outer)
         sV = cute.make_tensor(cute.recast_ptr(ring, v_layout.inner, dtype=dt), v_layout.outer)
@@ -317,6 +320,7 @@ class WgmmaPagedAttention:
                     cute.arch.setmaxregister_decrease(T.PRODUCER_REGISTERS)
                 self.producer_role(
                     ring,
+                    staging,
                     k_ptr,
                     v_ptr,
                     block_table_ptr,
@@ -369,7 +373,7 @@ class WgmmaPagedAttention:
                     num_q_heads,
                     kv_head,
                     group,
-                    q_start,
+                    cu_seqlens_q_ptr,
                     q_len,
                     kv_len,
                     num_rows,
@@ -388,6 +392,7 @@ class WgmmaPagedAttention:
     def producer_role(
         self,
         ring: cute.Pointer,
+        staging: cute.Pointer,
         k_ptr: cute.Pointer,
         v_ptr: cute.Pointer,
         block_table_ptr: cute.Pointer,
@@ -408,15 +413,16 @@ class WgmmaPagedAttention:
         wg_tidx: cutlass.Int32,
         kv_producer: pipeline.PipelineProducer,
     ):
-        """Per key tile, the K item then the V item: each thread loads its FP8 chunks (issued
-        before it waits for a free stage, so the loads are in flight meanwhile), converts them
-        exactly to the MMA dtype and stores them swizzled; rows past kv_len are stored as zeros
-        (P is 0 there, and 0 x NaN would poison O).
+        """Iteration s copies key tile s + fp8_stages - 1 (K then V) with cp.async into its FP8
+        staging slot and converts tile s: each thread reads back its own chunks, converts them
+        exactly to the MMA dtype and stores them swizzled into the 16-bit ring, K item then V
+        item. fp8_stages - 1 tiles are in flight while one is converted, without
+        registers (only cp.async.wait_group orders a thread's copies before its reads).
 
         Integer work per row is one shuffle and one wide multiply-add: the block table is read
         once per page per tile (lane p of each warp reads the tile's page p, a tile ahead, and
         K and V both take a row's page from that lane); everything else of a row's address
-        (KV head, slot, chunk) is a per-thread pointer computed once."""
+        (KV head, the thread's slot, chunk) is a per-thread pointer computed once."""
         v = self.v
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
         lane = wg_tidx % 32
@@ -437,36 +443,54 @@ class WgmmaPagedAttention:
         # offsets inside a page stay 32-bit.
         k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
         v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
+        # This thread's chunk of staging slot 0, K item, step 0: a step and the V item add
+        # immediates, a slot one multiply.
+        stage_thread = cute.recast_ptr(staging, dtype=self.kv_dtype) + cute.assume(
+            L.staging_offset(wg_tidx, 0), divby=L.CHUNK
+        )
+        # cp.async.cg, 16 bytes: streamed through L2 only (each byte is read once per CTA).
+        copy16 = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
+            self.kv_dtype,
+            num_bits_per_copy=128,
+        )
         bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
         num_cols = X.page_count(kv_len, page_shift)
+        ahead = v.fp8_stages - 1
         pages = self.read_tile_pages(
             bt_row, bt_stride_b, num_cols, first_tile * v.key_tile, lane, page_shift
         )
+        # Prologue: tiles 0 .. ahead - 1 in flight (one cp.async group each, empty past the
+        # last), then iteration s copies tile s + ahead and converts tile s. Only ``pages``
+        # (the next tile's, read a tile ahead) is carried from one copy to the next.
+        for p in cutlass.range_constexpr(ahead):
+            if p < iters:
+                pages = self.copy_tile(
+                    p, first_tile, pages, copy16, stage_thread, k_thread, v_thread, k_block,
+                    k_slot, v_block, v_slot, thread_page, bt_row, bt_stride_b, num_cols, lane,
+                    kv_len, page_shift, wg_tidx, True,
+                )  # fmt: skip
+            cute.arch.cp_async_commit_group()
         for s in cutlass.range(iters):
-            key0 = (first_tile + s) * v.key_tile
-            pages_next = self.read_tile_pages(
-                bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, page_shift
-            )
-            _, slot0 = L.tile_page_slot(key0, page_shift)
-            full = key0 + v.key_tile <= kv_len
-            # K then V of the tile, both items' loads issued before the wait for a free stage
-            # and before either store, so 2 x key_tile x head_dim bytes per CTA are in flight
-            # (64 of the producer's registers).
-            raw_k = self.load_item(
-                k_thread, k_block, k_slot, pages, thread_page, slot0, full, key0, kv_len,
-                page_shift, wg_tidx,
-            )  # fmt: skip
-            raw_v = self.load_item(
-                v_thread, v_block, v_slot, pages, thread_page, slot0, full, key0, kv_len,
-                page_shift, wg_tidx,
-            )  # fmt: skip
+            if s + ahead < iters:
+                pages = self.copy_tile(
+                    s + ahead, first_tile, pages, copy16, stage_thread, k_thread, v_thread,
+                    k_block, k_slot, v_block, v_slot, thread_page, bt_row, bt_stride_b,
+                    num_cols, lane, kv_len, page_shift, wg_tidx, False,
+                )  # fmt: skip
+            cute.arch.cp_async_commit_group()  # one group per iteration, empty past the last
+            cute.arch.cp_async_wait_group(ahead)  # this thread's copies of tile s have landed
+            drain = L.staging_slot(s, v.fp8_stages) * v.fp8_tile_bytes
+            src = stage_thread + cute.assume(drain, divby=L.CHUNK)
             k_handle = kv_producer.acquire_and_advance()
-            self.store_item(raw_k, ring16 + k_handle.index * (v.item_bytes // 2), wg_tidx)
+            self.store_item(src, ring16 + k_handle.index * (v.item_bytes // 2), wg_tidx)
             k_handle.commit()
             v_handle = kv_producer.acquire_and_advance()
-            self.store_item(raw_v, ring16 + v_handle.index * (v.item_bytes // 2), wg_tidx)
+            self.store_item(
+                src + v.fp8_tile_bytes // 2, ring16 + v_handle.index * (v.item_bytes // 2),
+                wg_tidx,
+            )  # fmt: skip
             v_handle.commit()
-            pages = pages_next
         kv_producer.tail()
 
     @cute.jit
@@ -485,61 +509,100 @@ class WgmmaPagedAttention:
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
-    def load_item(
+    def copy_tile(
         self,
-        thread_ptr: cute.Pointer,
-        block_stride: cutlass.Int32,
-        slot_stride: cutlass.Int32,
+        n: cutlass.Int32,
+        first_tile: cutlass.Int32,
         pages: cutlass.Int32,
+        copy16: cute.CopyAtom,
+        stage_thread: cute.Pointer,
+        k_thread: cute.Pointer,
+        v_thread: cute.Pointer,
+        k_block: cutlass.Int32,
+        k_slot: cutlass.Int32,
+        v_block: cutlass.Int32,
+        v_slot: cutlass.Int32,
         thread_page,
-        slot0,
-        full: cutlass.Boolean,
-        key0: cutlass.Int32,
+        bt_row: cute.Pointer,
+        bt_stride_b: cutlass.Int64,
+        num_cols: cutlass.Int32,
+        lane: cutlass.Int32,
         kv_len: cutlass.Int32,
         page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
-    ) -> cute.Tensor:
-        """This thread's FP8 chunks of one staged item (K or V of the key tile at key0): a tile
-        wholly inside the sequence loads every row unchecked; the last one zeros rows past
-        kv_len. ``thread_page`` is a plain 0 where head_dim fixes it (layouts.
-        loader_thread_page_slot), else Int32."""
-        raw = cute.make_rmem_tensor(
-            cute.make_layout((L.CHUNK, L.loader_steps(self.v.key_tile, self.v.head_dim))),
-            self.kv_dtype,
+        prologue: cutlass.Constexpr,
+    ) -> cutlass.Int32:
+        """cp.async this thread's chunks of the CTA's n-th key tile, K then V, into its staging
+        slot (``pages``: this lane's page of that tile); returns this lane's page of the next
+        tile, read now so that its latency hides behind these copies. A tile wholly inside
+        the sequence copies every row unchecked; the last one stores zeros for rows past
+        kv_len instead (P is 0 there, and 0 x NaN would poison O). The prologue (once per
+        CTA) checks every row: one code path. ``thread_page`` is a plain 0 where head_dim
+        fixes it (layouts.loader_thread_page_slot), else Int32."""
+        v = self.v
+        key0 = (first_tile + n) * v.key_tile
+        pages_next = self.read_tile_pages(
+            bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, page_shift
         )
-        if full:
-            self.load_rows(
-                raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
-                kv_len, page_shift, wg_tidx, False,
+        _, slot0 = L.tile_page_slot(key0, page_shift)
+        fill = L.staging_slot(n, v.fp8_stages) * v.fp8_tile_bytes
+        dst = stage_thread + cute.assume(fill, divby=L.CHUNK)
+        dst_v = dst + v.fp8_tile_bytes // 2
+        if cutlass.const_expr(prologue):
+            self.copy_rows(
+                copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0, kv_len,
+                page_shift, wg_tidx, True,
             )  # fmt: skip
-        else:
-            self.load_rows(
-                raw, thread_ptr, block_stride, slot_stride, pages, thread_page, slot0, key0,
+            self.copy_rows(
+                copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
                 kv_len, page_shift, wg_tidx, True,
             )  # fmt: skip
-        return raw
+        else:
+            if key0 + v.key_tile <= kv_len:
+                self.copy_rows(
+                    copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
+                    kv_len, page_shift, wg_tidx, False,
+                )  # fmt: skip
+                self.copy_rows(
+                    copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
+                    kv_len, page_shift, wg_tidx, False,
+                )  # fmt: skip
+            else:
+                self.copy_rows(
+                    copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
+                    kv_len, page_shift, wg_tidx, True,
+                )  # fmt: skip
+                self.copy_rows(
+                    copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
+                    kv_len, page_shift, wg_tidx, True,
+                )  # fmt: skip
+        return pages_next
 
     @cute.jit
-    def load_rows(
+    def copy_rows(
         self,
-        raw: cute.Tensor,
+        copy16: cute.CopyAtom,
+        dst: cute.Pointer,
         thread_ptr: cute.Pointer,
         block_stride: cutlass.Int32,
         slot_stride: cutlass.Int32,
         pages: cutlass.Int32,
         thread_page,
-        slot0,
+        slot0: cutlass.Int32,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
         page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         checked: cutlass.Constexpr,
     ):
-        """One 16-byte load per step: the row's page from the lane that read it, then
-        thread pointer + page x block stride + (tile slot + step slot) x slot stride."""
+        """One 16-byte cp.async per step: the row's page from the lane that read it, then
+        thread pointer + page x block stride + (tile slot + step slot) x slot stride -> the
+        thread's staging chunk + the step's immediate (layouts.staging_offset)."""
         v = self.v
+        zeros = None
         if cutlass.const_expr(checked):
-            raw.fill(0.0)
+            zeros = cute.make_rmem_tensor(cute.make_layout(L.CHUNK), self.kv_dtype)
+            zeros.fill(0.0)
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
             # The step's page and slot are uniform (shift and mask of a constant); a page past
             # the tile's first comes from the lane that read it.
@@ -555,22 +618,27 @@ class WgmmaPagedAttention:
             src = cute.make_tensor(
                 thread_ptr + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
             )
+            at = cute.make_tensor(dst + L.staging_offset(0, step), cute.make_layout(L.CHUNK))
             if cutlass.const_expr(checked):
                 if key0 + L.loader_row(wg_tidx, step, v.head_dim) < kv_len:
-                    raw[None, step].store(src.load())
+                    cute.copy(copy16, src, at)
+                else:
+                    at.store(zeros.load())
             else:
-                raw[None, step].store(src.load())
+                cute.copy(copy16, src, at)
 
     @cute.jit
-    def store_item(self, raw: cute.Tensor, stage: cute.Pointer, wg_tidx: cutlass.Int32):
-        """Convert this thread's chunks exactly to the MMA dtype and store them, two 16-byte
-        stores per chunk, into the swizzled stage; then fence them for wgmma's async proxy."""
+    def store_item(self, src: cute.Pointer, stage: cute.Pointer, wg_tidx: cutlass.Int32):
+        """Read this thread's FP8 chunks of one item back from staging (``src``: its step-0
+        chunk), convert them exactly to the MMA dtype and store them, two 16-byte stores per
+        chunk, into the swizzled stage; then fence them for wgmma's async proxy."""
         v = self.v
         # Element offsets (16-bit) of this thread's two halves at step 0; a step adds rows.
         bases = [L.loader_store_base(wg_tidx, half, v.head_dim, v.key_tile) // 2 for half in (0, 1)]
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
+            raw = cute.make_tensor(src + L.staging_offset(0, step), cute.make_layout(L.CHUNK))
             wide = cute.make_rmem_tensor(cute.make_layout((L.CHUNK // 2, 2)), self.mma_dtype)
-            wide.store(raw[None, step].load().to(self.mma_dtype).reshape((L.CHUNK // 2, 2)))
+            wide.store(raw.load().to(self.mma_dtype).reshape((L.CHUNK // 2, 2)))
             for half in cutlass.range_constexpr(2):
                 at = bases[half] + L.loader_store_step(step, v.head_dim) // 2
                 dst = cute.make_tensor(
@@ -611,7 +679,7 @@ class WgmmaPagedAttention:
         num_q_heads: cutlass.Int32,
         kv_head: cutlass.Int32,
         group: cutlass.Int32,
-        q_start: cutlass.Int32,
+        cu_seqlens_q_ptr: cute.Pointer,
         q_len: cutlass.Int32,
         kv_len: cutlass.Int32,
         num_rows: cutlass.Int32,
@@ -625,6 +693,9 @@ class WgmmaPagedAttention:
     ):
         """Q tile, then per key tile: S = Q K^T, mask, online softmax, O += P V; epilogue."""
         v = self.v
+        # Read again here rather than passed from the CTA's setup: passed, the m128 build
+        # (ptxas 13.0) kept it in local memory (an 8-byte stack, 12 LDL).
+        q_start = cute.make_tensor(cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
         dt = self.mma_dtype
         f32 = self.acc_dtype
         row0 = row_base + wg * L.ROWS_PER_WARPGROUP

@@ -67,6 +67,20 @@ def loader_rows_per_step(head_dim):
     return WARPGROUP // loader_chunks_per_row(head_dim)
 
 
+# FP8 staging: each producer thread cp.asyncs its chunks into a staging slot (one key tile: K,
+# then V) and later reads back exactly those chunks to convert them, so the slot's layout is
+# private to the thread (no barrier between the copy and the read, only cp.async.wait_group).
+def staging_offset(thread, step):
+    """Byte offset in an FP8 staging item (K or V of one key tile) of the chunk ``thread``
+    copies at ``step``: a step's 128 chunks side by side (conflict-free 16-byte accesses)."""
+    return (step * WARPGROUP + thread) * CHUNK
+
+
+def staging_slot(tile, fp8_stages):
+    """Staging slot of the CTA's ``tile``-th key tile (0 = its first): a ring of fp8_stages."""
+    return tile % fp8_stages
+
+
 def loader_store_base(thread, half, head_dim, key_tile):
     """Byte offset in a staged item where ``thread`` stores the 8 converted elements ``half``
     (0, 1) of the chunk it loads at step 0 (computed once per producer thread)."""

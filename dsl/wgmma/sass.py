@@ -12,10 +12,11 @@ from dsl import sass_check
 from dsl.wgmma.layouts import loader_steps, q_steps
 from dsl.wgmma.traits import CONSUMER_REGISTERS, PRODUCER_REGISTERS, Variant
 
-# The MMA (HGMMA = wgmma), the load path (16-byte global loads of FP8 pages and of Q, 16-byte
-# shared stores of the dequantised operands), the exact FP8 -> fp16 conversion of the variant's
-# cache dtype (``conversion``) and the mbarrier pipeline between producer and consumers (SYNCS).
-REQUIRED = ("HGMMA", "LDG.E.128", "STS.128", "SYNCS")
+# The MMA (HGMMA = wgmma), the load path (16-byte cp.async of FP8 pages into the staging ring,
+# 16-byte shared loads of them back, 16-byte global loads of Q, 16-byte shared stores of the
+# dequantised operands), the exact FP8 -> fp16 conversion of the variant's cache dtype
+# (``conversion``) and the mbarrier pipeline between producer and consumers (SYNCS).
+REQUIRED = ("HGMMA", "LDGSTS.E.BYPASS.128", "LDS.128", "LDG.E.128", "STS.128", "SYNCS")
 FORBIDDEN = sass_check.FORBIDDEN  # local memory: spills or stack arrays
 _CONVERSIONS = {"float8_e4m3fn": "F2FP.F16.E4M3.UNPACK_B", "float8_e5m2": "F2FP.F16.E5M2.UNPACK_B"}
 
@@ -26,16 +27,24 @@ def conversion(variant: Variant) -> str:
 
 
 def expected_counts(variant: Variant) -> dict[str, int]:
-    """Static counts the kernel's structure fixes: one HGMMA per 16-deep k-step of each GEMM,
-    one 16-byte load per producer chunk (K and V, twice: the unchecked path of a tile inside
-    the sequence and the checked one of its last tile) and per Q chunk, two 16-byte stores per
-    FP8 chunk (one per 8 converted elements), one conversion per FP8 pair."""
+    """Static counts the kernel's structure fixes: one HGMMA per 16-deep k-step of each GEMM;
+    one 16-byte cp.async (cp.async.cg: LDGSTS.E.BYPASS.128) per producer chunk of K and of V in
+    each copy path: the prologue's fp8_stages - 1 tiles (checked rows) and the main loop's
+    unchecked tile inside the sequence and checked last tile; in each checked path a 16-byte
+    zero store instead for a row past kv_len; one 16-byte shared load per chunk read back,
+    two 16-byte stores per FP8 chunk (one per 8 converted elements), one conversion per FP8
+    pair; one 16-byte global load and store per Q chunk."""
     steps = loader_steps(variant.key_tile, variant.head_dim)
+    copies = 2 * steps  # K and V chunks of one tile per thread
+    paths = variant.fp8_stages - 1 + 2  # prologue tiles, unchecked, checked
+    checked = variant.fp8_stages - 1 + 1
     return {
         "HGMMA": variant.head_dim // 16 + variant.key_tile // 16,
-        "LDG.E.128": 2 * 2 * steps + q_steps(variant.head_dim),
-        "STS.128": 2 * 2 * steps + q_steps(variant.head_dim),
-        conversion(variant): 2 * steps * 16 // 2,
+        "LDGSTS.E.BYPASS.128": copies * paths,
+        "LDS.128": copies,
+        "LDG.E.128": q_steps(variant.head_dim),
+        "STS.128": copies * checked + 2 * copies + q_steps(variant.head_dim),
+        conversion(variant): copies * 16 // 2,
     }
 
 

@@ -17,11 +17,15 @@ KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 REGISTER_FILE = 65536  # 32-bit registers per SM
 MAX_STAGES = 4  # staged 16-bit K/V items between the producer and the consumers
+# FP8 key tiles (K and V) the producer's cp.async keeps in flight ahead of its conversion: as
+# many as the shared memory left by Q and the 16-bit ring holds, at most this many.
+MAX_FP8_STAGES = 3
 BARRIER_BYTES = 1024  # mbarriers (full/empty per stage), aligned ahead of the 1024-B tiles
 
-# Warp roles: warpgroup 0 is the producer (loads FP8 K/V pages, dequantises them into the
-# swizzled 16-bit ring), warpgroups 1..consumers each own 64 query rows and run both GEMMs and
-# the online softmax. With two consumers the producer gives registers away (setmaxnreg).
+# Warp roles: warpgroup 0 is the producer (copies FP8 K/V pages into a staging ring with
+# cp.async, dequantises them into the swizzled 16-bit ring), warpgroups 1..consumers each own 64
+# query rows and run both GEMMs and the online softmax. With two consumers the producer gives
+# registers away (setmaxnreg).
 PRODUCER_WARPGROUP = 0
 PRODUCER_REGISTERS = 104
 CONSUMER_REGISTERS = 200
@@ -88,8 +92,26 @@ class Variant:
         return min(MAX_STAGES, free // self.item_bytes)
 
     @property
+    def fp8_tile_bytes(self) -> int:
+        """One FP8 staging slot: K then V of a key tile, key_tile x head_dim bytes each."""
+        return 2 * self.key_tile * self.head_dim
+
+    @property
+    def fp8_stages(self) -> int:
+        """Key tiles in the FP8 staging ring (cp.async destinations): what is left after Q and
+        the 16-bit ring, at most MAX_FP8_STAGES. fp8_stages - 1 tiles are in flight while the
+        producer converts one."""
+        free = SMEM_BYTES - BARRIER_BYTES - self.q_bytes - self.stages * self.item_bytes
+        return min(MAX_FP8_STAGES, free // self.fp8_tile_bytes)
+
+    @property
     def smem_bytes(self) -> int:
-        return BARRIER_BYTES + self.q_bytes + self.stages * self.item_bytes
+        return (
+            BARRIER_BYTES
+            + self.q_bytes
+            + self.stages * self.item_bytes
+            + self.fp8_stages * self.fp8_tile_bytes
+        )
 
     @property
     def registers_per_thread(self) -> dict:
@@ -113,6 +135,8 @@ class Variant:
             )
         if self.stages < 2:
             raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
+        if self.fp8_stages < 2:
+            raise ValueError(f"{self.name}: room for {self.fp8_stages} FP8 tile(s), need 2")
         regs = self.registers_per_thread
         total = WARPGROUP * (regs["producer"] + self.consumers * regs["consumer"])
         if total > self.threads * self.launch_registers:
