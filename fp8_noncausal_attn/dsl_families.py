@@ -17,7 +17,11 @@ time. The C interface (dsl/build.py ``ARGUMENTS``)::
 
     int fp8nca_<family>_variant_count(void);
     const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
+    int fp8nca_<family>_load(int i);   // 0, the CUDA error of loading its cubin, -1: unknown i
     int fp8nca_<family>_run(int i, <LAUNCH_ARGUMENTS>);  // 0, the DSL's error, -1: unknown i
+
+The plan loads its variant's cubin (``load``, once per process), so that a failure is reported
+at plan time and the first launch may be inside a CUDA-graph capture.
 
 A variant name with ``_p<N>`` (``tcgen05_d128_n32_p16_bf16_e4m3``, as built before both families
 took the page at run time) was compiled for pages of N keys only; one without
@@ -154,10 +158,18 @@ class Library:
         count.restype, count.argtypes = ctypes.c_int, []
         name = getattr(self._cdll, f"fp8nca_{family}_variant_name")
         name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+        self._load = getattr(self._cdll, f"fp8nca_{family}_load")
+        self._load.restype, self._load.argtypes = ctypes.c_int, [ctypes.c_int]
         self._run = getattr(self._cdll, f"fp8nca_{family}_run")
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_int] + [kind for _, kind in LAUNCH_ARGUMENTS]
         self.variants = tuple(parse_variant(i, name(i).decode()) for i in range(count()))
+
+    def load(self, index: int) -> int:
+        """``fp8nca_<family>_load(index)``: load the variant's cubin on every visible device
+        (once per process); 0, the CUDA error of the load (not retried), or -1 for an unknown
+        index."""
+        return self._load(index)
 
     def launch(self, index: int, arguments: dict[str, int | float]) -> int:
         """Call ``fp8nca_<family>_run(index, ...)``; returns its status (0: launched)."""
@@ -364,6 +376,10 @@ def _plan(
     )  # fmt: skip
     if variant is None:
         return None, why
+    # Load the cubin now, not at the first launch (which may be inside a CUDA-graph capture).
+    status = library.load(variant.index)
+    if status != 0:
+        return None, f"{variant.name} did not load (CUDA error {status})"
     row_tiles = -(-rows // variant.rows)
     if num_splits is None:
         key_tiles = -(-window_keys(problem, variant.rows) // family.key_tile(problem.head_dim))

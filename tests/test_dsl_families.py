@@ -47,13 +47,20 @@ SMALL_BUILDS = {
 
 
 class FakeLibrary:
-    """A family's library as the loader sees it, with a recording (or emulating) launch."""
+    """A family's library as the loader sees it, with a recording (or emulating) launch and a
+    recording load that returns ``load_status``."""
 
-    def __init__(self, names: list[str], launch=None) -> None:
+    def __init__(self, names: list[str], launch=None, load_status: int = 0) -> None:
         self.path = Path("/fake/libfp8nca.so")
         self.variants = tuple(dsl_families.parse_variant(i, n) for i, n in enumerate(names))
         self.calls: list[tuple[int, dict]] = []
+        self.loads: list[int] = []
         self._launch = launch
+        self._load_status = load_status
+
+    def load(self, index: int) -> int:
+        self.loads.append(index)
+        return self._load_status
 
     def launch(self, index: int, arguments: dict) -> int:
         self.calls.append((index, arguments))
@@ -214,6 +221,13 @@ def test_a_package_build_loads_and_lists_its_variants(package_build, family, mon
         assert library.path == folder / f"libfp8nca_{family}.so"
         zeros = {name: 0 for name, _ in dsl_families.LAUNCH_ARGUMENTS}
         assert library.launch(len(library.variants), zeros) == -1
+        assert library.load(len(library.variants)) == library.load(-1) == -1
+        if not torch.cuda.is_available():
+            # The load's CUDA error comes back (no driver here: 35, insufficient driver), the
+            # same again (not retried), and a launch returns it without launching.
+            status = library.load(0)
+            assert status > 0 and library.load(0) == status
+            assert library.launch(0, zeros) == status
         report = fna.available_backends()["cuda"]["families"][family]
         assert f"{library.path}: 1 variant(s)" in report["reason"]
         assert report["available"] is False  # no GPU here
@@ -391,6 +405,23 @@ def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
     dsl = plan.backend_plan.dsl
     assert dsl.variant.name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
     assert (dsl.row_tiles, dsl.num_splits) == (1, 1)
+    assert wgmma.loads == [dsl.variant.index]  # loaded at plan time, before any launch
+    assert wgmma.calls == []
+
+
+def test_a_variant_that_does_not_load_falls_back_at_plan_time_with_the_cuda_error(monkeypatch):
+    """A cubin the driver refuses (here: CUDA error 209, no kernel image for the device) is
+    reported when the plan is made, and mma_sync runs; nothing is launched."""
+    wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"], load_status=209)
+    mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
+    case = make_case([3, 5], [40, 21], seed=4)
+    reason = (
+        "wgmma refused, mma_sync runs: wgmma_d64_m64_bf16_e4m3@sm_90a did not load (CUDA error 209)"
+    )
+    with pytest.warns(RuntimeWarning, match=re.escape(reason)):
+        plan = plan_case(attention(case), case, family="wgmma")
+    assert (plan.family, plan.family_reason) == ("mma_sync", reason)
+    assert len(wgmma.loads) == 1 and wgmma.calls == []
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 for sm_90a, export, link ``libfp8nca_wgmma.so``, load it on this CPU machine, and check the kept
 cubins' SASS. NEVER RUN ON A GPU: nothing here launches a kernel."""
 
+import ctypes
 import json
 
 import pytest
+import torch
 from dsl_helpers import check_library_names_every_variant
 
 from dsl import build, sass_check
@@ -37,6 +39,18 @@ def test_build_record_lists_every_ci_variant(built):
 def test_library_loads_without_a_gpu_and_names_every_variant(built):
     out, record = built
     check_library_names_every_variant(out / "libfp8nca_wgmma.so", "wgmma", record)
+
+
+def test_load_entry_returns_the_cuda_error_of_each_variant_or_minus_one(built):
+    """fp8nca_wgmma_load(i): -1 for an unknown index; without a GPU driver every variant's load
+    returns the CUDA error (not 0, and not a crash)."""
+    out, record = built
+    load = ctypes.CDLL(str(out / "libfp8nca_wgmma.so")).fp8nca_wgmma_load
+    load.restype, load.argtypes = ctypes.c_int, [ctypes.c_int]
+    count = len(record["variants"])
+    assert load(count) == load(-1) == -1
+    if not torch.cuda.is_available():
+        assert all(load(i) > 0 for i in range(count))
 
 
 def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):
