@@ -579,3 +579,79 @@ def test_triton_rows_launch_the_prefill_over_as_many_keys(monkeypatch):
     assert launch.kwargs["MASK_MODE"] == 0  # non-causal, no window
     seq_lens = [a for a in launch.args if hasattr(a, "tolist") and a.numel() == 1]
     assert [1024] in [a.tolist() for a in seq_lens]
+
+
+# A converter loop whose copies are specialised per page size and dispatched by a jump table
+# (BRX; its cases' offsets live in constant bank 2): case 0x50 (laid out after the BRX) is
+# if-converted, predicated unchecked copies falling through to the checked ones; case 0xc0
+# shuffles its pages (a small page), case 0x110 does not (a large page).
+JUMP_TABLE_LISTING = [
+    "S2R R0, SR_TID.X",  # 0x00
+    "MOV R1, RZ",  # 0x10
+    "LDS R3, [R2]",  # 0x20 loop header
+    "LDC R12, c[0x2][R4+0x10]",  # 0x30
+    "BRX R12 -0x50",  # 0x40
+    "ISETP.GT.AND P0, PT, R5, R6, PT",  # 0x50 case: if-converted
+    "@!P0 LDGSTS.E.128 [R8], desc[UR4][R10.64]",  # 0x60
+    "@!P0 LDGSTS.E.128 [R8+0x800], desc[UR4][R12.64]",  # 0x70
+    "@!P0 BRA 0x150",  # 0x80
+    "@P1 LDGSTS.E.128 [R8], desc[UR4][R10.64]",  # 0x90
+    "@P2 LDGSTS.E.128 [R8+0x800], desc[UR4][R12.64]",  # 0xa0
+    "BRA 0x150",  # 0xb0
+    "SHFL.IDX PT, R14, R3, RZ, 0x1f",  # 0xc0 case: two pages per tile
+    "SHFL.IDX PT, R15, R3, 0x1, 0x1f",  # 0xd0
+    "LDGSTS.E.128 [R8], desc[UR4][R10.64]",  # 0xe0
+    "LDGSTS.E.128 [R8+0x800], desc[UR4][R12.64]",  # 0xf0
+    "BRA 0x150",  # 0x100
+    "IMAD.WIDE.U32 R10, R3, R7, R10",  # 0x110 case: one page per tile
+    "LDGSTS.E.128 [R8], desc[UR4][R10.64]",  # 0x120
+    "LDGSTS.E.128 [R8+0x800], desc[UR4][R12.64]",  # 0x130
+    "BRA 0x150",  # 0x140
+    "F2FP.F16.E4M3.UNPACK_B R9, R8",  # 0x150 join: conversion
+    "F2FP.F16.E4M3.UNPACK_B R10, R8.H1",  # 0x160
+    "@P3 BRA 0x20",  # 0x170 back edge
+    "EXIT",  # 0x180
+]
+# Constant bank 2: the three cases, the join (a default case) and a float constant.
+JUMP_TABLE_WORDS = [0x3F800000, 0x50, 0xC0, 0x110, 0x150]
+
+
+def test_converter_counts_one_page_specialisation_of_a_jump_table():
+    """Hand count: each case copies an item with 2 LDGSTS; the plain path picker follows the
+    case laid out after the BRX and counts its predicated and checked copies (4)."""
+    from benchmarks.sass_model import dsl_families, roles
+
+    convert = roles.Role("convert", 4, "LDGSTS", 0, 1024)
+    text = sass_listing(JUMP_TABLE_LISTING)
+
+    def copies(sass_text):
+        counts = roles.role_counts(sass_text, (convert,))["convert"]
+        return dsl_families._copies(counts), counts.per_pipe[pipes.CONVERSION]
+
+    assert copies(text) == ((4, 0), 2)  # two copy sequences: the bug this guards against
+    small = dsl_families.one_page_specialisation(text, convert, JUMP_TABLE_WORDS, 2, 2)
+    assert copies(small) == ((2, 2), 2)
+    assert "BRA 0xc0" in small and "BRX" not in small
+    large = dsl_families.one_page_specialisation(text, convert, JUMP_TABLE_WORDS, 2, 0)
+    assert copies(large) == ((2, 0), 2)
+    assert "BRA 0x110" in large
+    with pytest.raises(ValueError, match="0 jump-table cases issue 2 LDGSTS and 1 SHFL"):
+        dsl_families.one_page_specialisation(text, convert, JUMP_TABLE_WORDS, 2, 1)
+    # Without a BRX the path is kept, but only if it copies one item once.
+    plain = sass_listing(ROLE_LISTING)
+    assert dsl_families.one_page_specialisation(plain, convert, [], 1, 0) == plain
+    with pytest.raises(ValueError, match="1 LDGSTS per iteration, not 2"):
+        dsl_families.one_page_specialisation(plain, convert, [], 2, 0)
+
+
+def test_tcgen05_copy_signature_follows_the_page_size():
+    from benchmarks.sass_model import dsl_families
+
+    assert dsl_families.PAGE_SIZE == 16
+    assert dsl_families.tcgen05_copy_signature(16) == (8, 8)  # 8 pages per 128-key tile
+    assert dsl_families.tcgen05_copy_signature(32) == (8, 4)
+    assert dsl_families.tcgen05_copy_signature(64) == (8, 2)
+    assert dsl_families.tcgen05_copy_signature(128) == (8, 0)
+    for bad in (8, 24, 512):
+        with pytest.raises(ValueError, match="not one of the converter's specialisations"):
+            dsl_families.tcgen05_copy_signature(bad)

@@ -48,3 +48,37 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
         assert sass_check.count(ops, "UTCHMMA") == 2 * 8 * variant.d_tiles
         usage = sass_check.resource_usage(cubin)
         assert usage["REG"] <= T.REGISTERS_PER_THREAD
+
+
+def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
+    """The SASS model's converter path (benchmarks/sass_model/dsl_families.py) follows the
+    page-16 case of the copies' jump table, and only it. Hand count from the cubins (per warp
+    and 128-key x 128-byte item; 128 bytes = 32 words per thread): 8 cp.async (LDGSTS) with 8
+    page shuffles (SHFL.IDX: 8 pages of 16 keys per tile), 8 LDSM; e4m3: 2 words on the
+    integer pipe (2 PRMT each), 30 by F2FP (2 per word) = 60 conversion-pipe instructions;
+    e5m2: 2 PRMT per word = 64, none on the conversion pipe. Before, the model counted 16
+    LDGSTS for e5m2 (the if-converted page-256 case laid out after the BRX)."""
+    from benchmarks.sass_model import dsl_families, pipes
+    from benchmarks.sass_model.cubins import read_cubin
+    from benchmarks.sass_model.roles import role_counts
+
+    out, _ = built
+    for b in dsl_families.read_build(out):
+        if b.arch != "sm_100a":
+            continue
+        roles, _, _ = dsl_families.family_roles(b.family, b.variant)
+        (convert,) = (r for r in roles if r.name == "convert")
+        (kernel,) = read_cubin(b.cubin)
+        text = dsl_families.one_page_specialisation(
+            kernel.sass, convert, dsl_families.jump_table_words(b.cubin), 8, 8
+        )
+        counts = role_counts(text, (convert,))["convert"]
+        ops = {}
+        for op, n in counts.opcodes.items():
+            ops[op.split(".", 1)[0]] = ops.get(op.split(".", 1)[0], 0) + n
+        assert (ops["LDGSTS"], ops["SHFL"], ops["LDSM"]) == (8, 8, 8), b.variant.name
+        if b.variant.kv_dtype == "float8_e5m2":
+            assert ops["PRMT"] == 64 and counts.per_pipe[pipes.CONVERSION] == 0, b.variant.name
+        else:
+            assert counts.opcodes["F2FP.F16.E4M3.UNPACK_B"] == 60, b.variant.name
+            assert counts.per_pipe[pipes.CONVERSION] == 60 and ops["PRMT"] == 4, b.variant.name

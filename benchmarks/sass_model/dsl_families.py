@@ -6,6 +6,11 @@ from each family's own compile-time configuration (``dsl/<family>/traits.py``, `
 plain Python): which warps run which loop, and how many KV bytes one iteration of that loop
 covers. Tensor work is the tile's, 2 x rows x head_dim multiply-accumulates per key (rows = the
 variant's query rows per CTA; tcgen05 shapes live in instruction descriptors, not in SASS).
+
+The tcgen05 converter specialises an item's copies per run-time page size (layouts.PAGE_SHIFTS):
+ptxas dispatches them by a jump table (``BRX`` through constant bank 2). The model follows the
+specialisation of one page size (``PAGE_SIZE``, the drafters' 16; recorded in each row) and no
+other: ``one_page_specialisation``.
 """
 
 from __future__ import annotations
@@ -17,10 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from . import hardware, occupancy, pipes
+from .cfg import ControlFlowGraph
 from .cubins import read_cubin
+from .loop_counts import LoopCounts
 from .model import bound
 from .roles import Role, instr_per_kv_byte, role_counts
 from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
+from .sass import parse
+from .toolchain import run
+
+# The page size (keys) the tcgen05 converter's copies are modelled for: the drafter default.
+PAGE_SIZE = 16
 
 # A name without _p<N>: the page size is a run-time argument (both families today).
 _NAME = re.compile(r"(wgmma|tcgen05)_d(\d+)_[mn](\d+)(?:_p(\d+))?_(bf16|f16)_(e4m3|e5m2)")
@@ -80,6 +92,95 @@ def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:
     return roles, traits.THREADS, "UTCHMMA"
 
 
+_BRX = re.compile(r"(/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?)BRX\s[^;]*;")
+_CONSTANT2 = re.compile(r"^\.nv\.constant2\.\S+\n((?:0x[0-9a-f]{8}\s*)+)", re.M)
+
+
+def jump_table_words(cubin: str | Path) -> list[int]:
+    """The 32-bit words of the cubin's constant bank 2 (``.nv.constant2.<kernel>``), where
+    ptxas keeps its jump tables (absolute code offsets of the cases a ``BRX`` may take)."""
+    words = []
+    for table in _CONSTANT2.finditer(run("cuobjdump", "-elf", str(cubin))):
+        words += [int(w, 16) for w in table.group(1).split()]
+    return words
+
+
+def _copies(counts: LoopCounts) -> tuple[int, int]:
+    """(LDGSTS, SHFL) on one counted iteration's path."""
+    ldgsts = sum(n for op, n in counts.opcodes.items() if op.split(".", 1)[0] == "LDGSTS")
+    shfl = sum(n for op, n in counts.opcodes.items() if op.split(".", 1)[0] == "SHFL")
+    return ldgsts, shfl
+
+
+def _role_loop(graph: ControlFlowGraph, role: Role):
+    """The loop roles.role_counts counts for ``role`` (innermost holding its signature)."""
+    loops = sorted(graph.loops(), key=lambda loop: graph.blocks[loop.header].start)
+    holding = [
+        loop
+        for loop in loops
+        if any(i.base == role.signature for i in graph.loop_instructions(loop))
+    ]
+    innermost = [
+        loop for loop in holding if not any(o.body < loop.body for o in holding if o != loop)
+    ]
+    if len(innermost) <= role.occurrence:
+        raise ValueError(f"role {role.name}: no loop #{role.occurrence} with {role.signature}")
+    return innermost[role.occurrence]
+
+
+def one_page_specialisation(
+    sass_text: str, role: Role, table: list[int], copies: int, shuffles: int
+) -> str:
+    """``sass_text`` with every ``BRX`` of ``role``'s loop turned into a branch to the one
+    jump-table case whose steady-state path issues ``copies`` LDGSTS and ``shuffles`` SHFL (an
+    item's copies for one page size: a shuffle per page of the key tile when it spans more than
+    one, none otherwise). The CFG cannot follow a ``BRX`` (its successor is the next
+    instruction), so the path picker took whichever case is laid out after it, and an
+    if-converted case (predicated unchecked copies falling through to the checked ones) counted
+    two copy sequences. Raises unless exactly one case matches (or, without a ``BRX`` in the
+    loop, unless the path already issues ``copies`` LDGSTS)."""
+    graph = ControlFlowGraph(parse(sass_text))
+    loop = _role_loop(graph, role)
+    body = graph.loop_instructions(loop)
+    dispatch = {i.offset for i in body if i.base == "BRX"}
+    if not dispatch:
+        found = _copies(role_counts(sass_text, (role,))[role.name])[0]
+        if found != copies:
+            raise ValueError(f"role {role.name}: {found} LDGSTS per iteration, not {copies}")
+        return sass_text
+    starts = {graph.instructions[graph.blocks[b].start].offset for b in loop.body}
+    matches = []
+    for case in sorted(set(table) & starts):
+        text = _BRX.sub(
+            lambda m, c=case: (
+                f"{m.group(1)}BRA 0x{c:x} ;" if int(m.group(2), 16) in dispatch else m.group(0)
+            ),
+            sass_text,
+        )
+        if _copies(role_counts(text, (role,))[role.name]) == (copies, shuffles):
+            matches.append((case, text))
+    if len(matches) != 1:
+        cases = [hex(c) for c, _ in matches]
+        raise ValueError(
+            f"role {role.name}: {len(matches)} jump-table cases issue {copies} LDGSTS and "
+            f"{shuffles} SHFL ({cases}); expected exactly one"
+        )
+    return matches[0][1]
+
+
+def tcgen05_copy_signature(page_size: int = PAGE_SIZE) -> tuple[int, int]:
+    """(LDGSTS, SHFL) per converter warp and item for ``page_size`` (dsl/tcgen05/layouts.py):
+    LOADER_STEPS copies; a shuffle per page when the key tile spans several pages."""
+    from dsl.tcgen05 import layouts
+
+    shift = page_size.bit_length() - 1
+    if page_size != 1 << shift or shift not in layouts.PAGE_SHIFTS:
+        raise ValueError(f"page size {page_size}: not one of the converter's specialisations")
+    pages = layouts.pages_per_tile(shift)
+    # Steps sharing a page shuffle from the same lane: ptxas keeps one SHFL per page.
+    return layouts.LOADER_STEPS, (pages if pages > 1 else 0)
+
+
 def read_build(build_dir: str | Path) -> list[Built]:
     """The variants a DSL build directory holds."""
     build = json.loads((Path(build_dir) / "build.json").read_text())
@@ -119,11 +220,20 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
     (kernel,) = read_cubin(built.cubin)
     roles, threads, tensor_op = family_roles(built.family, built.variant)
     ctas = -(-shape.rows // built.rows)
-    instr = instr_per_kv_byte(role_counts(kernel.sass, roles), roles, ctas)
+    sass_text, page = kernel.sass, None
+    if built.family == "tcgen05":
+        page = PAGE_SIZE
+        (convert,) = (r for r in roles if r.name == "convert")
+        sass_text = one_page_specialisation(
+            sass_text, convert, jump_table_words(built.cubin), *tcgen05_copy_signature(page)
+        )
+    instr = instr_per_kv_byte(role_counts(sass_text, roles), roles, ctas)
     # 2 x rows x head_dim MACs per key over 2 x head_dim FP8 bytes per key.
     prediction = bound(gpu, instr, {tensor_op: float(built.rows * ctas)})
     smem = built.variant.smem_bytes
     name = f"{built.variant.name} ({', '.join(f'{r.name} {r.warps}w' for r in roles)})"
+    if page is not None:
+        name += f" page {page}"
     return {
         "kind": shape.kind,
         "gpu": gpu.name,
