@@ -252,7 +252,9 @@ def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn,
         ("wgmma", "sm_90a", 128, 64, "wgmma_d128_m64"),
         ("wgmma", "sm_90a", 128, 65, "wgmma_d128_m128"),
         ("wgmma", "sm_90a", 64, 4096, "wgmma_d64_m128"),  # prefill: several 128-row CTAs
-        ("wgmma", "sm_90a", 256, 128, "wgmma_d256_m64"),  # d256 has 64 rows only
+        ("wgmma", "sm_90a", 256, 64, "wgmma_d256_m64"),
+        ("wgmma", "sm_90a", 256, 128, "wgmma_d256_m128"),
+        ("wgmma", "sm_90a", 256, 4096, "wgmma_d256_m128"),
         ("tcgen05", "sm_100a", 128, 32, "tcgen05_d128_n32"),
         ("tcgen05", "sm_100a", 128, 33, "tcgen05_d128_n64"),
         ("tcgen05", "sm_103a", 128, 100, "tcgen05_d128_n128"),

@@ -100,12 +100,16 @@ def test_sass_checker_reports_role_registers_above_their_setmaxnreg_limits(built
     assert entries
     for entry in entries:
         cubin = out / entry["cubins"][0]
+        variant = by_name[entry["variant"]]
         used = sass.role_registers(cubin)
-        assert 0 < used["producer"] <= T.PRODUCER_REGISTERS
-        assert 0 < used["consumer"] <= T.CONSUMER_REGISTERS
+        limits = variant.registers_per_thread
+        assert 0 < used["producer"] <= limits["producer"]
+        assert 0 < used["consumer"] <= limits["consumer"]
         for role in ("producer", "consumer"):
-            limit = f"{role.upper()}_REGISTERS"
+            lowered = limits | {role: used[role] - 1}
             with monkeypatch.context() as patch:
-                patch.setattr(sass, limit, used[role] - 1)
-                found = sass.problems(cubin, by_name[entry["variant"]])
+                patch.setattr(
+                    T.Variant, "registers_per_thread", property(lambda _, lim=lowered: lim)
+                )
+                found = sass.problems(cubin, variant)
             assert f"{role} touches {used[role]} registers > {used[role] - 1}" in found

@@ -358,6 +358,11 @@ CASES = {
         q_lens=[10, 3], kv_lens=[300, 129], num_q_heads=8, num_kv_heads=2, block_size=128,
         cache_dtype=torch.float8_e5m2, causal=False, splits=2,
     ),
+    # head_dim 256 with two consumer warpgroups (R = 160: two 128-row CTAs), causal, split 2
+    "bf16_d256_m128_causal_split2": dict(
+        q_lens=[40, 20], kv_lens=[300, 150], num_q_heads=8, num_kv_heads=2, block_size=32,
+        head_dim=256, causal=True, consumers=2, splits=2,
+    ),
     "bf16_d256_causal": dict(
         q_lens=[6, 3], kv_lens=[150, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
         head_dim=256, causal=True, splits=1,

@@ -43,6 +43,8 @@ def test_e5m2_builds_on_request_and_names_carry_no_page_size():
         (128, 1, 128, 4, 2, 1024 + 16384 + 4 * 32768 + 2 * 32768, 255),
         (128, 2, 128, 4, 2, 1024 + 32768 + 4 * 32768 + 2 * 32768, 200),  # setmaxnreg 104/200
         (256, 1, 64, 4, 2, 1024 + 32768 + 4 * 32768 + 2 * 32768, 255),
+        # two FP8 tiles fit only beside three 16-bit stages; setmaxnreg 72/216 (O: 128 regs)
+        (256, 2, 64, 3, 2, 1024 + 65536 + 3 * 32768 + 2 * 32768, 216),
     ],
 )
 def test_shared_memory_and_register_budget(
@@ -66,7 +68,6 @@ def test_shared_memory_and_register_budget(
     [
         (dict(head_dim=96), "head_dim 96"),
         (dict(consumers=3), "consumers 3"),
-        (dict(head_dim=256, consumers=2), "spills"),
         (dict(q_dtype="float32"), "dtypes"),
         (dict(kv_dtype="float8_e4m3fnuz"), "dtypes"),
     ],
@@ -110,11 +111,18 @@ def test_fp8_staging_holds_every_chunk_a_thread_copies_once_and_slots_cycle(head
     assert slots == list(range(v.fp8_stages)) * 3
 
 
-def test_fp8_staging_fits_beside_the_16_bit_ring_or_the_variant_is_refused(monkeypatch):
-    """Fewer than two FP8 tiles would leave none in flight while one is converted."""
+def test_two_fp8_tiles_are_kept_before_16_bit_stages_and_too_little_room_is_refused(
+    monkeypatch,
+):
+    """Less shared memory takes 16-bit stages first (two FP8 tiles keep one in flight while one
+    is converted); below two 16-bit stages the variant is refused."""
     v = T.Variant(128, 2, "bfloat16")
-    monkeypatch.setattr(T, "SMEM_BYTES", v.smem_bytes - v.fp8_tile_bytes)
-    with pytest.raises(ValueError, match="room for 1 FP8 tile"):
+    monkeypatch.setattr(T, "SMEM_BYTES", v.smem_bytes - v.item_bytes)
+    assert (v.stages, v.fp8_stages) == (3, 2)
+    room = T.BARRIER_BYTES + v.q_bytes + T.MIN_FP8_STAGES * v.fp8_tile_bytes + v.item_bytes
+    monkeypatch.setattr(T, "SMEM_BYTES", room)
+    assert v.fp8_stages >= 2
+    with pytest.raises(ValueError, match="room for 1 staged item"):
         v.check()
 
 

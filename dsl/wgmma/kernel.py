@@ -317,7 +317,7 @@ class WgmmaPagedAttention:
         if row_base < num_rows:
             if role == T.PRODUCER_WARPGROUP:
                 if cutlass.const_expr(v.set_max_registers):
-                    cute.arch.setmaxregister_decrease(T.PRODUCER_REGISTERS)
+                    cute.arch.setmaxregister_decrease(v.registers_per_thread["producer"])
                 self.producer_role(
                     ring,
                     staging,
@@ -343,7 +343,7 @@ class WgmmaPagedAttention:
                 )
             else:
                 if cutlass.const_expr(v.set_max_registers):
-                    cute.arch.setmaxregister_increase(T.CONSUMER_REGISTERS)
+                    cute.arch.setmaxregister_increase(v.registers_per_thread["consumer"])
                 self.consumer_role(
                     qk_mma,
                     pv_mma,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dsl import sass_check
 from dsl.wgmma.layouts import loader_steps, q_steps
-from dsl.wgmma.traits import CONSUMER_REGISTERS, PRODUCER_REGISTERS, Variant
+from dsl.wgmma.traits import Variant
 
 # The MMA (HGMMA = wgmma), the load path (16-byte cp.async of FP8 pages into the staging ring,
 # 16-byte shared loads of them back, 16-byte global loads of Q, 16-byte shared stores of the
@@ -90,7 +90,7 @@ def problems(cubin: Path, variant: Variant) -> list[str]:
         if roles is None:
             found.append("missing USETMAXREG (setmaxnreg between producer and consumers)")
         else:
-            for role, limit in (("producer", PRODUCER_REGISTERS), ("consumer", CONSUMER_REGISTERS)):
+            for role, limit in variant.registers_per_thread.items():
                 if roles[role] > limit:
                     found.append(f"{role} touches {roles[role]} registers > {limit}")
     if usage["REG"] > variant.registers_per_thread["consumer"]:

@@ -20,6 +20,7 @@ MAX_STAGES = 4  # staged 16-bit K/V items between the producer and the consumers
 # FP8 key tiles (K and V) the producer's cp.async keeps in flight ahead of its conversion: as
 # many as the shared memory left by Q and the 16-bit ring holds, at most this many.
 MAX_FP8_STAGES = 3
+MIN_FP8_STAGES = 2  # one tile in flight while one is converted
 BARRIER_BYTES = 1024  # mbarriers (full/empty per stage), aligned ahead of the 1024-B tiles
 
 # Warp roles: warpgroup 0 is the producer (copies FP8 K/V pages into a staging ring with
@@ -27,8 +28,13 @@ BARRIER_BYTES = 1024  # mbarriers (full/empty per stage), aligned ahead of the 1
 # query rows and run both GEMMs and the online softmax. With two consumers the producer gives
 # registers away (setmaxnreg).
 PRODUCER_WARPGROUP = 0
+# setmaxnreg split of the 128-row launch's 168 x 384 registers (producer + 2 consumers): 104 /
+# 200, and 72 / 216 at head_dim 256, whose O alone takes 128 of a consumer's registers (the
+# cp.async producer keeps no K/V in registers: 56-70).
 PRODUCER_REGISTERS = 104
 CONSUMER_REGISTERS = 200
+WIDE_PRODUCER_REGISTERS = 72
+WIDE_CONSUMER_REGISTERS = 216
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,9 @@ class Variant:
 
     @property
     def stages(self) -> int:
-        """Staged items in the ring: as many as fit, at most MAX_STAGES."""
-        free = SMEM_BYTES - BARRIER_BYTES - self.q_bytes
+        """Staged items in the ring: as many as fit beside MIN_FP8_STAGES FP8 tiles, at most
+        MAX_STAGES."""
+        free = SMEM_BYTES - BARRIER_BYTES - self.q_bytes - MIN_FP8_STAGES * self.fp8_tile_bytes
         return min(MAX_STAGES, free // self.item_bytes)
 
     @property
@@ -117,6 +124,8 @@ class Variant:
     def registers_per_thread(self) -> dict:
         """ptxas' cap per role: the even share, or the setmaxnreg split."""
         if self.set_max_registers:
+            if self.head_dim == 256:
+                return {"producer": WIDE_PRODUCER_REGISTERS, "consumer": WIDE_CONSUMER_REGISTERS}
             return {"producer": PRODUCER_REGISTERS, "consumer": CONSUMER_REGISTERS}
         return {"producer": self.launch_registers, "consumer": self.launch_registers}
 
@@ -127,16 +136,8 @@ class Variant:
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
         check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
-        if self.head_dim == 256 and self.consumers == 2:
-            raise ValueError(
-                f"{self.name}: O takes 128 of a consumer's {CONSUMER_REGISTERS} registers at "
-                "head_dim 256 and "
-                "the kernel spills; R > 64 takes several 64-row CTAs"
-            )
         if self.stages < 2:
             raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
-        if self.fp8_stages < 2:
-            raise ValueError(f"{self.name}: room for {self.fp8_stages} FP8 tile(s), need 2")
         regs = self.registers_per_thread
         total = WARPGROUP * (regs["producer"] + self.consumers * regs["consumer"])
         if total > self.threads * self.launch_registers:
