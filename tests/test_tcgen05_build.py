@@ -63,9 +63,14 @@ def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
     from benchmarks.sass_model.roles import role_counts
 
     out, _ = built
+    # One variant per cache dtype (sm_100a): an item's copies and conversions do not depend on
+    # rows or the query dtype, and each model run takes ~5 s of CI time.
+    chosen = {}
     for b in dsl_families.read_build(out):
-        if b.arch != "sm_100a":
-            continue
+        if b.arch == "sm_100a" and b.variant.head_dim == 128:
+            chosen.setdefault(b.variant.kv_dtype, b)
+    assert set(chosen) == {"float8_e4m3fn", "float8_e5m2"}
+    for b in chosen.values():
         roles, _, _ = dsl_families.family_roles(b.family, b.variant)
         (convert,) = (r for r in roles if r.name == "convert")
         (kernel,) = read_cubin(b.cubin)
