@@ -93,6 +93,19 @@ def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
 LAZY_TILES: Counter = Counter()
 
 
+def warp_column_sums(values: np.ndarray, widths) -> np.ndarray:
+    """softmax._column_sums on every lane of a warp at once: ``values[lane, i]`` (32 x 2 w0);
+    at stage w a lane keeps the upper half of its entries if its lane bit w is set, else the
+    lower half, and adds the other half of its partner lane (lane ^ w)."""
+    lanes = np.arange(32)
+    for width in widths:
+        upper = (lanes & width != 0)[:, None]
+        low, high = values[:, :width], values[:, width : 2 * width]
+        keep, send = np.where(upper, high, low), np.where(upper, low, high)
+        values = keep + send[lanes ^ width]
+    return values
+
+
 def _reference(m):
     """The maximum P is taken against (softmax._reference): 0 while a column has seen no key."""
     return np.where(m == -np.inf, 0.0, m)
@@ -197,7 +210,14 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     # MMA + softmax warps, tile by tile, in the kernel's update order.
     kq, vp = consumer_items(iters, d_tiles)
     m_prev = np.full(rows, -np.inf)
-    l_sum = np.zeros(rows)
+    # Column sums as the softmax lanes hold them: per warp, lane and 32-column chunk the
+    # layouts.partial_sums partial sums after the per-tile butterfly stages.
+    chunks = X.ceil_div(rows, 32)
+    partials = L.partial_sums(rows)
+    l_part = np.zeros((L.KEY_TILE // 32, 32, chunks, partials))
+    partial_column = np.array(
+        [[L.partial_sum_column(lane, i, partials) for i in range(partials)] for lane in range(32)]
+    )
     o = np.zeros((head_dim, rows))
     for s in range(iters):
         k_tile = np.concatenate([converted[kq[s, dk]] for dk in range(d_tiles)], axis=1)
@@ -228,9 +248,27 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
         with np.errstate(invalid="ignore"):
             p = np.where(visible, np.exp2(scores * col_scale - m_use * col_scale), 0.0)
         p16 = p.astype(np.float16).astype(np.float64)
-        l_sum = l_sum * correction + p.sum(axis=0)  # the kernel sums P before its fp16 rounding
+        # The kernel sums P before its fp16 rounding; the partial sums take their column's
+        # correction (layouts.partial_sum_column) on exact tiles only.
+        p_cols = np.zeros((L.KEY_TILE, chunks * 32))
+        p_cols[:, :rows] = p
+        corr_cols = np.ones(chunks * 32)
+        corr_cols[:rows] = correction
+        for w in range(L.KEY_TILE // 32):
+            for c in range(chunks):
+                if exact:
+                    l_part[w, :, c] *= corr_cols[32 * c + partial_column]
+                tile_part = p_cols[32 * w : 32 * w + 32, 32 * c : 32 * c + 32]
+                l_part[w, :, c] += warp_column_sums(tile_part, L.tile_sum_widths(rows))
         o = o * correction + v_tile.T @ p16
 
+    # Epilogue: the last butterfly stages leave lane c with column 32 k + c; the 4 warps add.
+    l_sum = np.zeros(chunks * 32)
+    for w in range(L.KEY_TILE // 32):
+        for c in range(chunks):
+            l_sum[32 * c : 32 * c + 32] += warp_column_sums(
+                l_part[w, :, c], L.epilogue_sum_widths(rows)
+            )[:, 0]
     result = {}
     for n in range(rows):
         r = row_base + n
@@ -485,12 +523,17 @@ PLANTED_ORIGINALS = {
     "window_last_key": X.window_last_key,
     "loader_step_page_slot": L.loader_step_page_slot,
     "loader_ring_offset": L.loader_ring_offset,
+    "partial_sum_column": L.partial_sum_column,
 }
 
 
 def _head_dim_slices_reversed(i, iters, d_tiles, select):
     is_v, tile, dslice = PLANTED_ORIGINALS["item_of"](i, iters, d_tiles, select)
     return is_v, tile, d_tiles - 1 - dslice
+
+
+def _partial_sums_reversed(lane, i, partials):
+    return PLANTED_ORIGINALS["partial_sum_column"](lane, partials - 1 - i, partials)
 
 
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
@@ -551,6 +594,12 @@ PLANTED = {
     "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),
     "lane_page": (L, "lane_page", _lane_page_shifted, "f16_causal_split3"),
     "loader_ring_offset": (L, "loader_ring_offset", _ring_rows_shifted, "bf16_bidir_gqa4"),
+    "partial_sum_column": (
+        L,
+        "partial_sum_column",
+        _partial_sums_reversed,
+        "window_left_only_rows128_split2",
+    ),
 }
 
 
@@ -660,3 +709,35 @@ def test_lazy_rescale_keeps_the_reference_on_ordinary_scores():
         error, tolerance = _run_case(name)
         assert error <= tolerance
     assert LAZY_TILES[False] > 0
+
+
+@pytest.mark.parametrize("rows", [32, 64, 128])
+@pytest.mark.parametrize("planted", [False, True])
+def test_partial_sums_hold_the_columns_layouts_names(monkeypatch, planted, rows):
+    """The per-tile butterfly stages leave entry i of a lane with the sum, over the lanes that
+    share its bits below the stages, of column layouts.partial_sum_column(lane, i), and the
+    epilogue stages leave lane c with column c's sum over all 32 lanes (random values, so a
+    column mixed up anywhere shows); a reversed map (a planted bug) fails where a lane holds
+    more than one partial sum (128 rows)."""
+    if planted:
+        monkeypatch.setattr(L, "partial_sum_column", _partial_sums_reversed)
+    rng = np.random.default_rng(rows)
+    values = rng.standard_normal((32, 32))
+    widths, partials = L.tile_sum_widths(rows), L.partial_sums(rows)
+    parts = warp_column_sums(values, widths)
+    low_bits = min(widths) - 1  # lane bits the per-tile stages did not reduce
+    expected = np.array(
+        [
+            [
+                values[
+                    (np.arange(32) & low_bits) == (lane & low_bits),
+                    L.partial_sum_column(lane, i, partials),
+                ].sum()
+                for i in range(partials)
+            ]
+            for lane in range(32)
+        ]
+    )
+    assert np.allclose(parts, expected) != (planted and partials > 1)
+    final = warp_column_sums(parts, L.epilogue_sum_widths(rows))[:, 0]
+    assert np.allclose(final, values.sum(axis=0))

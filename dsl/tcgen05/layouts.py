@@ -180,3 +180,35 @@ def rescale_needed(max_exponent):
     """The largest exp2 argument of a tile's scores against the reference maxima (log2 units)
     asks for new maxima."""
     return max_exponent > LAZY_RESCALE_LOG2
+
+
+# Column sums of P: at 128 rows per tile only the first butterfly stages of the warp's
+# transpose-reduce run (16 and 8: each lane then holds 8 partial sums per 32 columns, over the 4
+# lanes of its warp that share its low 3 bits); the lanes accumulate those across tiles, and the
+# last stages (4, 2, 1: one column per lane) run once, in the epilogue. Fewer rows keep the whole
+# butterfly per tile: there the sums do not bind, and the d256 x 64-row build spills with the
+# 16 extra registers.
+BUTTERFLY_WIDTHS = (16, 8, 4, 2, 1)
+PARTIAL_SUM_ROWS = 128  # rows from which the sums are partial across tiles
+
+
+def tile_sum_widths(rows):
+    """Butterfly stages the column sums of every tile take."""
+    return BUTTERFLY_WIDTHS[:2] if rows >= PARTIAL_SUM_ROWS else BUTTERFLY_WIDTHS
+
+
+def epilogue_sum_widths(rows):
+    """Butterfly stages left for the epilogue."""
+    return BUTTERFLY_WIDTHS[len(tile_sum_widths(rows)) :]
+
+
+def partial_sums(rows):
+    """Running partial sums a lane holds per 32 columns."""
+    return 32 >> len(tile_sum_widths(rows))
+
+
+def partial_sum_column(lane, i, partials):
+    """Column (within its 32-column chunk) of partial sum ``i`` of ``partials`` a lane
+    accumulates: stage w keeps the upper half of the columns on lanes with bit w set, so the
+    column's upper bits are the lane's."""
+    return (lane & (32 - partials)) + i

@@ -30,14 +30,14 @@ def _reference(m):
     return cutlass.select_(m == -cutlass.Float32.inf, cutlass.Float32(0.0), m)
 
 
-def _warp_column_sums(values, lane):
-    """Butterfly transpose-reduce: ``values`` are this lane's 32 column entries (Python list of
-    Float32); returns, on lane c, the sum over the warp's 32 lanes of column c. 31 shuffles in
-    5 stages: at each, a lane keeps the half of its columns selected by its lane bit and sends
-    the other half to its partner, so column index bits end up equal to the lane bits. The adds
-    go two columns per packed FADD2 where a stage has two or more."""
-    width = 16
-    while width >= 1:
+def _column_sums(values, lane, widths):
+    """Butterfly transpose-reduce stages ``widths`` (descending powers of two, the first half
+    of len(values)) over this lane's column entries (Python list of Float32): at stage w a lane
+    keeps the half of its columns selected by its lane bit w and sends the other half to its
+    partner, so column index bits end up equal to the lane bits (layouts.partial_sum_column).
+    Returns the len(values) / 2^stages sums. The adds go two columns per packed FADD2 where a
+    stage has two or more."""
+    for width in widths:
         upper = (lane & width) != 0
         keep, received = [], []
         for i in range(width):
@@ -54,8 +54,7 @@ def _warp_column_sums(values, lane):
                         (keep[i], keep[i + 1]), (received[i], received[i + 1])
                     )
                 )
-        width //= 2
-    return values[0]
+    return values
 
 
 def _load_scores(load_s, tStS, chunk, stage, chunk_shape, acc_dtype):
@@ -173,8 +172,11 @@ class SoftmaxRole:
         # with one shuffle per column (cheaper than holding all columns in every thread).
         m_prev = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
         m_prev.fill(-acc_dtype.inf)
-        l_mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-        l_mine.fill(0.0)
+        # Running column sums of P as the lanes' partial sums (layouts.partial_sums per chunk,
+        # column layouts.partial_sum_column), reduced across lanes once, in the epilogue.
+        partials = L.partial_sums(rows)
+        l_part = cute.make_rmem_tensor(cute.make_layout(chunks * partials), acc_dtype)
+        l_part.fill(0.0)
 
         # Only a tile some key of which one of the CTA's rows does not see is masked (the last
         # tile, the causal diagonal, the window's edges: X.window_tile_needs_mask from the first
@@ -236,20 +238,30 @@ class SoftmaxRole:
             for k in cutlass.range_constexpr(lane_slots):
                 c = cutlass.min(k * 32 + lane, rows - 1)
                 correction[k] = _exp2((old_reference[k] - _reference(m_prev[k])) * s_col_scale[c])
+            # The running partial sums follow the new maxima (only on exact tiles: elsewhere
+            # every correction is exactly 1); lane c holds column 32 k + c's correction.
+            if exact != 0:
+                for k in cutlass.range_constexpr(chunks):
+                    for i in cutlass.range_constexpr(partials):
+                        factor = correction[k]
+                        if cutlass.const_expr(partials > 1):
+                            column = L.partial_sum_column(lane, i, partials)
+                            factor = cute.arch.shuffle_sync(factor, column)
+                        l_part[k * partials + i] = l_part[k * partials + i] * factor
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
-            # memory (converted two at a time), and the column sums of P: lane c of each warp
-            # gets its 32 keys' sum for column 32 k + c (lane_slots sums per thread, not rows).
+            # memory (converted two at a time), and the column sums of P: the first butterfly
+            # stages only (layouts.tile_sum_widths), added into the lanes' partial sums.
             p_handle = p_producer.acquire_and_advance()
             if needs_mask:
                 self.p_pass(
                     load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
-                    s_col_scale, s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane,
+                    s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
                     True,
                 )  # fmt: skip
             else:
                 self.p_pass(
                     load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
-                    s_col_scale, s_sum, correction, l_mine, key0, kv_len, wg_tidx, wg_warp, lane,
+                    s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
                     False,
                 )  # fmt: skip
             cute.arch.fence_view_async_shared()
@@ -263,10 +275,15 @@ class SoftmaxRole:
                 o_handle.release()
 
         # ---- epilogue: column sums across the 128 key lanes, then O / l, or the split state.
-        for k in cutlass.range_constexpr(lane_slots):
+        for k in cutlass.range_constexpr(chunks):
+            warp_sum = _column_sums(
+                [l_part[k * partials + i] for i in range(partials)],
+                lane,
+                L.epilogue_sum_widths(rows),
+            )[0]
             c = k * 32 + lane
             if c < rows:
-                s_sum[c, wg_warp] = l_mine[k]
+                s_sum[c, wg_warp] = warp_sum
         softmax_bar.arrive_and_wait()
 
         # Thread n: column n's output factor into s_row_scale[n] (the row scales are spent):
@@ -504,8 +521,7 @@ class SoftmaxRole:
         after: cutlass.Int32,
         s_col_scale: cute.Tensor,
         s_sum: cute.Tensor,
-        correction: cute.Tensor,
-        l_mine: cute.Tensor,
+        l_part: cute.Tensor,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
         wg_tidx: cutlass.Int32,
@@ -515,7 +531,8 @@ class SoftmaxRole:
     ):
         """P = exp2(S x scale + offset) of this tile (0 at masked keys when ``masked``), written
         to shared memory in fp16 (vector conversion: two values per instruction), and the
-        column sums of P (fp32) into the lane-owned running sums."""
+        column sums of P (fp32): the per-tile butterfly stages, added into the lanes' running
+        partial sums ``l_part`` (layouts.partial_sums per 32 columns)."""
         rows = self.v.rows
         chunk = min(rows, 32)
         acc_dtype = self.acc_dtype
@@ -540,7 +557,17 @@ class SoftmaxRole:
             probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
             probs.store(probs32.load().to(self.mma_dtype))
             cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_stage)])
-            part = _warp_column_sums(
-                [probs32[i] if i < chunk else cutlass.Float32(0.0) for i in range(32)], lane
+            part = _column_sums(
+                [probs32[i] if i < chunk else cutlass.Float32(0.0) for i in range(32)],
+                lane,
+                L.tile_sum_widths(rows),
             )
-            l_mine[c] = l_mine[c] * correction[c] + part
+            partials = len(part)
+            if cutlass.const_expr(partials == 1):
+                l_part[c] = l_part[c] + part[0]
+            else:
+                for i in cutlass.range_constexpr(0, partials, 2):
+                    k = c * partials + i
+                    l_part[k], l_part[k + 1] = cute.arch.add_packed_f32x2(
+                        (l_part[k], l_part[k + 1]), (part[i], part[i + 1])
+                    )
