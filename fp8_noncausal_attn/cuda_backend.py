@@ -179,29 +179,37 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) 
 
 
 @functools.cache
-def _resident_ctas(device_index: int, head_dim: int, q_dtype: int, kv_dtype: int) -> int:
+def _resident_ctas(
+    device_index: int, head_dim: int, q_dtype: int, kv_dtype: int, block_m: int
+) -> int:
     ext, _ = _load()
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype), 1)
+    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype, block_m), 1)
 
 
 def resident_ctas(problem: AttentionProblem) -> int:
-    """CTAs of this problem's kernel the whole GPU holds at once (occupancy x SMs)."""
+    """CTAs of this problem's kernel (the tile the plan picks for its rows per KV head) the whole
+    GPU holds at once (occupancy x SMs)."""
+    ext, _ = _load()
+    kv_dtype = DTYPE_CODES[problem.key_cache.dtype]
+    rows = max(problem.max_seqlen_q, 1) * problem.group_size
     return _resident_ctas(
         problem.query.device.index,
         problem.head_dim,
         DTYPE_CODES[problem.query.dtype],
-        DTYPE_CODES[problem.key_cache.dtype],
+        kv_dtype,
+        ext.block_m_for(problem.head_dim, kv_dtype, rows),
     )
 
 
 def kernel_plan(
     problem: AttentionProblem, resident: int, num_splits: int | None = None
 ) -> dict[str, object]:
-    """The C++ plan (csrc/common/plan.h, host only): ``block_m``, ``block_n``, ``threads``,
-    ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid`` and the split-KV workspace sizes
-    ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when unsplit) for ``resident`` CTA
-    slots on the GPU. ``num_splits`` forces the count (clamped to what the grid holds).
+    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
+    for more than 64 rows per KV head on an FP8 cache at head_dim 64 / 128), ``block_n``,
+    ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid`` and the split-KV workspace
+    sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when unsplit) for ``resident``
+    CTA slots on the GPU. ``num_splits`` forces the count (clamped to what the grid holds).
 
     Uses host-side sizes only (``max_seqlen_q/k``, the window, the launch-wide causal flag), so a
     captured graph keeps its plan; each CTA derives its own key range from the device-side

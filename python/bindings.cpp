@@ -107,6 +107,9 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
       max_seqlen_k, resident_ctas, num_splits, window_left, window_right, causal));
   py::dict d;
   d["family"] = "mma_sync";
+  // The kernel the launch runs: its demangled name is kernel_name<head_dim, QT, KV>.
+  d["kernel_name"] = p.block_m == fp8nca::mma_sync::kBlockM ? "paged_attention_kernel"
+                                                            : "paged_attention_kernel_m128";
   d["block_m"] = p.block_m;
   d["block_n"] = p.block_n;
   d["threads"] = p.threads;
@@ -119,11 +122,13 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   return d;
 }
 
-// CTAs of the attention kernel for (head_dim, dtypes) that fit on one SM of `device`.
-int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype) {
+// CTAs of the attention kernel for (head_dim, tile of block_m rows, dtypes) that fit on one SM
+// of `device`.
+int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype, int block_m) {
   const DeviceGuard guard(device);
   int ctas = 0;
-  check(fp8nca::ctas_per_sm(fp8nca::Family::kMmaSync, head_dim, q_dtype, kv_dtype, &ctas),
+  check(fp8nca::ctas_per_sm(fp8nca::Family::kMmaSync, head_dim, block_m, q_dtype, kv_dtype,
+                            &ctas),
         "occupancy query");
   return ctas;
 }
@@ -305,20 +310,21 @@ py::list table(const F& f, int n, Rest... rest) {
   return out;
 }
 
-py::dict mma_sync_tables(int head_dim, int elt) {
+py::dict mma_sync_tables(int head_dim, int elt, int block_m) {
   namespace m = fp8nca::mma_sync;
-  const m::TileShape s = m::tile_shape(head_dim, elt);
-  const m::TileShape c = m::compute_shape(head_dim);
+  const m::TileShape s = m::tile_shape(head_dim, elt, block_m);
+  const m::TileShape c = m::compute_shape(head_dim, block_m);
   py::dict d;
   for (const auto& [name, value] :
        {std::pair<const char*, int>{"head_dim", s.head_dim}, {"elt", s.elt},
-        {"block_m", m::kBlockM}, {"warps", m::kWarps}, {"threads", m::kThreads},
+        {"block_m", s.block_m}, {"warps", s.warps}, {"threads", s.threads},
         {"block_n", s.block_n}, {"units", s.units}, {"e", s.e},
         {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups},
         {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
         {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
         {"copy_slots", m::copy_slots(s)}, {"copy_row_step", m::copy_row_step(s)},
-        {"stages", s.stages}, {"wide_bytes", s.wide_bytes}, {"smem", s.smem}}) {
+        {"stages", s.stages}, {"q_bytes", s.q_bytes}, {"wide_bytes", s.wide_bytes},
+        {"smem", s.smem}}) {
     d[name] = value;
   }
   const int slots = s.block_n * s.units;
@@ -420,7 +426,11 @@ PYBIND11_MODULE(_C, m) {
         "Tiles, split-KV count, grid and workspace sizes of one batch (host only, no GPU); "
         "causal: every sequence is causal (sizes splits from a windowed key span).");
   m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
-        py::arg("kv_dtype"), "CTAs of the attention kernel resident per SM (occupancy).");
+        py::arg("kv_dtype"), py::arg("block_m") = fp8nca::mma_sync::kBlockM,
+        "CTAs of the attention kernel (tile of block_m query rows) resident per SM (occupancy).");
+  m.def("block_m_for", &fp8nca::block_m_for, py::arg("head_dim"), py::arg("kv_dtype"),
+        py::arg("rows_per_kv_head"),
+        "Query rows per CTA the plan picks for R = max_seqlen_q x group rows per KV head.");
   m.def("driver_version", &driver_version,
         "The installed CUDA driver's version (cudaDriverGetVersion; 0 when none).");
   m.attr("CUDA_RUNTIME_VERSION") = CUDART_VERSION;
@@ -441,7 +451,9 @@ PYBIND11_MODULE(_C, m) {
            "Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, from CPU "
            "index tensors read as the kernels read them.");
   host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
-           "Tile shape and shared-memory / fragment index maps of the mma.sync family.");
+           py::arg("block_m") = fp8nca::mma_sync::kBlockM,
+           "Tile shape and shared-memory / fragment index maps of the mma.sync family (tile of "
+           "block_m query rows).");
   namespace ms = fp8nca::mma_sync;
   host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
   host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("kv_dtype"));
@@ -456,8 +468,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("word"));
   host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
   host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
-  host.def("key_groups", [](int head_dim, int elt, int rows_in_tile) {
-    return ms::key_groups(ms::tile_shape(head_dim, elt), rows_in_tile);
-  }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"));
+  host.def("key_groups", [](int head_dim, int elt, int rows_in_tile, int block_m) {
+    return ms::key_groups(ms::tile_shape(head_dim, elt, block_m), rows_in_tile);
+  }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"),
+     py::arg("block_m") = ms::kBlockM);
   def_key_range_hooks(host);
 }

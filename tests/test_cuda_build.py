@@ -29,8 +29,9 @@ DEFAULT_PTX = "120"
 # Kernel family -> (kernel name, its MMA instruction in SASS, its async copy instruction).
 FAMILIES = {"mma_sync": ("paged_attention_kernel", r"\bHMMA\.16816\.F32", "LDGSTS")}
 HOT_KERNELS = ("paged_attention_kernel", "merge_splits_kernel", "reshape_and_cache_kernel")
-# head dims x query dtypes x caches (e4m3, e5m2, the query's own 16-bit dtype)
-NUM_ATTENTION_KERNELS = 3 * 2 * 3
+# 64-row tile: head dims x query dtypes x caches (e4m3, e5m2, the query's own 16-bit dtype);
+# 128-row tile (paged_attention_kernel_m128): head dims 64 / 128 x query dtypes x FP8 caches
+NUM_ATTENTION_KERNELS = 3 * 2 * 3 + 2 * 2 * 2
 
 
 def _extension_path() -> Path:
@@ -232,7 +233,8 @@ def test_plan_reports_grid_and_workspace(forced):
     assert plan["grid"] == (m_tiles, 8, 3 * splits + (1 if splits == 1 else 0))
     rows = splits * problem.num_tokens * 32 if splits > 1 else 0
     assert (plan["ws_lse_elems"], plan["ws_o_elems"]) == (rows, rows * 128)
-    assert plan["block_n"] == 64 and plan["threads"] == 128
+    # 96 rows per KV head on e4m3 at d128: the 128-row tile, 8 warps
+    assert (plan["block_m"], plan["block_n"], plan["threads"]) == (128, 64, 256)
     assert plan["smem_bytes"] <= 99 * 1024  # fits sm_89 / sm_120 SMs
 
 

@@ -45,8 +45,8 @@ def host():
 
 
 @functools.cache
-def tables(head_dim: int, elt: int) -> dict:
-    return host().mma_sync_tables(head_dim, elt)
+def tables(head_dim: int, elt: int, block_m: int = 64) -> dict:
+    return host().mma_sync_tables(head_dim, elt, block_m)
 
 
 def raw_bytes(t: torch.Tensor) -> tuple[np.ndarray, int]:
@@ -103,7 +103,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     for tiles as copied (the cache's format)."""
     hk = host()
     d, elt, group, bn = T["head_dim"], T["elt"], pb["group"], T["block_n"]
-    C = tables(d, 2)  # the 16-bit tiles the MMAs read
+    C = tables(d, 2, T["block_m"])  # the 16-bit tiles the MMAs read
     warps = T["warps"]
     q_start, q_len, kv_len, causal = pb["seqs"][seq]
     rows, row0 = q_len * group, m_tile * T["block_m"]
@@ -115,7 +115,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     n_keys = keys[1]
     t_begin, t_end = hk.split_tiles(hk.cta_tiles(keys, bn), num_splits, split)
     # Key groups: warp -> (row warp wm, key group ng, its n-tiles).
-    n_groups = hk.key_groups(d, elt, rows_in_tile)
+    n_groups = hk.key_groups(d, elt, rows_in_tile, T["block_m"])
     m_span = warps // n_groups
     wm = [warp % m_span for warp in range(warps)]
     ng = [warp // m_span for warp in range(warps)]
@@ -336,9 +336,13 @@ def sequences(problem):
 
 
 def emulate(problem, num_splits):
-    """The whole launch (attention kernel grid, then merge.cu when split) on the CPU. Every
-    output row starts as NaN, so a row no CTA writes shows up."""
-    T = tables(problem.head_dim, problem.key_cache.element_size())
+    """The whole launch (attention kernel grid, then merge.cu when split) on the CPU, on the C++
+    plan's tile (64 or 128 query rows) and grid. Every output row starts as NaN, so a row no CTA
+    writes shows up."""
+    plan = cuda_backend.kernel_plan(problem, resident=1, num_splits=num_splits)
+    assert plan["num_splits"] == num_splits
+    T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
+    assert (plan["threads"], plan["smem_bytes"]) == (T["threads"], T["smem"])
     seqs, padding_start = sequences(problem)
     pb = {
         "group": problem.group_size,
@@ -362,9 +366,9 @@ def emulate(problem, num_splits):
     out = np.full(shape, np.nan)
     ws_o = np.full((num_splits, *shape), np.nan)
     ws_lse = np.full((num_splits, *shape[:2]), np.nan)
-    m_tiles = -(-max(problem.max_seqlen_q, 1) * problem.group_size // T["block_m"])
+    m_tiles, kv_heads, _ = plan["grid"]
     for z in range(problem.num_seqs * num_splits):
-        for kvh in range(problem.num_kv_heads):
+        for kvh in range(kv_heads):
             for m_tile in range(m_tiles):
                 seq, split = z // num_splits, z % num_splits
                 run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
@@ -410,12 +414,14 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("elt", [1, 2])
-def test_copy_slots_are_one_unit_of_rows_a_constant_step_apart(head_dim, elt):
+def test_copy_slots_are_one_unit_of_rows_a_constant_step_apart(head_dim, elt, block_m):
     """The kernel forms a thread's copy row and unit once (slot tid) and steps the row by
     copy_row_step for slots tid + i * threads: the maps must agree with that."""
-    T = tables(head_dim, elt)
+    T = tables(head_dim, elt, block_m)
+    assert T["threads"] == 32 * T["warps"] == 2 * block_m
     threads, step = T["threads"], T["copy_row_step"]
     assert T["copy_slots"] * threads == len(T["copy"]) == T["block_n"] * T["units"]
     for tid in range(threads):
@@ -514,6 +520,62 @@ def test_emulated_kernel_matches_reference(name):
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     # Both are rounded to the query dtype once; an index error would be off by O(1).
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+# The 128-row tile (R = q_len x group in 65..128 per CTA): sequences of 160 rows (two M tiles,
+# the second of 32 rows) and 68 rows (GQA 4), two padded rows past the last sequence:
+# (head_dim, cache, query, causal, window, sinks, splits).
+WIDE_CASES = [
+    (128, torch.float8_e4m3fn, torch.bfloat16, [True, False], (-1, -1), False, 1),
+    (64, torch.float8_e5m2, torch.float16, True, (40, 17), True, 3),
+    (128, torch.float8_e5m2, torch.bfloat16, False, (3, 2), True, 2),
+    (64, torch.float8_e4m3fn, torch.bfloat16, [False, True], (-1, 5), False, 1),
+]
+
+
+@pytest.mark.parametrize("head_dim,cache,query,causal,window,sinks,splits", WIDE_CASES, ids=str)
+def test_emulated_128_row_tile_matches_reference(
+    head_dim, cache, query, causal, window, sinks, splits
+):
+    """More than 64 rows per KV head on an FP8 cache: the plan launches the 128-row tile (8 warps,
+    one CTA streams the KV once for its 128 rows), replayed with its own maps; causal per
+    sequence, windows, sinks, split-KV and padded rows as for the 64-row tile."""
+    case = make_case(
+        [40, 17], [120, 75], num_q_heads=8, num_kv_heads=2, head_dim=head_dim, cache_dtype=cache,
+        query_dtype=query, causal=causal, block_size=16, seed=17, padded_rows=2,
+    )  # fmt: skip
+    kwargs = {"window": window, "sinks": torch.tensor(SINKS * 2) if sinks else None}
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
+    )
+    plan = cuda_backend.kernel_plan(problem, resident=1, num_splits=splits)
+    assert (plan["block_m"], plan["threads"], plan["m_tiles"]) == (128, 256, 2)
+    assert plan["kernel_name"] == "paged_attention_kernel_m128"
+    out = emulate(problem, splits).to(query)
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **kwargs, backend="reference")
+    tokens = sum(case.q_lens)
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out[:tokens], ref[:tokens]) <= TOLERANCE[query]
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
+
+
+def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():
+    """block_m_for: 128 rows for R > 64 on e4m3 / e5m2 at head_dim 64 / 128, else 64 (16-bit
+    caches, head_dim 256); the 128-row tile never splits keys and fits 99 KB of shared memory
+    (sm_89 / sm_120)."""
+    from fp8_noncausal_attn import _C
+
+    codes = cuda_backend.DTYPE_CODES
+    for head_dim in (64, 128, 256):
+        for dtype, code in codes.items():
+            fp8 = dtype.itemsize == 1
+            for rows in (1, 32, 64, 65, 128, 129, 4096):
+                wide = rows > 64 and fp8 and head_dim <= 128
+                assert _C.block_m_for(head_dim, code, rows) == (128 if wide else 64)
+            if fp8 and head_dim <= 128:
+                T = tables(head_dim, 1, 128)
+                assert T["max_key_groups"] == 1 and T["smem"] <= 99 * 1024
+                assert all(host().key_groups(head_dim, 1, r, 128) == 1 for r in (1, 16, 33, 128))
 
 
 # Large positive and negative sink logits per q head (as in tests/test_window_sinks.py): +25

@@ -14,7 +14,9 @@ namespace fp8nca {
 cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
                              cudaStream_t stream);
 
-// CTAs of a family's kernel for (head_dim, dtypes) resident on one SM of the current device.
-cudaError_t ctas_per_sm(Family family, int head_dim, int q_dtype, int kv_dtype, int* ctas);
+// CTAs of a family's kernel for (head_dim, tile of block_m rows, dtypes) resident on one SM of
+// the current device.
+cudaError_t ctas_per_sm(Family family, int head_dim, int block_m, int q_dtype, int kv_dtype,
+                        int* ctas);
 
 }  // namespace fp8nca

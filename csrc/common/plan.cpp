@@ -6,6 +6,12 @@
 
 namespace fp8nca {
 
+int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head) {
+  const bool wide = rows_per_kv_head > mma_sync::kBlockM && dtype_bytes(kv_dtype) == 1 &&
+                    (head_dim == 64 || head_dim == 128);
+  return wide ? mma_sync::kBlockMWide : mma_sync::kBlockM;
+}
+
 int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas) {
   const int max_splits = std::min({key_tiles / kMinTilesPerSplit, kMaxSplits,
                                    kMaxGridZ / std::max(num_seqs, 1)});
@@ -41,15 +47,17 @@ int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n) {
 }
 
 Plan make_plan(const PlanInput& in) {
-  const mma_sync::TileShape shape = mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype));
-  Plan plan{};
-  plan.family = in.family;
-  plan.block_m = mma_sync::kBlockM;
-  plan.block_n = shape.block_n;
-  plan.threads = mma_sync::kThreads;
-  plan.smem_bytes = shape.smem;
   const int group = in.num_kv_heads > 0 ? in.num_q_heads / in.num_kv_heads : 0;
   const int64_t rows = static_cast<int64_t>(std::max(in.max_seqlen_q, 1)) * group;
+  const int block_m = block_m_for(in.head_dim, in.kv_dtype, rows);
+  const mma_sync::TileShape shape =
+      mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype), block_m);
+  Plan plan{};
+  plan.family = in.family;
+  plan.block_m = shape.block_m;
+  plan.block_n = shape.block_n;
+  plan.threads = shape.threads;
+  plan.smem_bytes = shape.smem;
   plan.m_tiles = static_cast<int>((rows + plan.block_m - 1) / plan.block_m);
   const int key_tiles = key_tiles_per_cta(in, plan.block_m, plan.block_n);
   const int64_t ctas = static_cast<int64_t>(in.num_seqs) * in.num_kv_heads * plan.m_tiles;

@@ -45,6 +45,12 @@ struct Plan {
   int64_t ws_lse_elems;  // fp32 LSE [num_splits, num_tokens, num_q_heads]; both 0 unsplit
 };
 
+// Query rows per CTA for R = q_len x group rows per KV head (the batch's longest): the 128-row
+// tile (one KV pass, the FP8 tile dequantised once) when R > 64 on an FP8 cache at head_dim 64 /
+// 128, else 64. (head_dim 256's 128-row tile would not fit the 99 KB of shared memory of
+// sm_89 / sm_120; 16-bit caches keep the 64-row tile, not compiled twice.)
+int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head);
+
 // The split count the planner picks: 1 unless (sequences x KV heads x M tiles) CTAs leave the
 // resident slots underused, else the fewest splits filling whole waves to kWaveFill.
 int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ctas);

@@ -8,10 +8,10 @@
 
 namespace fp8nca::mma_sync {
 
-cudaError_t launch_d64(const AttnParams& p, dim3 grid, int q_dtype, int kv_dtype,
+cudaError_t launch_d64(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,
                        cudaStream_t stream, int* ctas_per_sm) {
   FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_CACHE(kv_dtype, QT, KV, {
-    return launch<64, QT, KV>(p, grid, stream, ctas_per_sm);
+    return launch_tile<64, QT, KV>(p, grid, block_m, stream, ctas_per_sm);
   }))
 }
 

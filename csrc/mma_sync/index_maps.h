@@ -3,8 +3,8 @@
 // so the host replays the kernels' own data movement rather than a copy of it.
 //
 // Layout (see kernel.cuh): one CTA = (M tile of query rows, KV head, sequence x KV split); row r
-// of the M tile is query token r / group, query head r % group of the KV head. kWarps warps own
-// 16 rows each and run mma.sync m16n8k16. Tiles are copied to shared memory in the cache's own
+// of the M tile is query token r / group, query head r % group of the KV head. block_m / 16 warps
+// own 16 rows each and run mma.sync m16n8k16. Tiles are copied to shared memory in the cache's own
 // format; an FP8 tile is then dequantised once per CTA, by every thread, into a 16-bit tile (16
 // bytes of FP8 = units 2u, 2u + 1 of the 16-bit row), and the MMAs read 16-bit tiles only, with
 // wide loads that permute reduction and output indices without changing the result:
@@ -22,15 +22,21 @@
 
 namespace fp8nca::mma_sync {
 
-constexpr int kBlockM = 64;  // query rows per CTA
-constexpr int kWarps = kBlockM / 16;
-constexpr int kThreads = kWarps * 32;
+// Query rows per CTA: 64 (4 warps), or 128 (8 warps) where R = q_len x group exceeds 64 rows of
+// an FP8 cache, so that one CTA streams and dequantises the KV once for all R rows instead of
+// two 64-row CTAs doing it twice (plan.cpp block_m_for). The 128-row tile never shares keys
+// among warps (key_groups).
+constexpr int kBlockM = 64;
+constexpr int kBlockMWide = 128;
 // A CTA's shared memory stays within this so that three CTAs fit an SM on sm_90/sm_100 with
 // three stages; larger tiles drop to two stages (two CTAs per SM there, one on sm_89/sm_120,
 // whose SMs hold 100 KB).
 constexpr int kSmemBudgetThreeStages = 72 * 1024;
 
 struct TileShape {
+  int block_m;         // query rows per CTA
+  int warps;           // block_m / 16, each holding 16 rows
+  int threads;
   int head_dim;
   int elt;             // bytes per element of the tile as copied (1: FP8, 2: bf16/fp16)
   int block_n;         // keys per tile
@@ -52,8 +58,11 @@ struct TileShape {
 
 constexpr int block_n_for(int head_dim) { return head_dim == 256 ? 32 : 64; }
 
-constexpr TileShape tile_shape(int head_dim, int elt) {
+constexpr TileShape tile_shape(int head_dim, int elt, int block_m = kBlockM) {
   TileShape s{};
+  s.block_m = block_m;
+  s.warps = block_m / 16;
+  s.threads = s.warps * 32;
   s.head_dim = head_dim;
   s.elt = elt;
   s.block_n = block_n_for(head_dim);
@@ -65,9 +74,10 @@ constexpr TileShape tile_shape(int head_dim, int elt) {
   s.v_row = head_dim * elt + 16;
   s.nt = s.block_n / 8;
   s.ot = head_dim / 8;
-  s.max_key_groups = s.block_n / 16 < kWarps ? s.block_n / 16 : kWarps;
+  s.max_key_groups =
+      block_m > kBlockM ? 1 : s.block_n / 16 < s.warps ? s.block_n / 16 : s.warps;
   s.stage_bytes = s.block_n * (s.k_row + s.v_row);
-  s.q_bytes = kBlockM * head_dim * 2;
+  s.q_bytes = block_m * head_dim * 2;
   s.wide_bytes = elt == 1 ? s.block_n * (2 * head_dim * 2 + 16) : 0;
   s.stages = s.q_bytes + s.wide_bytes + 3 * s.stage_bytes <= kSmemBudgetThreeStages ? 3 : 2;
   s.smem = s.q_bytes + s.stages * s.stage_bytes + s.wide_bytes;
@@ -76,7 +86,9 @@ constexpr TileShape tile_shape(int head_dim, int elt) {
 
 // The 16-bit shape the MMAs of a tile with `head_dim` read (the dequantised tile of an FP8
 // cache, or the 16-bit cache's own tile).
-constexpr TileShape compute_shape(int head_dim) { return tile_shape(head_dim, 2); }
+constexpr TileShape compute_shape(int head_dim, int block_m = kBlockM) {
+  return tile_shape(head_dim, 2, block_m);
+}
 
 // --- shared-memory tile maps -----------------------------------------------------------------
 
@@ -94,16 +106,16 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
   return r * s.v_row + u * 16;
 }
 
-// Copy slot `slot` (= thread + i * kThreads) of a tile copy moves unit slot % units of key row
+// Copy slot `slot` (= thread + i * threads) of a tile copy moves unit slot % units of key row
 // slot / units.
 FP8NCA_HD constexpr int copy_row(const TileShape& s, int slot) { return slot / s.units; }
 FP8NCA_HD constexpr int copy_unit(const TileShape& s, int slot) { return slot % s.units; }
-// A thread's copy slots of a tile are tid + i * kThreads, i < copy_slots: one unit of rows
-// copy_row_step apart (kThreads is a multiple of the units per row), so the kernel forms its
+// A thread's copy slots of a tile are tid + i * threads, i < copy_slots: one unit of rows
+// copy_row_step apart (threads is a multiple of the units per row), so the kernel forms its
 // row and stage offsets once and steps them by constants (the emulation test checks the maps
 // allow it).
-FP8NCA_HD constexpr int copy_slots(const TileShape& s) { return s.block_n * s.units / kThreads; }
-FP8NCA_HD constexpr int copy_row_step(const TileShape& s) { return kThreads / s.units; }
+FP8NCA_HD constexpr int copy_slots(const TileShape& s) { return s.block_n * s.units / s.threads; }
+FP8NCA_HD constexpr int copy_row_step(const TileShape& s) { return s.threads / s.units; }
 
 // Unit i (0, 1) of the 16-bit row that FP8 unit u of the same row dequantises into.
 FP8NCA_HD constexpr int wide_unit(int u, int i) { return 2 * u + i; }
@@ -145,11 +157,13 @@ FP8NCA_HD constexpr int out_dim(int j, int t) { return 8 * j + 2 * t; }
 // --- work decomposition ----------------------------------------------------------------------
 
 // Warps the rows leave idle share the keys instead: with row_warps warps holding rows, the
-// kWarps warps form this many key groups (each a set of row warps taking an equal share of every
-// key tile's n-tiles, at least one P V k-step of 16 keys).
+// CTA's warps form this many key groups (each a set of row warps taking an equal share of every
+// key tile's n-tiles, at least one P V k-step of 16 keys). The 128-row tile (max_key_groups 1)
+// runs when the batch's longest R exceeds 64 rows: it never splits keys (the warps a shorter
+// sequence leaves idle still copy and dequantise their share of every tile).
 FP8NCA_HD constexpr int key_groups(const TileShape& s, int rows_in_tile) {
   const int row_warps = (rows_in_tile + 15) / 16;
-  return row_warps == 1 ? s.max_key_groups : row_warps == 2 ? 2 : 1;
+  return s.max_key_groups == 1 ? 1 : row_warps == 1 ? s.max_key_groups : row_warps == 2 ? 2 : 1;
 }
 
 // A sliding window (SPEC section 3): the row at position pos sees keys [pos - left, pos + right]

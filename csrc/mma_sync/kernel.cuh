@@ -10,7 +10,10 @@
 // index_maps.h holds every index map (host and device), traits.cuh the per-variant constants.
 // One CTA streams its split's KV range through shared memory, kStages deep; every warp runs
 // mma.sync m16n8k16 with fp32 accumulation (FlashAttention-2). Warps the rows leave idle (a
-// drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead.
+// drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead. Two
+// tiles of query rows (BM): 64 rows in 4 warps (paged_attention_kernel), and 128 rows in 8 warps
+// (paged_attention_kernel_m128, FP8 caches, head_dim 64 / 128) so that R = 65..128 rows of a KV
+// head stream and dequantise its KV once.
 #pragma once
 
 #include <atomic>
@@ -31,14 +34,14 @@ namespace fp8nca::mma_sync {
 // the warps holding rows compute S = Q K^T, the softmax and O += P V on their key group's kNG-th
 // of the tile's n-tiles. kNG (the CTA's key-group count, key_groups()) is a template argument so
 // that each warp's share is fixed at compile time: no per-n-tile guards, no predicated MMAs.
-template <int D, typename QT, int KV, int kNG>
+template <int D, typename QT, int KV, int BM, int kNG>
 __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile& w,
                                             const WarpRole& role, const KVSource& src,
                                             const RowKeys (&row_range)[2], const uint4* q_frag,
                                             uint8_t* kv_smem, uint8_t* wide, int tid,
                                             float scale_log2,
                                             float (&o)[compute_shape(D).ot][4], RowState& st) {
-  using T = Traits<D, QT, KV>;
+  using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;
   constexpr TileShape C = T::kC;
   constexpr int kNT = C.nt / kNG;  // n-tiles of each key tile this warp computes
@@ -49,7 +52,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
 #pragma unroll
   for (int stage = 0; stage < S.stages - 1; ++stage) {
     if (w.tiles.begin + stage < w.tiles.end) {
-      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, w.tiles.begin + stage,
+      load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, w.tiles.begin + stage,
                               kv_smem + stage * S.stage_bytes, tid);
     }
     cute::cp_async_fence();
@@ -60,7 +63,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
     cute::cp_async_wait<S.stages - 2>();
     __syncthreads();
     if (tile + S.stages - 1 < w.tiles.end) {
-      load_kv_tile<D, QT, KV>(p, src, w.keys.n_keys, tile + S.stages - 1,
+      load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, tile + S.stages - 1,
                               kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
     }
     cute::cp_async_fence();
@@ -69,7 +72,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
     if constexpr (T::kFp8) {
       // Every warp, idle rows or not, dequantises its share once for the whole CTA; the
       // barrier at the loop's top keeps the 16-bit tile until every warp has used it.
-      dequantize_tile<D, QT, KV>(ks, wide, tid);
+      dequantize_tile<D, QT, KV, BM>(ks, wide, tid);
       __syncthreads();
       ks = wide;
     }
@@ -83,28 +86,30 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
   cute::cp_async_wait<0>();
 }
 
-// After the key loop: row sums, the merge of key groups, the output.
-template <int D, typename QT, int KV>
+// After the key loop: row sums, the merge of key groups (tiles that have them), the output.
+template <int D, typename QT, int KV, int BM>
 __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& w,
                                            const WarpRole& role, uint8_t* smem, float scale_log2,
                                            float (&o)[compute_shape(D).ot][4], RowState& st,
                                            int warp, int lane) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
-  constexpr TileShape C = Traits<D, QT, KV>::kC;
+  constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
+  constexpr TileShape C = Traits<D, QT, KV, BM>::kC;
   reduce_row_sums(st);
-  if (role.n_groups > 1) {
-    static_assert((kWarps - 1) * 32 * C.ot * 4 * 4 + kWarps * 16 * 2 * 4 <= S.smem,
-                  "key-group merge must fit in shared memory");
-    if (!merge_key_groups(o, st, scale_log2, role, smem, warp, lane)) return;
+  if constexpr (C.max_key_groups > 1) {
+    if (role.n_groups > 1) {
+      static_assert((C.warps - 1) * 32 * C.ot * 4 * 4 + C.warps * 16 * 2 * 4 <= S.smem,
+                    "key-group merge must fit in shared memory");
+      if (!merge_key_groups<C.ot, C.warps>(o, st, scale_log2, role, smem, warp, lane)) return;
+    }
   }
   if (!role.active) return;
   store_output<D, QT>(p, w, role, st, o, scale_log2, lane);
 }
 
-template <int D, typename QT, int KV>
-__global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
-    paged_attention_kernel(const AttnParams p) {
-  using T = Traits<D, QT, KV>;
+// One CTA of either tile (BM query rows); the kernels below are its two entry points.
+template <int D, typename QT, int KV, int BM>
+__device__ __forceinline__ void attention_cta(const AttnParams& p) {
+  using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
   constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
   extern __shared__ __align__(128) uint8_t smem[];
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
     return;
   }
   WorkTile w;
-  if (!schedule_tile<C.block_n>(p, w)) return;
+  if (!schedule_tile<BM, C.block_n>(p, w)) return;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -146,26 +151,56 @@ __global__ void __launch_bounds__(kThreads, Traits<D, QT, KV>::kMinBlocks)
 
   // key_groups() gives 1, 2 or max_key_groups; the branch is uniform over the CTA. Each branch
   // runs to the end (no merge point: the register allocation of one does not constrain another).
-  if (role.n_groups == 1) {
-    stream_keys<D, QT, KV, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2,
-                              o, st);
-    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
+  if constexpr (C.max_key_groups == 1) {
+    stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
+                                  scale_log2, o, st);
+    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
+  } else if (role.n_groups == 1) {
+    stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
+                                  scale_log2, o, st);
+    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (C.max_key_groups == 2 || role.n_groups == 2) {
-    stream_keys<D, QT, KV, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid, scale_log2,
-                              o, st);
-    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    stream_keys<D, QT, KV, BM, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
+                                  scale_log2, o, st);
+    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else {
-    stream_keys<D, QT, KV, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem, wide,
-                                             tid, scale_log2, o, st);
-    finish_cta<D, QT, KV>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    stream_keys<D, QT, KV, BM, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem,
+                                                 wide, tid, scale_log2, o, st);
+    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
   }
 }
 
+// The 64-row tile: 4 warps.
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
+    paged_attention_kernel(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockM>(p);
+}
+
+// The 128-row tile: 8 warps (FP8 caches, head_dim 64 / 128; plan.cpp block_m_for).
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
+                                  Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
+    paged_attention_kernel_m128(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockMWide>(p);
+}
+
+// The kernel of tile BM.
+template <int D, typename QT, int KV, int BM>
+constexpr auto kernel_of() {
+  if constexpr (BM == kBlockM) {
+    return &paged_attention_kernel<D, QT, KV>;
+  } else {
+    return &paged_attention_kernel_m128<D, QT, KV>;
+  }
+}
+
+
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
 // so that graph capture sees only launches).
-template <int D, typename QT, int KV>
+template <int D, typename QT, int KV, int BM>
 cudaError_t prepare_kernel() {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   if (S.smem <= 48 * 1024) return cudaSuccess;
   static std::atomic<uint64_t> raised{0};
   int device = 0;
@@ -173,25 +208,38 @@ cudaError_t prepare_kernel() {
   if (err != cudaSuccess) return err;
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  err = cudaFuncSetAttribute(paged_attention_kernel<D, QT, KV>,
+  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM>(),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, S.smem);
   if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
   return err;
 }
 
-// Launches the kernel on `grid` (from the plan, csrc/common/plan.h), or with `ctas_per_sm` set
-// only reports how many of its CTAs fit on one SM of the current device.
-template <int D, typename QT, int KV>
+// Launches the kernel of tile BM on `grid` (from the plan, csrc/common/plan.h), or with
+// `ctas_per_sm` set only reports how many of its CTAs fit on one SM of the current device.
+template <int D, typename QT, int KV, int BM>
 cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
-  const cudaError_t err = prepare_kernel<D, QT, KV>();
+  using T = Traits<D, QT, KV, BM>;
+  const cudaError_t err = prepare_kernel<D, QT, KV, BM>();
   if (err != cudaSuccess) return err;
   if (ctas_per_sm != nullptr) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, paged_attention_kernel<D, QT, KV>, kThreads, S.smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel_of<D, QT, KV, BM>(),
+                                                         T::kThreads, T::kS.smem);
   }
-  paged_attention_kernel<D, QT, KV><<<grid, kThreads, S.smem, stream>>>(p);
+  kernel_of<D, QT, KV, BM>()<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The launch for `block_m` (the plan's): the 128-row tile exists for FP8 caches only.
+template <int D, typename QT, int KV>
+cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
+                        int* ctas_per_sm) {
+  if (block_m == kBlockM) return launch<D, QT, KV, kBlockM>(p, grid, stream, ctas_per_sm);
+  if constexpr (Traits<D, QT, KV>::kFp8 && D <= 128) {
+    if (block_m == kBlockMWide) {
+      return launch<D, QT, KV, kBlockMWide>(p, grid, stream, ctas_per_sm);
+    }
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace fp8nca::mma_sync

@@ -64,10 +64,10 @@ struct KVSource {
 
 // Copies key tile `tile` (keys past n_keys zero-filled: they are masked, and zeros keep 0 * V
 // finite) into one K and one V stage. Every thread of the CTA calls it (it shuffles).
-template <int D, typename QT, int KV>
+template <int D, typename QT, int KV, int BM>
 __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource& src,
                                              int n_keys, int tile, uint8_t* ks, int tid) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
+  constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   uint8_t* vs = ks + S.block_n * S.k_row;
   const int lane = tid & 31;
   const int n0 = tile * S.block_n;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
   const int u = copy_unit(S, tid);
 #pragma unroll
   for (int i = 0; i < copy_slots(S); ++i) {
-    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * kThreads)
+    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * S.threads)
     const int key = n0 + r;
     const bool ok = key < n_keys;
     const int64_t page = __shfl_sync(0xffffffffu, my_page, tile_page(r, p.block_shift));
@@ -104,10 +104,10 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
 // Dequantises the FP8 K and V tile of one stage, once for the whole CTA (every thread converts
 // its share: one 16-byte FP8 unit of K and of V per copy slot), into the 16-bit tile the MMAs
 // read: K to the query dtype, V to the P V operand dtype. Exact (fp8x4_to, fp8_bits.h).
-template <int D, typename QT, int KV>
+template <int D, typename QT, int KV, int BM>
 __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16, int tid) {
-  constexpr TileShape S = Traits<D, QT, KV>::kS;
-  constexpr TileShape C = Traits<D, QT, KV>::kC;
+  constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
+  constexpr TileShape C = Traits<D, QT, KV, BM>::kC;
   using VT = PVType<QT, KV>;
   const uint8_t* vs8 = ks8 + S.block_n * S.k_row;
   uint8_t* v16 = k16 + C.block_n * C.k_row;
@@ -115,7 +115,7 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
   const int u = copy_unit(S, tid);
 #pragma unroll
   for (int i = 0; i < copy_slots(S); ++i) {
-    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * kThreads)
+    const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * S.threads)
     const uint4 k = *reinterpret_cast<const uint4*>(ks8 + k_smem_offset(S, r, u));
     const uint4 v = *reinterpret_cast<const uint4*>(vs8 + v_smem_offset(S, r, u));
     const uint32_t kw[4] = {k.x, k.y, k.z, k.w};

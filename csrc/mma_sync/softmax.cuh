@@ -81,10 +81,10 @@ __device__ __forceinline__ void reduce_row_sums(RowState& st) {
 
 // Merges the key groups of each row warp into group 0 at the joint max, reusing the CTA's shared
 // memory (`scratch`: Q fragments and KV stages, no longer read; at least
-// (kWarps - 1) * 32 * kOT * 16 + kWarps * 128 bytes). Every
+// (kWarps - 1) * 32 * kOT * 16 + kWarps * 128 bytes, kWarps the CTA's warps). Every
 // thread of the CTA calls it (it has barriers). Returns false for the warps of groups 1.., which
 // are done.
-template <int kOT>
+template <int kOT, int kWarps>
 __device__ __forceinline__ bool merge_key_groups(float (&o)[kOT][4], RowState& st,
                                                  float scale_log2, const WarpRole& role,
                                                  uint8_t* scratch, int warp, int lane) {

@@ -27,7 +27,7 @@ struct WorkTile {
 };
 
 // Fills `w` for this CTA; false when its M tile lies past the sequence's rows.
-template <int kBlockN>
+template <int kRows, int kBlockN>
 __device__ __forceinline__ bool schedule_tile(const AttnParams& p, WorkTile& w) {
   w.kvh = blockIdx.y;
   w.seq = blockIdx.z / p.num_splits;
@@ -35,9 +35,9 @@ __device__ __forceinline__ bool schedule_tile(const AttnParams& p, WorkTile& w) 
   w.q_start = cu_seqlens_at(p, w.seq);
   w.q_len = cu_seqlens_at(p, w.seq + 1) - w.q_start;
   w.rows = w.q_len * p.group;
-  w.row0 = blockIdx.x * kBlockM;
+  w.row0 = blockIdx.x * kRows;
   if (w.row0 >= w.rows) return false;
-  w.rows_in_tile = min(kBlockM, w.rows - w.row0);
+  w.rows_in_tile = min(kRows, w.rows - w.row0);
   w.kv_len = seq_len_at(p, w.seq);
   w.causal = seq_is_causal(p, w.seq);
   w.window = Window{p.window_left, p.window_right};
@@ -58,7 +58,7 @@ template <int kNT>
 __device__ __forceinline__ WarpRole warp_role(const TileShape& s, const WorkTile& w, int warp) {
   WarpRole r;
   r.n_groups = key_groups(s, w.rows_in_tile);
-  r.m_span = kWarps / r.n_groups;
+  r.m_span = s.warps / r.n_groups;
   r.wm = warp % r.m_span;
   r.ng = warp / r.m_span;
   r.j_lo = r.ng * (kNT / r.n_groups);

@@ -17,15 +17,17 @@
 
 namespace fp8nca::mma_sync {
 
-template <int D, typename QT, int KV>
+template <int D, typename QT, int KV, int BM = kBlockM>
 struct Traits {
   static constexpr bool kFp8 = KV == kE4M3 || KV == kE5M2;
-  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2);  // tiles as copied
-  static constexpr TileShape kC = compute_shape(D);              // tiles the MMAs read
+  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2, BM);  // tiles as copied
+  static constexpr TileShape kC = compute_shape(D, BM);              // tiles the MMAs read
+  static constexpr int kThreads = kS.threads;
   // CTAs per SM the register allocation must allow (several in flight hide HBM latency): shared
   // memory admits 3 or more of the d64 kernels on sm_90 / sm_100 but at most 2 of the d128 /
-  // d256 ones, so those get up to 255 registers (ptxas spills some at 168 on sm_89).
-  static constexpr int kMinBlocks = D == 64 ? 3 : 2;
+  // d256 ones, so those get up to 255 registers (ptxas spills some at 168 on sm_89). The
+  // 128-row tile (8 warps) asks for one: its warps are as many as two 64-row CTAs'.
+  static constexpr int kMinBlocks = BM > kBlockM ? 1 : D == 64 ? 3 : 2;
   static_assert(D % (4 * kS.e) == 0, "head_dim must be a multiple of 4 units");
   static_assert(kS.block_n % 16 == 0, "key tile must hold whole mma k-steps");
   static_assert(kS.block_n * kS.units % kThreads == 0, "tile copy must split evenly");
