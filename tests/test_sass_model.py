@@ -85,6 +85,47 @@ def test_loop_finder_and_steady_state_path_on_hand_listing():
     assert offsets == [0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0xC0, 0xD0, 0xE0]
 
 
+# Two key loops, as the mma.sync kernel compiles one per key-group count: 0x30..0x80 holds the
+# whole tile's MMAs (one key group), 0xa0..0xe0 half of them (a warp of two key groups).
+TWO_KEY_LOOPS = [
+    "S2R R0, SR_TID.X",  # 0x00
+    "ISETP.NE.AND P0, PT, R0, RZ, PT",  # 0x10
+    "@P0 BRA 0xa0",  # 0x20 two key groups
+    "LDGSTS.E.128 [R2], desc[UR4][R4.64]",  # 0x30 loop of one key group
+    "HMMA.16816.F32 R12, R8, R9, R12",  # 0x40
+    "HMMA.16816.F32 R16, R8, R9, R16",  # 0x50
+    "MUFU.EX2 R12, R12",  # 0x60
+    "IADD3 R1, R1, 0x1, RZ",  # 0x70
+    "@P3 BRA 0x30",  # 0x80
+    "EXIT",  # 0x90
+    "LDGSTS.E.128 [R2], desc[UR4][R4.64]",  # 0xa0 loop of a warp of two key groups
+    "HMMA.16816.F32 R12, R8, R9, R12",  # 0xb0
+    "MUFU.EX2 R12, R12",  # 0xc0
+    "IADD3 R1, R1, 0x1, RZ",  # 0xd0
+    "@P3 BRA 0xa0",  # 0xe0
+    "EXIT",  # 0xf0
+]
+
+
+def test_counts_take_the_loop_of_the_key_group_count():
+    """With one key loop per key-group count, the warp's own loop is counted unweighted (the one
+    holding 1 / key_groups of the largest loop's MMAs); with no such loop, the largest loop's
+    MMA / exp blocks are weighted by 1 / key_groups (a run-time split)."""
+    text = sass_listing(TWO_KEY_LOOPS)
+    graph = ControlFlowGraph(parse(text))
+    one, two = sorted(graph.loops(), key=lambda loop: loop.header)
+    assert loop_counts.key_group_loop(graph, 1) == (one, 1)
+    assert loop_counts.key_group_loop(graph, 2) == (two, 1)
+    assert loop_counts.key_group_loop(graph, 4) == (one, 4)
+    whole = loop_counts.count_main_loop(text, key_groups=1)
+    assert whole.per_pipe[pipes.TENSOR] == 2 and whole.per_pipe[pipes.MUFU] == 1
+    half = loop_counts.count_main_loop(text, key_groups=2)
+    assert half.per_pipe[pipes.TENSOR] == 1 and half.per_pipe[pipes.MUFU] == 1
+    assert half.per_pipe[pipes.INTEGER] == 1 and half.path_instructions == 5
+    quarter = loop_counts.count_main_loop(text, key_groups=4)
+    assert quarter.per_pipe[pipes.TENSOR] == 0.5 and quarter.per_pipe[pipes.MUFU] == 0.25
+
+
 def test_counts_weight_shared_blocks_by_key_groups():
     text = sass_listing(HAND_LISTING)
     whole = loop_counts.count_main_loop(text, key_groups=1)
@@ -250,7 +291,7 @@ def planning_build(drop: tuple[str, ...] = (), **extra: object) -> SimpleNamespa
         }  # fmt: skip
         return {key: value for key, value in reported.items() if key not in drop}
 
-    host = SimpleNamespace(key_groups=lambda head_dim, elt, rows: 3)
+    host = SimpleNamespace(key_groups=lambda head_dim, elt, rows, block_m=64: 3 * block_m // 128)
     return SimpleNamespace(__file__="after/_C.so", plan=plan, host=host, calls=calls)
 
 
@@ -272,6 +313,11 @@ def test_tile_facts_come_from_the_plan():
     named = planning_build(kernel="paged_attention_kernel<128, 128, __half, 3>", key_groups=2)
     facts = cuda_tiles(named, 128, "float16", "float8_e5m2", 128)
     assert facts.kernel == "paged_attention_kernel<128, 128, __half, 3>" and facts.key_groups == 2
+    # The plan's kernel template (the 128-row tile) names the kernel; key_groups gets its rows.
+    wide = planning_build(kernel_name="paged_attention_kernel_m128")
+    facts = cuda_tiles(wide, 128, "bfloat16", "float8_e4m3fn", 128)
+    assert facts.kernel == "paged_attention_kernel_m128<128, __nv_bfloat16, 2>"
+    assert facts.key_groups == 3
     with pytest.raises(TileFactsError, match="smem_bytes"):
         cuda_tiles(planning_build(drop=("smem_bytes",)), 128, "bfloat16", "float8_e4m3fn", 64)
     # A prefill's plan is asked for its own q and kv lengths (R = 4 x 4096 rows).

@@ -60,7 +60,32 @@ def count_loop(graph: ControlFlowGraph, loop: Loop, key_groups: int = 1) -> Loop
     )
 
 
+def key_group_loop(graph: ControlFlowGraph, key_groups: int) -> tuple[Loop, int]:
+    """The key loop a warp of one of ``key_groups`` key groups runs, and the weight divisor
+    still to apply to its MMA / exp blocks.
+
+    A kernel that compiles one key loop per key-group count (the mma.sync family's
+    ``stream_keys<..., kNG>``) has a loop holding 1 / key_groups of the MMAs of its largest
+    one: that loop is the warp's own share, counted as it is (divisor 1). A kernel with one
+    loop whose MMA blocks are guarded at run time (the morning's build) has none: its largest
+    loop is counted with those blocks weighted by 1 / key_groups."""
+    main = graph.main_loop(pipes.is_tensor)
+    if key_groups == 1:
+        return main, 1
+
+    def tensor_count(loop: Loop) -> int:
+        return sum(map(pipes.is_tensor, graph.loop_instructions(loop)))
+
+    most = tensor_count(main)
+    shares = [loop for loop in graph.loops() if tensor_count(loop) * key_groups == most]
+    if shares:
+        return max(shares, key=lambda loop: len(graph.loop_instructions(loop))), 1
+    return main, key_groups
+
+
 def count_main_loop(sass_text: str, key_groups: int = 1) -> LoopCounts:
-    """Finds the main loop of one function's SASS and counts one steady-state iteration."""
+    """Finds the key loop one warp runs for ``key_groups`` key groups (:func:`key_group_loop`)
+    in one function's SASS and counts one steady-state iteration."""
     graph = ControlFlowGraph(parse(sass_text))
-    return count_loop(graph, graph.main_loop(pipes.is_tensor), key_groups)
+    loop, divisor = key_group_loop(graph, key_groups)
+    return count_loop(graph, loop, divisor)

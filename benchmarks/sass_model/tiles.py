@@ -122,7 +122,9 @@ def _from_plan(
     """Tile facts from the extension's C++ plan (``_C.plan``, the function the plan/run API
     calls) and the kernel's own key-group map (``_C.host.key_groups``) unless the plan reports
     ``key_groups``, for one sequence of R / GROUP tokens of a GQA-4 model (8 KV heads) over
-    ``kv_len`` keys, unsplit. A ``kernel`` key of the plan, if any, names the instantiation."""
+    ``kv_len`` keys, unsplit. A ``kernel`` key of the plan, if any, names the instantiation;
+    else ``kernel_name`` (the template the plan launches, e.g. the 128-row tile's
+    ``paged_attention_kernel_m128``) with the shape's template arguments."""
     q_len = -(-rows // GROUP)
     plan = ext.plan(
         num_seqs=1, num_tokens=q_len, num_q_heads=8 * GROUP, num_kv_heads=8, head_dim=head_dim,
@@ -141,13 +143,17 @@ def _from_plan(
     if "key_groups" in plan:
         key_groups = int(plan["key_groups"])
     elif hasattr(getattr(ext, "host", None), "key_groups"):
-        key_groups = int(ext.host.key_groups(head_dim, elt, rows_in_cta))
+        # The tile's rows: builds before the 128-row tile (block_m always 64) take no block_m.
+        block_m = int(plan["block_m"])
+        tile = (block_m,) if block_m != 64 else ()
+        key_groups = int(ext.host.key_groups(head_dim, elt, rows_in_cta, *tile))
         source = "_C.plan + _C.host.key_groups (the extension's plan and index maps)"
     else:
         raise TileFactsError(
             f"{ext.__file__}: _C.plan reports no key_groups and _C.host.key_groups is missing"
         )
-    default = f"paged_attention_kernel<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>"
+    name = plan.get("kernel_name", "paged_attention_kernel")
+    default = f"{name}<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>"
     return TileFacts(
         family=str(plan["family"]),
         kernel=str(plan.get("kernel", default)),
