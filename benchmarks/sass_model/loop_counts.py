@@ -19,7 +19,8 @@ class LoopCounts:
     """Per-warp counts of one main-loop iteration.
 
     ``per_pipe``: warp-instructions per pipe, with the blocks holding MMA / exp work weighted by
-    1 / key_groups (a warp does that share of the tile); ``tensor_by_opcode``: tensor
+    1 / key_groups where a run-time split shares them out (a warp does that share of the tile;
+    :func:`key_group_loop`); ``tensor_by_opcode``: tensor
     instructions per opcode base (weighted the same way), for the MAC arithmetic;
     ``opcodes``: unweighted opcode histogram of the iteration (for the notes).
     """
