@@ -206,7 +206,7 @@ def kernel_plan(
     problem: AttentionProblem, resident: int, num_splits: int | None = None
 ) -> dict[str, object]:
     """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
-    for more than 64 rows per KV head on an FP8 cache at head_dim 64 / 128), ``block_n``,
+    for more than 64 rows per KV head on an FP8 cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid`` and the split-KV workspace
     sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when unsplit) for ``resident``
     CTA slots on the GPU. ``num_splits`` forces the count (clamped to what the grid holds).
@@ -370,6 +370,54 @@ def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
             max_seqlen_q=problem.max_seqlen_q,
             num_splits=num_splits,
             softmax_scale=float(problem.softmax_scale),
+        )
+
+
+def merge_splits(
+    problem: AttentionProblem, ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor
+) -> None:
+    """``out`` [num_tokens, num_q_heads, head_dim] (the query dtype; token and head strides
+    free, head dims at unit stride) = the split-KV merge kernel (csrc/cascade/merge.cu) of
+    partials another kernel family wrote: ``ws_o`` float32 [splits, num_tokens, num_q_heads,
+    head_dim], each split's O normalised and times v_scale, and ``ws_lse`` float32 [splits,
+    num_tokens, num_q_heads] in log2 units (-inf: the split saw no key; its O is never read),
+    both contiguous. The problem's sinks join the denominator here, once; rows past
+    ``cu_seqlens_q[-1]`` are written as zeros. Asynchronous on the current stream."""
+    ext, why = _load()
+    if ext is None:
+        raise RuntimeError(why)
+    rows = (ws_lse.shape[0], problem.num_tokens, problem.num_q_heads)
+    layouts = (("ws_o", ws_o, (*rows, problem.head_dim)), ("ws_lse", ws_lse, rows))
+    for name, tensor, shape in layouts:
+        if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
+            )
+        if not tensor.is_contiguous() or tensor.device != out.device:
+            raise ValueError(f"{name} must be contiguous on {out.device}")
+    if out.stride(2) != 1:
+        raise ValueError("out must hold each row's head dims at unit stride")
+    if problem.num_tokens == 0:
+        return
+    device = out.device
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with torch.cuda.device(device):
+        ext.merge_splits(
+            device=device.index,
+            stream=stream,
+            ws_o=ws_o.data_ptr(),
+            ws_lse=ws_lse.data_ptr(),
+            out=out.data_ptr(),
+            o_strides=tuple(out.stride()[:2]),
+            sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
+            cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
+            cu_stride=problem.cu_seqlens_q.stride(0),
+            num_seqs=problem.num_seqs,
+            num_splits=rows[0],
+            num_tokens=problem.num_tokens,
+            num_q_heads=problem.num_q_heads,
+            head_dim=problem.head_dim,
+            q_dtype=DTYPE_CODES[out.dtype],
         )
 
 

@@ -489,38 +489,9 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
             f"{STATUS})"
         )
     if plan.num_splits > 1:
-        merge_splits(ws_o, ws_lse, out, problem.sinks)
+        from .cuda_backend import merge_splits  # cuda_backend imports this module
 
-
-def merge_splits(
-    ws_o: torch.Tensor,
-    ws_lse: torch.Tensor,
-    out: torch.Tensor,
-    sinks: torch.Tensor | None = None,
-) -> None:
-    """``out`` = the split-KV merge of the partials, by the formula of csrc/cascade/merge.cu
-    (weights 2^(lse - max) over log2 LSEs, each split's O already normalised and times
-    v_scale); a row whose every split is empty (LSE -inf, padding rows included) gets zeros.
-
-    In PyTorch because ``_C`` has no Python entry for its merge kernel (``launch_merge``) yet;
-    no host sync. ``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` float32
-    [splits, tokens, q_heads], ``out`` [tokens, q_heads, head_dim] bf16/fp16. ``sinks``: None
-    or float32 [q_heads] natural-log logits, joining the denominator here exactly once (the
-    split kernels leave them out), at max(LSE, sink) so neither overflows.
-    """
-    top = ws_lse.amax(0)
-    sink = None
-    if sinks is not None:
-        sink = (sinks.float() * math.log2(math.e)).expand_as(top)
-        top = torch.maximum(top, sink)
-    top = torch.where(top == -math.inf, 0.0, top)
-    weights = torch.exp2(ws_lse - top).unsqueeze(-1)
-    total = weights.sum(0)
-    if sink is not None:
-        total = total + torch.exp2(sink - top).unsqueeze(-1)
-    # A zero weight must not pick up what an unwritten partial holds (NaN x 0 is NaN).
-    merged = torch.where(weights > 0, weights * ws_o, 0.0).sum(0)
-    out.copy_(torch.where(total > 0, merged / total, 0.0))
+        merge_splits(problem, ws_o, ws_lse, out)
 
 
 def report(cuda_available: bool, cuda_reason: str) -> dict[str, dict[str, object]]:

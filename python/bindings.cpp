@@ -16,6 +16,8 @@
 
 #include "cache/quantize.h"
 #include "cache/reshape_and_cache.h"
+#include "cascade/merge.h"
+#include "cascade/merge_row.h"
 #include "common/index_tensors.h"
 #include "common/launch.h"
 #include "common/params.h"
@@ -213,6 +215,45 @@ void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::u
         "attention launch");
 }
 
+// The split-KV merge kernel (csrc/cascade/merge.cu) on partials another kernel family wrote
+// (the CUTLASS-DSL families): ws_o fp32 [num_splits, num_tokens, num_q_heads, head_dim] and
+// ws_lse fp32 [num_splits, num_tokens, num_q_heads] (log2 units), both contiguous, into `out`
+// [num_tokens, num_q_heads, head_dim] of the query dtype through its strides; sinks: fp32
+// [num_q_heads] natural-log logits or 0; rows past cu_seqlens_q[num_seqs] written as zeros.
+// Asynchronous on `stream`.
+void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::uintptr_t ws_lse,
+                  std::uintptr_t out, py::tuple o_strides, std::uintptr_t sinks,
+                  std::uintptr_t cu_seqlens_q, int64_t cu_stride, int num_seqs, int num_splits,
+                  int num_tokens, int num_q_heads, int head_dim, int q_dtype) {
+  if (num_splits < 1 || num_seqs < 0 || num_tokens < 0 || num_q_heads < 1 || head_dim < 1) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits got an empty or negative "
+                                "size");
+  }
+  if (q_dtype != fp8nca::kBF16 && q_dtype != fp8nca::kFP16) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits writes bf16 or fp16");
+  }
+  if (ws_o == 0 || ws_lse == 0 || out == 0 || cu_seqlens_q == 0) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits needs every pointer");
+  }
+  fp8nca::AttnParams p{};
+  p.out = ptr<void>(out);
+  p.o_stride_t = o_strides[0].cast<int64_t>();
+  p.o_stride_h = o_strides[1].cast<int64_t>();
+  p.ws_o = ptr<float>(ws_o);
+  p.ws_lse = ptr<float>(ws_lse);
+  p.sinks = ptr<const float>(sinks);
+  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
+  p.cu_stride = cu_stride;
+  p.num_seqs = num_seqs;
+  p.num_splits = num_splits;
+  p.num_tokens = num_tokens;
+  p.num_q_heads = num_q_heads;
+  p.head_dim = head_dim;
+  const DeviceGuard guard(device);
+  check(fp8nca::launch_merge(p, q_dtype, reinterpret_cast<cudaStream_t>(stream)),
+        "merge launch");
+}
+
 void reshape_and_cache(int device, std::uintptr_t stream, std::uintptr_t key,
                        std::uintptr_t value, std::uintptr_t key_cache,
                        std::uintptr_t value_cache, std::uintptr_t slot_mapping,
@@ -290,6 +331,29 @@ py::tuple sequences_host(std::uintptr_t cu_seqlens_q, int64_t cu_stride, std::ui
                                fp8nca::seq_len_at(p, s), fp8nca::seq_is_causal(p, s)));
   }
   return py::make_tuple(seqs, fp8nca::cu_seqlens_at(p, num_seqs));
+}
+
+// One row of the split-KV merge by merge.cu's own arithmetic (merge_row.h): partials
+// o[split][d], lse[split] (log2), the sink in log2 units (-inf: none).
+std::vector<float> merge_row_host(const std::vector<std::vector<float>>& o,
+                                  const std::vector<float>& lse, float sink) {
+  const int splits = static_cast<int>(lse.size());
+  if (splits < 1 || o.size() != lse.size()) {
+    throw std::invalid_argument("merge_row: one partial row and one lse per split");
+  }
+  const size_t dims = o[0].size();
+  std::vector<float> flat;
+  for (const auto& row : o) {
+    if (row.size() != dims) throw std::invalid_argument("merge_row: rows of unequal length");
+    flat.insert(flat.end(), row.begin(), row.end());
+  }
+  const fp8nca::MergeScale scale = fp8nca::merge_scale(lse.data(), 1, splits, sink);
+  std::vector<float> merged(dims);
+  for (size_t d = 0; d < dims; ++d) {
+    merged[d] = fp8nca::merge_element(flat.data() + d, static_cast<int64_t>(dims), lse.data(), 1,
+                                      splits, scale);
+  }
+  return merged;
 }
 
 // A map sampled at every index of [0, n) x [0, rest)...: nested Python lists, outermost index
@@ -418,6 +482,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("vc_strides"), py::arg("slot_stride"), py::arg("num_tokens"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("block_size"),
         py::arg("in_dtype"), py::arg("cache_dtype"));
+  m.def("merge_splits", &merge_splits, py::arg("device"), py::arg("stream"), py::arg("ws_o"),
+        py::arg("ws_lse"), py::arg("out"), py::arg("o_strides"), py::arg("sinks"),
+        py::arg("cu_seqlens_q"), py::arg("cu_stride"), py::arg("num_seqs"), py::arg("num_splits"),
+        py::arg("num_tokens"), py::arg("num_q_heads"), py::arg("head_dim"), py::arg("q_dtype"),
+        "The split-KV merge kernel on fp32 partials [splits, tokens, q_heads(, head_dim)] "
+        "(log2 LSE) into out; padded rows past cu_seqlens_q[num_seqs] zeroed. Asynchronous.");
   m.def("plan", &plan, py::arg("num_seqs"), py::arg("num_tokens"), py::arg("num_q_heads"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("kv_dtype"),
         py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("resident_ctas"),
@@ -450,6 +520,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("num_seqs"),
            "Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, from CPU "
            "index tensors read as the kernels read them.");
+  host.def("merge_row", &merge_row_host, py::arg("o"), py::arg("lse"), py::arg("sink"),
+           "One row of the split-KV merge by the merge kernel's arithmetic (merge_row.h): "
+           "partials o[split][dim], log2 lse[split], the log2 sink (-inf: none).");
   host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
            py::arg("block_m") = fp8nca::mma_sync::kBlockM,
            "Tile shape and shared-memory / fragment index maps of the mma.sync family (tile of "

@@ -30,8 +30,8 @@ DEFAULT_PTX = "120"
 FAMILIES = {"mma_sync": ("paged_attention_kernel", r"\bHMMA\.16816\.F32", "LDGSTS")}
 HOT_KERNELS = ("paged_attention_kernel", "merge_splits_kernel", "reshape_and_cache_kernel")
 # 64-row tile: head dims x query dtypes x caches (e4m3, e5m2, the query's own 16-bit dtype);
-# 128-row tile (paged_attention_kernel_m128): head dims 64 / 128 x query dtypes x FP8 caches
-NUM_ATTENTION_KERNELS = 3 * 2 * 3 + 2 * 2 * 2
+# 128-row tile (paged_attention_kernel_m128): head_dim 128 x query dtypes x FP8 caches
+NUM_ATTENTION_KERNELS = 3 * 2 * 3 + 2 * 2
 
 
 def _extension_path() -> Path:
@@ -276,6 +276,48 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
     plain = dataclasses.replace(problem, window=(-1, -1), sinks=None)
     cuda_backend.run(plain, cuda_backend.CudaPlan(1, None, None), torch.empty_like(case.query))
     assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
+
+
+def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):
+    """cuda_backend.merge_splits (the DSL families' merge) hands _C.merge_splits the partials,
+    `out` with its strides, the sinks and cu_seqlens_q; partials of another shape, dtype or
+    layout, and an `out` whose head dims are strided, are refused before any launch."""
+    import contextlib
+
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    calls = []
+    ext = types.SimpleNamespace(merge_splits=lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
+        cuda_stream=7))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    case = make_case([3, 2], [40, 9], num_q_heads=4, num_kv_heads=2, padded_rows=1)
+    sinks = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, sinks=sinks
+    )
+    ws_o, ws_lse = torch.zeros(3, 6, 4, 64), torch.zeros(3, 6, 4)
+    out = torch.empty(6, 5, 64, dtype=torch.bfloat16)[:, :4]
+    cuda_backend.merge_splits(problem, ws_o, ws_lse, out)
+    (call,) = calls
+    assert call == {
+        "device": None, "stream": 7, "ws_o": ws_o.data_ptr(), "ws_lse": ws_lse.data_ptr(),
+        "out": out.data_ptr(), "o_strides": (320, 64), "sinks": sinks.data_ptr(),
+        "cu_seqlens_q": problem.cu_seqlens_q.data_ptr(),
+        "cu_stride": problem.cu_seqlens_q.stride(0), "num_seqs": 2, "num_splits": 3,
+        "num_tokens": 6, "num_q_heads": 4, "head_dim": 64, "q_dtype": 0,
+    }  # fmt: skip
+    for bad_o, bad_lse, bad_out in (
+        (ws_o[:, :5], ws_lse, out),
+        (ws_o, ws_lse.double(), out),
+        (ws_o.transpose(1, 2).contiguous().transpose(1, 2), ws_lse, out),
+        (ws_o, ws_lse, torch.empty(6, 4, 128, dtype=torch.bfloat16)[..., ::2]),
+    ):
+        with pytest.raises(ValueError):
+            cuda_backend.merge_splits(problem, bad_o, bad_lse, bad_out)
+    assert len(calls) == 1
 
 
 def fake_extension(archs: str, ptx: str, driver: int, runtime: int = 13000):

@@ -344,7 +344,36 @@ def test_occupancy_query_restores_the_callers_device():
     last = torch.cuda.device_count() - 1
     torch.cuda.set_device(0)
     assert _C.ctas_per_sm(last, 128, 0, 2) >= 1
+    assert _C.ctas_per_sm(last, 128, 0, 2, 128) >= 1  # the 128-row tile
     assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_merge_entry_merges_partials_of_another_family(with_sinks):
+    """cuda_backend.merge_splits (the _C merge kernel, as the DSL families call it) on random
+    fp32 partials: an empty split (LSE -inf, O NaN) never read, each sink once, the padded rows
+    past cu_seqlens_q[-1] zero, `out` written through its strides."""
+    case = make_case([3, 2], [40, 9], num_q_heads=8, num_kv_heads=2, device="cuda", seed=29,
+                     padded_rows=2)  # fmt: skip
+    sinks = torch.randn(8, device="cuda") * 4 if with_sinks else None
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), sinks=sinks, softmax_scale=None, out=None, validate=False
+    )
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    ws_o = torch.randn(3, 7, 8, 64, device="cuda", generator=gen)
+    ws_lse = torch.randn(3, 7, 8, device="cuda", generator=gen) * 6
+    ws_o[1, 2], ws_lse[1, 2] = float("nan"), -float("inf")
+    out = torch.full((7, 9, 64), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :8]
+    cuda_backend.merge_splits(problem, ws_o, ws_lse, out)
+    torch.cuda.synchronize()
+    sink = (sinks * 1.4426950408889634 if with_sinks else torch.full((8,), -float("inf"),
+            device="cuda")).expand(7, 8)  # fmt: skip
+    top = torch.maximum(ws_lse.amax(0), sink)
+    w = torch.exp2(ws_lse - top)
+    merged = torch.where(w[..., None] > 0, w[..., None] * ws_o, 0.0).sum(0)
+    want = merged / (w.sum(0) + torch.exp2(sink - top))[..., None]
+    assert relative_error(out[:5], want[:5].to(out.dtype)) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[5:], torch.zeros_like(out[5:]))
 
 
 def test_a_batch_of_only_padding_is_zeroed():

@@ -314,7 +314,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 if num_splits > 1 and t == 0:
                     lse = (
                         m_i[warp, lane, h] * scale_log2 + math.log2(total)
-                        if total > 0
+                        if total != 0
                         else -math.inf
                     )
                     ws_lse[split, tok, head] = lse
@@ -373,16 +373,14 @@ def emulate(problem, num_splits):
                 seq, split = z // num_splits, z % num_splits
                 run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
     if num_splits > 1:
-        # merge.cu: the sink (log2 units) is one more term of the denominator, counted once.
-        lse = ws_lse[:, :padding_start]
-        sink = np.full(lse.shape[1:], -math.inf)
-        if pb["sinks"] is not None:
-            sink[:] = pb["sinks"] * LOG2E
-        lse_max = np.maximum(lse.max(0), sink)
-        lse_max[lse_max == -math.inf] = 0.0
-        weights = np.exp2(lse - lse_max)
-        merged = (weights[..., None] * ws_o[:, :padding_start]).sum(0)
-        out[:padding_start] = merged / (weights.sum(0) + np.exp2(sink - lse_max))[..., None]
+        # merge.cu, by its own arithmetic (merge_row.h): the sink (log2 units) is one more term
+        # of the denominator, counted once.
+        for tok in range(padding_start):
+            for head in range(problem.num_q_heads):
+                sink = -math.inf if pb["sinks"] is None else pb["sinks"][head] * LOG2E
+                out[tok, head] = host().merge_row(
+                    ws_o[:, tok, head].tolist(), ws_lse[:, tok, head].tolist(), sink
+                )
     # Padded rows: the zero slice of the grid (one split) or the merge kernel (several).
     out[padding_start:] = 0.0
     return torch.from_numpy(out)
@@ -522,26 +520,24 @@ def test_emulated_kernel_matches_reference(name):
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
 
 
-# The 128-row tile (R = q_len x group in 65..128 per CTA): sequences of 160 rows (two M tiles,
-# the second of 32 rows) and 68 rows (GQA 4), two padded rows past the last sequence:
-# (head_dim, cache, query, causal, window, sinks, splits).
+# The 128-row tile (head_dim 128; R = q_len x group in 65..128 per CTA): sequences of 160 rows
+# (two M tiles, the second of 32 rows) and 68 rows (GQA 4), two padded rows past the last
+# sequence: (cache, query, causal, window, sinks, splits).
 WIDE_CASES = [
-    (128, torch.float8_e4m3fn, torch.bfloat16, [True, False], (-1, -1), False, 1),
-    (64, torch.float8_e5m2, torch.float16, True, (40, 17), True, 3),
-    (128, torch.float8_e5m2, torch.bfloat16, False, (3, 2), True, 2),
-    (64, torch.float8_e4m3fn, torch.bfloat16, [False, True], (-1, 5), False, 1),
+    (torch.float8_e4m3fn, torch.bfloat16, [True, False], (-1, -1), False, 1),
+    (torch.float8_e5m2, torch.float16, True, (40, 17), True, 3),
+    (torch.float8_e5m2, torch.bfloat16, False, (3, 2), True, 2),
+    (torch.float8_e4m3fn, torch.float16, [False, True], (-1, 5), False, 1),
 ]
 
 
-@pytest.mark.parametrize("head_dim,cache,query,causal,window,sinks,splits", WIDE_CASES, ids=str)
-def test_emulated_128_row_tile_matches_reference(
-    head_dim, cache, query, causal, window, sinks, splits
-):
+@pytest.mark.parametrize("cache,query,causal,window,sinks,splits", WIDE_CASES, ids=str)
+def test_emulated_128_row_tile_matches_reference(cache, query, causal, window, sinks, splits):
     """More than 64 rows per KV head on an FP8 cache: the plan launches the 128-row tile (8 warps,
     one CTA streams the KV once for its 128 rows), replayed with its own maps; causal per
     sequence, windows, sinks, split-KV and padded rows as for the 64-row tile."""
     case = make_case(
-        [40, 17], [120, 75], num_q_heads=8, num_kv_heads=2, head_dim=head_dim, cache_dtype=cache,
+        [40, 17], [120, 75], num_q_heads=8, num_kv_heads=2, head_dim=128, cache_dtype=cache,
         query_dtype=query, causal=causal, block_size=16, seed=17, padded_rows=2,
     )  # fmt: skip
     kwargs = {"window": window, "sinks": torch.tensor(SINKS * 2) if sinks else None}
@@ -560,9 +556,9 @@ def test_emulated_128_row_tile_matches_reference(
 
 
 def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():
-    """block_m_for: 128 rows for R > 64 on e4m3 / e5m2 at head_dim 64 / 128, else 64 (16-bit
-    caches, head_dim 256); the 128-row tile never splits keys and fits 99 KB of shared memory
-    (sm_89 / sm_120)."""
+    """block_m_for: 128 rows for R > 64 on e4m3 / e5m2 at head_dim 128, else 64 (16-bit
+    caches, head_dims 64 and 256); the 128-row tile never splits keys and fits 99 KB of shared
+    memory (sm_89 / sm_120)."""
     from fp8_noncausal_attn import _C
 
     codes = cuda_backend.DTYPE_CODES
@@ -570,12 +566,56 @@ def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():
         for dtype, code in codes.items():
             fp8 = dtype.itemsize == 1
             for rows in (1, 32, 64, 65, 128, 129, 4096):
-                wide = rows > 64 and fp8 and head_dim <= 128
+                wide = rows > 64 and fp8 and head_dim == 128
                 assert _C.block_m_for(head_dim, code, rows) == (128 if wide else 64)
-            if fp8 and head_dim <= 128:
+            if fp8 and head_dim == 128:
                 T = tables(head_dim, 1, 128)
                 assert T["max_key_groups"] == 1 and T["smem"] <= 99 * 1024
                 assert all(host().key_groups(head_dim, 1, r, 128) == 1 for r in (1, 16, 33, 128))
+
+
+def merge_formula(o: np.ndarray, lse: np.ndarray, sink: float) -> np.ndarray:
+    """The split merge in float64, independently: sum_s 2^lse_s O_s / (sum_s 2^lse_s + 2^sink)
+    over the splits that saw a key (lse > -inf), 0 when nothing was seen."""
+    seen = lse > -np.inf
+    top = max([*lse[seen], sink])
+    if top == -np.inf:
+        return np.zeros(o.shape[1])
+    w = np.exp2(lse[seen] - top)
+    return (w[:, None] * o[seen]).sum(0) / (w.sum() + np.exp2(sink - top))
+
+
+def test_merge_row_matches_the_formula_on_random_partials():
+    """merge.cu's arithmetic (merge_row.h, compiled for the CPU) on random partials of 1..6
+    splits, some empty (lse -inf, partial NaN: never read), with and without a sink."""
+    rng = np.random.default_rng(8)
+    for trial in range(200):
+        splits = int(rng.integers(1, 7))
+        o = rng.standard_normal((splits, 16)).astype(np.float32)
+        lse = (rng.standard_normal(splits) * 8).astype(np.float32)
+        empty = rng.random(splits) < 0.3
+        lse[empty], o[empty] = -np.inf, np.nan
+        sink = float(rng.standard_normal() * 8) if trial % 2 else -math.inf
+        got = np.array(host().merge_row(o.tolist(), lse.tolist(), sink))
+        want = merge_formula(o.astype(np.float64), lse.astype(np.float64), sink)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (trial, got, want)
+
+
+def test_merge_row_adds_the_sink_once_without_overflow():
+    """A sink of 500 (natural log) dwarfs a row's LSE of 200 without overflowing; a sink counts
+    once however many splits there are; a row no split saw merges to zeros; NaN propagates."""
+    hk = host()
+    o = [[1.0, -2.0], [4.0, 0.5]]
+    got = hk.merge_row(o, [1.0, 3.0], 0.7 * LOG2E)
+    w, sink = np.array([2.0, 8.0]), math.exp(0.7)
+    assert np.allclose(got, (w[:, None] * np.array(o)).sum(0) / (w.sum() + sink), rtol=1e-6)
+    scale = 2.0 ** (200.0 - 500.0 * LOG2E)  # vs the sink's weight 1
+    tiny = hk.merge_row([[3.0, 1.0], [math.nan, math.nan]], [200.0, -math.inf], 500.0 * LOG2E)
+    assert np.all(np.isfinite(tiny)) and np.allclose(tiny, np.array([3.0, 1.0]) * scale)
+    assert hk.merge_row([[math.nan], [math.inf]], [-math.inf, -math.inf], -math.inf) == [0.0]
+    # A NaN partial (a NaN in the cache) is no empty split: it reaches the output.
+    assert np.isnan(hk.merge_row([[1.0], [math.nan]], [2.0, math.nan], -math.inf)).all()
+    assert np.isnan(hk.merge_row([[1.0], [math.nan]], [2.0, 1.0], -math.inf)).all()
 
 
 # Large positive and negative sink logits per q head (as in tests/test_window_sinks.py): +25

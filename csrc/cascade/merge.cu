@@ -1,7 +1,6 @@
-// Split-KV (flash decoding) merge: out = sum_s w_s O_s with w_s = 2^(lse_s - max) / (sum of w
-// + 2^(sink - max)), the attention sink's term counted once here (none without sinks). Each
-// split's O_s is already normalised and scaled by v_scale; lse and sink are in log2 units.
-// Rows past cu_seqlens_q[num_seqs] (vLLM's padding under CUDA graphs) get zeros.
+// Split-KV (flash decoding) merge: one warp per (token, query head) row, by merge_row.h's
+// formula (the attention sink's term counted once here). Rows past cu_seqlens_q[num_seqs]
+// (vLLM's padding under CUDA graphs) get zeros.
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -9,6 +8,7 @@
 
 #include "../common/index_tensors.h"
 #include "merge.h"
+#include "merge_row.h"
 
 namespace fp8nca {
 
@@ -42,23 +42,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_splits_kernel(const At
   }
 
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  // The attention sink (SPEC section 3) joins the denominator here, once, as one more term
-  // 2^sink with no value (log2 units, like lse); without sinks it is 2^-inf = 0.
+  // The attention sink (SPEC section 3) in log2 units, like lse; without sinks 2^-inf = 0.
   const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  float lse_max = sink;
-  for (int s = 0; s < p.num_splits; ++s) lse_max = fmaxf(lse_max, p.ws_lse[s * split_stride + row]);
-  if (lse_max == -INFINITY) lse_max = 0.f;
-  float wsum = exp2f(sink - lse_max);
-  for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.ws_lse[s * split_stride + row] - lse_max);
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-
+  const float* lse = p.ws_lse + row;
+  const MergeScale scale = merge_scale(lse, split_stride, p.num_splits, sink);
   for (int d = lane; d < p.head_dim; d += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = exp2f(p.ws_lse[s * split_stride + row] - lse_max);
-      acc += w * p.ws_o[(s * split_stride + row) * p.head_dim + d];
-    }
-    orow[d] = from_float<QT>(acc * inv);
+    orow[d] = from_float<QT>(merge_element(p.ws_o + row * p.head_dim + d,
+                                           split_stride * p.head_dim, lse, split_stride,
+                                           p.num_splits, scale));
   }
 }
 

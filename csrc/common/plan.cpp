@@ -7,8 +7,8 @@
 namespace fp8nca {
 
 int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head) {
-  const bool wide = rows_per_kv_head > mma_sync::kBlockM && dtype_bytes(kv_dtype) == 1 &&
-                    (head_dim == 64 || head_dim == 128);
+  const bool wide =
+      rows_per_kv_head > mma_sync::kBlockM && dtype_bytes(kv_dtype) == 1 && head_dim == 128;
   return wide ? mma_sync::kBlockMWide : mma_sync::kBlockM;
 }
 

@@ -46,9 +46,11 @@ struct Plan {
 };
 
 // Query rows per CTA for R = q_len x group rows per KV head (the batch's longest): the 128-row
-// tile (one KV pass, the FP8 tile dequantised once) when R > 64 on an FP8 cache at head_dim 64 /
-// 128, else 64. (head_dim 256's 128-row tile would not fit the 99 KB of shared memory of
-// sm_89 / sm_120; 16-bit caches keep the 64-row tile, not compiled twice.)
+// tile (one KV pass, the FP8 tile dequantised once) when R > 64 on an FP8 cache at head_dim 128,
+// else 64. Not compiled for the others: at head_dim 64 the 8-warp CTA takes 168-186 registers,
+// so one CTA (8 warps) per SM where the 64-row tile keeps three (12 warps), and it would add
+// ~5% to the build; head_dim 256's would not fit the 99 KB of shared memory of sm_89 / sm_120;
+// 16-bit caches have no dequantisation to share.
 int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head);
 
 // The split count the planner picks: 1 unless (sequences x KV heads x M tiles) CTAs leave the

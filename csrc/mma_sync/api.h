@@ -8,7 +8,7 @@
 namespace fp8nca::mma_sync {
 
 // Launch the attention kernel for one head dim and tile of `block_m` query rows (64, or 128 for
-// FP8 caches at head_dim 64 / 128) on `grid` (plan.h), or with `ctas_per_sm` set launch nothing
+// FP8 caches at head_dim 128) on `grid` (plan.h), or with `ctas_per_sm` set launch nothing
 // and report the kernel's resident CTAs per SM on the current device.
 // cudaErrorInvalidValue for a dtype pair that is not compiled. No host synchronisation.
 cudaError_t launch_d64(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,

@@ -69,7 +69,9 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
         *reinterpret_cast<float2*>(wrow + out_dim(j, t)) =
             make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
       }
-      if (t == 0) p.ws_lse[ws_row] = l > 0.f ? st.m[h] * scale_log2 + __log2f(l) : -INFINITY;
+      // -inf marks a split that saw no key (l == 0: the merge skips it); a NaN l (a NaN in the
+      // cache) gives a NaN lse, which the merge passes on as the unsplit path does.
+      if (t == 0) p.ws_lse[ws_row] = l != 0.f ? st.m[h] * scale_log2 + __log2f(l) : -INFINITY;
     }
   }
 }

@@ -12,7 +12,7 @@
 // mma.sync m16n8k16 with fp32 accumulation (FlashAttention-2). Warps the rows leave idle (a
 // drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead. Two
 // tiles of query rows (BM): 64 rows in 4 warps (paged_attention_kernel), and 128 rows in 8 warps
-// (paged_attention_kernel_m128, FP8 caches, head_dim 64 / 128) so that R = 65..128 rows of a KV
+// (paged_attention_kernel_m128, FP8 caches, head_dim 128) so that R = 65..128 rows of a KV
 // head stream and dequantise its KV once.
 #pragma once
 
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>
   attention_cta<D, QT, KV, kBlockM>(p);
 }
 
-// The 128-row tile: 8 warps (FP8 caches, head_dim 64 / 128; plan.cpp block_m_for).
+// The 128-row tile: 8 warps (FP8 caches, head_dim 128; plan.cpp block_m_for).
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
@@ -234,7 +234,7 @@ template <int D, typename QT, int KV>
 cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
                         int* ctas_per_sm) {
   if (block_m == kBlockM) return launch<D, QT, KV, kBlockM>(p, grid, stream, ctas_per_sm);
-  if constexpr (Traits<D, QT, KV>::kFp8 && D <= 128) {
+  if constexpr (Traits<D, QT, KV>::kFp8 && D == 128) {
     if (block_m == kBlockMWide) {
       return launch<D, QT, KV, kBlockMWide>(p, grid, stream, ctas_per_sm);
     }
