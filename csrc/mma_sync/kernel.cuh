@@ -149,8 +149,9 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
 
-  // key_groups() gives 1, 2 or max_key_groups; the branch is uniform over the CTA. Each branch
-  // runs to the end (no merge point: the register allocation of one does not constrain another).
+  // key_groups() gives 1, 2 or max_key_groups (always 1 in the 128-row tile); the branch is
+  // uniform over the CTA. Each branch runs to the end (no merge point: the register allocation
+  // of one does not constrain another).
   if constexpr (C.max_key_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st);
@@ -195,7 +196,6 @@ constexpr auto kernel_of() {
   }
 }
 
-
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
 // so that graph capture sees only launches).
 template <int D, typename QT, int KV, int BM>
@@ -229,7 +229,8 @@ cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* cta
   return cudaGetLastError();
 }
 
-// The launch for `block_m` (the plan's): the 128-row tile exists for FP8 caches only.
+// The launch for `block_m` (the plan's): the 128-row tile exists for FP8 caches at head_dim 128
+// only (plan.cpp block_m_for).
 template <int D, typename QT, int KV>
 cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
                         int* ctas_per_sm) {
