@@ -7,7 +7,7 @@ NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU
 (``FP8NCA_CUDA_FAMILY=wgmma`` / ``tcgen05``, or ``PagedAttention.plan(family=...)``), ``auto``
 never picks them, and a request they cannot serve falls back to the portable mma.sync family with
 the reason (in the plan's ``family_reason`` and a warning, once per reason). Both run sliding
-windows and attention sinks (:data:`WINDOW_FAMILIES`).
+windows and attention sinks.
 
 Where the libraries come from: the package build compiles them when ``FP8NCA_BUILD_DSL=1``
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
@@ -23,10 +23,8 @@ time. The C interface (dsl/build.py ``ARGUMENTS``)::
 The plan loads its variant's cubin (``load``, once per process), so that a failure is reported
 at plan time and the first launch may be inside a CUDA-graph capture.
 
-A variant name with ``_p<N>`` (``tcgen05_d128_n32_p16_bf16_e4m3``, as built before both families
-took the page at run time) was compiled for pages of N keys only; one without
-(``wgmma_d128_m64_bf16_e4m3``, ``tcgen05_d128_n32_bf16_e4m3``) takes the page size at run time
-(``page_shift`` = log2 of it) and runs every power of two in 16..256.
+Every variant (``wgmma_d128_m64_bf16_e4m3``, ``tcgen05_d128_n32_bf16_e4m3``) takes the page size
+at run time (``page_shift`` = log2 of it) and runs every power of two in 16..256.
 """
 
 from __future__ import annotations
@@ -73,9 +71,6 @@ FAMILIES = {
 }
 FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
 
-# The families whose kernels apply ``window`` and ``sinks`` (the others take the arguments and
-# ignore them, so the loader refuses such a problem for them).
-WINDOW_FAMILIES = ("wgmma", "tcgen05")
 
 # The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
 # pointers, int64 strides in elements, int32 sizes and flags, the softmax scale, the stream.
@@ -110,13 +105,13 @@ WAVE_FILL = 0.9
 MAX_GRID_Z = 65535
 # The producers' page arithmetic is 32 x 32 -> 64 bits with 32-bit in-page offsets.
 MAX_PAGE_ELEMENTS = 2**31
-# The page sizes a variant built without a page size (``page_size`` None) runs.
+# The page sizes every variant runs (``page_shift`` 4..8).
 RUN_TIME_PAGE_SIZES = tuple(2**shift for shift in range(4, 9))
 
 _DTYPE_TAGS = {"bf16": torch.bfloat16, "f16": torch.float16,
                "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # fmt: skip
 _NAME = re.compile(
-    r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)(?:_p(?P<page_size>\d+))?_"
+    r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)_"
     r"(?P<q>bf16|f16)_(?P<kv>e4m3|e5m2)@(?P<arch>sm_\d+a)"
 )
 
@@ -129,21 +124,18 @@ class BuiltVariant:
     name: str  # "<variant>@<arch>"
     head_dim: int
     rows: int  # query rows per CTA
-    page_size: int | None  # compiled for this page size only; None: any of RUN_TIME_PAGE_SIZES
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
     arch: str
 
 
 def parse_variant(index: int, name: str) -> BuiltVariant:
-    """``"wgmma_d128_m64_bf16_e4m3@sm_90a"`` -> its fields (ValueError if malformed); the page
-    size is None for a name without ``_p<N>`` (a run-time page size)."""
+    """``"wgmma_d128_m64_bf16_e4m3@sm_90a"`` -> its fields (ValueError if malformed)."""
     found = _NAME.fullmatch(name)
     if found is None:
         raise ValueError(f"not a DSL variant name: {name!r}")
-    page_size = None if found["page_size"] is None else int(found["page_size"])
     return BuiltVariant(
-        index, name, int(found["head_dim"]), int(found["rows"]), page_size,
+        index, name, int(found["head_dim"]), int(found["rows"]),
         _DTYPE_TAGS[found["q"]], _DTYPE_TAGS[found["kv"]], found["arch"],
     )  # fmt: skip
 
@@ -236,32 +228,24 @@ def choose_variant(
 ) -> tuple[BuiltVariant | None, str]:
     """The built variant for ``rows`` = max_seqlen_q x group query rows per KV head: the one
     with the fewest rows per CTA that holds them all, else the one with the most (several row
-    tiles). None and the reason when nothing built matches the other fields. A variant with a
-    run-time page size (``page_size`` None) serves every size in RUN_TIME_PAGE_SIZES."""
-    wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "kv_dtype": kv_dtype,
-              "page_size": page_size}  # fmt: skip
+    tiles). None and the reason when nothing built matches the other fields (every variant
+    runs each page size in RUN_TIME_PAGE_SIZES)."""
+    wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "kv_dtype": kv_dtype}
     fits = list(variants)
     for field, value in wanted.items():
         narrowed = [v for v in fits if getattr(v, field) == value]
-        if field == "page_size" and value in RUN_TIME_PAGE_SIZES:
-            narrowed += [v for v in fits if v.page_size is None]
         if not narrowed:
-            built = sorted({_shown(getattr(v, field)) for v in fits})
+            built = sorted({str(getattr(v, field)).removeprefix("torch.") for v in fits})
             shown = str(value).removeprefix("torch.")
             return None, f"no built variant for {field} {shown} (built: {', '.join(built)})"
         fits = narrowed
+    if page_size not in RUN_TIME_PAGE_SIZES:
+        pages = f"{RUN_TIME_PAGE_SIZES[0]}..{RUN_TIME_PAGE_SIZES[-1]}"
+        return None, f"no built variant for page_size {page_size} (built: {pages})"
     holding = [v for v in fits if v.rows >= rows]
     if holding:
         return min(holding, key=lambda v: v.rows), ""
     return max(fits, key=lambda v: v.rows), ""
-
-
-def _shown(value) -> str:
-    """A variant field in a refusal: dtypes without ``torch.``, a run-time page size as the
-    range it runs."""
-    if value is None:
-        return f"{RUN_TIME_PAGE_SIZES[0]}..{RUN_TIME_PAGE_SIZES[-1]}"
-    return str(value).removeprefix("torch.")
 
 
 def choose_splits(ctas: int, key_tiles: int, num_seqs: int, resident: int) -> int:
@@ -311,11 +295,6 @@ def plan_unsupported_reason(family: Family, problem: AttentionProblem) -> str | 
     if capability not in family.archs:
         major, minor = capability
         return f"needs an {family.gpus} GPU, this one is sm_{major}{minor}"
-    # The C interface carries both for every family; a family's kernel may not read them yet.
-    if family.name not in WINDOW_FAMILIES and problem.has_window:
-        return f"sliding windows are not in the {family.name} family yet (wgmma runs them)"
-    if family.name not in WINDOW_FAMILIES and problem.sinks is not None:
-        return f"attention sinks are not in the {family.name} family yet (wgmma runs them)"
     # The C interface takes no strides for these two: they are read as packed int32 vectors.
     for name in ("cu_seqlens_q", "seq_lens"):
         tensor = getattr(problem, name)

@@ -160,18 +160,21 @@ def test_every_built_variant_name_parses_to_its_fields():
     for arch in wgmma_traits.ARCHS:
         for v in build.wgmma_variants(wgmma_traits.KV_DTYPES):
             parsed = dsl_families.parse_variant(3, f"{v.name}@{arch}")
-            fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
-            assert fields == (v.head_dim, v.rows, None, arch)  # a run-time page size
+            fields = (parsed.head_dim, parsed.rows, parsed.arch)
+            assert fields == (v.head_dim, v.rows, arch)
             assert parsed.q_dtype == getattr(torch, v.q_dtype)
             assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
     for arch in tcgen05_traits.ARCHS:
         for v in build.VARIANTS:
             parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
-            fields = (parsed.head_dim, parsed.rows, parsed.page_size, parsed.arch)
-            assert fields == (v.head_dim, v.rows, None, arch)  # a run-time page size
+            fields = (parsed.head_dim, parsed.rows, parsed.arch)
+            assert fields == (v.head_dim, v.rows, arch)
             assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
     with pytest.raises(ValueError, match="not a DSL variant name"):
-        dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3")  # no arch
+        dsl_families.parse_variant(0, "wgmma_d128_m64_bf16_e4m3")  # no arch
+    with pytest.raises(ValueError, match="not a DSL variant name"):
+        # A compile-time page size: built before the C interface took page_shift.
+        dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3@sm_90a")
 
 
 def test_key_tiles_are_the_families_own():
@@ -295,14 +298,11 @@ def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
 
 
 @pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
-def test_a_run_time_page_variant_serves_every_page_size_a_compiled_one_only_its_own(page):
+def test_every_variant_serves_every_page_size(page):
     name, why = choose("wgmma", "sm_90a", page=page)
     assert (name, why) == ("wgmma_d128_m64_bf16_e4m3@sm_90a", "")
     name, why = choose("tcgen05", "sm_100a", page=page)
     assert (name, why) == ("tcgen05_d128_n32_bf16_e4m3@sm_100a", "")
-    fixed = (dsl_families.parse_variant(0, "tcgen05_d128_n32_p16_bf16_e4m3@sm_100a"),)
-    args = ("sm_100a", 128, torch.bfloat16, torch.float8_e4m3fn, page, 32)
-    assert (dsl_families.choose_variant(fixed, *args)[0] is None) == (page != 16)
 
 
 @pytest.mark.parametrize(
@@ -384,14 +384,6 @@ def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) is None
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) is None
     assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, sinks=sinks)) is None
-    # A family whose kernel does not read them is refused with the reason.
-    monkeypatch.setattr(dsl_families, "WINDOW_FAMILIES", ("wgmma",))
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) == (
-        "sliding windows are not in the tcgen05 family yet (wgmma runs them)"
-    )
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, sinks=sinks)) == (
-        "attention sinks are not in the tcgen05 family yet (wgmma runs them)"
-    )
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: None)
     assert "need CUDA tensors" in dsl_families.plan_unsupported_reason(wgmma, problem_of(case))
 
