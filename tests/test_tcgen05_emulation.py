@@ -91,6 +91,9 @@ def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
 
 # Tiles the emulation took on the exact path (True) and kept the reference maxima (False).
 LAZY_TILES: Counter = Counter()
+# Tiles past a CTA's first where some column had seen no key yet: "checked" (an unmasked tile's
+# lazy check), "first key" (an exact tile that gives such a column its first key).
+NO_KEY_TILES: Counter = Counter()
 
 
 def warp_column_sums(values: np.ndarray, widths) -> np.ndarray:
@@ -234,19 +237,28 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             visible = np.ones_like(visible)
         # Lazy rescale: past the first tile an unmasked tile keeps the reference maxima unless
         # a score of any column outruns them (every warp's vote), else the exact path.
+        # The offsets (layouts.exp2_offset) are the last exact tile's.
         exact = True
+        empty = m_prev == -np.inf
         if not needs_mask and s > 0:
-            highest = (scores * col_scale - _reference(m_prev) * col_scale).max()
+            NO_KEY_TILES["checked"] += bool(empty.any())
+            highest = (scores * col_scale + L.exp2_offset(m_prev, col_scale, np.where)).max()
             exact = bool(L.rescale_needed(highest))
         LAZY_TILES[exact] += 1
         correction = np.ones(rows)
         if exact:
             m_new = np.maximum(m_prev, np.where(visible, scores, -np.inf).max(axis=0))
-            correction = np.exp2((_reference(m_prev) - _reference(m_new)) * col_scale)
+            if s > 0:
+                NO_KEY_TILES["first key"] += bool((empty & (m_new > -np.inf)).any())
+            # In float32 as the kernel (exp2 past 128 is inf there).
+            old = L.correction_old_reference(m_prev.astype(np.float32), np.where)
+            new = _reference(m_new).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                correction = np.exp2((old - new) * col_scale.astype(np.float32)).astype(float)
             m_prev = m_new
-        m_use = _reference(m_prev)
-        with np.errstate(invalid="ignore"):
-            p = np.where(visible, np.exp2(scores * col_scale - m_use * col_scale), 0.0)
+        offset = L.exp2_offset(m_prev, col_scale, np.where)
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.where(visible, np.exp2(scores * col_scale + offset), 0.0)
         p16 = p.astype(np.float16).astype(np.float64)
         # The kernel sums P before its fp16 rounding; the partial sums take their column's
         # correction (layouts.partial_sum_column) on exact tiles only.
@@ -741,3 +753,98 @@ def test_partial_sums_hold_the_columns_layouts_names(monkeypatch, planted, rows)
     assert np.allclose(parts, expected) != (planted and partials > 1)
     final = warp_column_sums(parts, L.epilogue_sum_widths(rows))[:, 0]
     assert np.allclose(final, values.sum(axis=0))
+
+
+# Extreme but valid scales with rows whose first tiles hold no key for them. Two sequences over
+# one window (left, 0): a bidirectional drafter block (q_len 40 over 1000 keys) whose left edge
+# is chosen so that the last row of the first row tile has its first visible key exactly on a
+# tile boundary (the tile before is masked and empty for it, the one after is unmasked: its
+# lazy check meets a column with no key), and a causal prefill (150 of 450) whose row tiles
+# straddle the window's edges (masked tiles give columns their first key past the first tile).
+EXTREME_SCALES = {
+    # (query exponent, cached key exponent): scores x scale about -300 in log2 units either way
+    "ordinary_magnitudes": (0, 0),
+    # query 2^-110, keys 2^-6 (e4m3's smallest normal): k_scale about 2e36, within 3x of the
+    # largest scales.check_score_scale accepts at head_dim 128 (5.96e36)
+    "k_scale_near_the_limit": (-110, -6),
+}
+EXTREME_SCORE_LOG2 = -300.0
+
+
+def _extreme_case(rows: int, query_exponent: int, key_exponent: int):
+    """(case, problem, variant, extra) for EXTREME_SCALES: query entries in [1, 2) x
+    2^query_exponent, keys -(1 + N(0, 0.1)) x 2^key_exponent in the e4m3 cache (random values,
+    all scores negative), every KV head's k_scale set so that scores x scale are about
+    EXTREME_SCORE_LOG2 with a spread of a few units across keys (a real softmax)."""
+    tokens = rows // 4  # GQA 4: the first row tile's tokens
+    left = 960 + tokens - 1 - 768  # its last row's window starts at key 768 = 6 x KEY_TILE
+    spec = dict(
+        q_lens=[40, 150], kv_lens=[1000, 450], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=[False, True], causal_dtype=torch.bool,
+    )  # fmt: skip
+    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=128, seed=11, **spec)
+    gen = torch.Generator().manual_seed(rows)
+    query = (1 + torch.rand(case.query.shape, generator=gen)) * 2.0**query_exponent
+    case.query.copy_(query.to(case.query.dtype))
+    keys = -(1 + 0.1 * torch.randn(case.key_cache.shape, generator=gen)) * 2.0**key_exponent
+    case.key_cache.copy_(keys.to(case.key_cache.dtype))
+    softmax_scale = case.query.shape[-1] ** -0.5
+    mean_score = case.query.shape[-1] * 1.5 * 2.0 ** (query_exponent + key_exponent)
+    case.k_scale.fill_(-EXTREME_SCORE_LOG2 / (mean_score * softmax_scale * math.log2(math.e)))
+    extra = {"window": (left, 0)}
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
+    )
+    variant = T.Variant(128, rows, "bfloat16", "float8_e4m3fn")
+    return case, problem, variant, extra
+
+
+def _run_extreme(rows: int, splits: int, scales: str) -> tuple[torch.Tensor, torch.Tensor]:
+    case, problem, variant, extra = _extreme_case(rows, *EXTREME_SCALES[scales])
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    return out, ref[:n]
+
+
+EXTREME_LAUNCHES = [(32, 1), (64, 2), (128, 2)]  # (rows, splits: the first row tile has 3 tiles)
+
+
+@pytest.mark.parametrize("scales", sorted(EXTREME_SCALES))
+@pytest.mark.parametrize("rows,splits", EXTREME_LAUNCHES)
+def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(rows, splits, scales):
+    """Scores x scale about -300 (log2 units) and rows whose first tile(s) are empty for them:
+    both hazards of a 0 stand-in maximum are reached (a lazy check that meets a column with no
+    key, an exact tile that gives such a column its first key) and the result is finite and
+    matches the reference."""
+    NO_KEY_TILES.clear()
+    out, ref = _run_extreme(rows, splits, scales)
+    assert NO_KEY_TILES["checked"] > 0 and NO_KEY_TILES["first key"] > 0
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) <= TOLERANCE[out.dtype]
+
+
+def _zero_offset_for_no_key(m, scale, select):
+    return -(_reference(m) * scale)
+
+
+def _zero_old_reference_for_no_key(m, select):
+    return _reference(m)
+
+
+# The stand-in maximum 0 of a column with no key, as before the fix: the lazy check never fires
+# for scores far below 0 (P underflows to 0, l = 0), and the first key's correction
+# exp2(0 - new x scale) overflows (0 x inf = NaN).
+ZERO_REFERENCE = {
+    "exp2_offset": _zero_offset_for_no_key,
+    "correction_old_reference": _zero_old_reference_for_no_key,
+}
+
+
+@pytest.mark.parametrize("scales", sorted(EXTREME_SCALES))
+@pytest.mark.parametrize("planted", sorted(ZERO_REFERENCE))
+def test_a_zero_reference_for_columns_with_no_key_fails(monkeypatch, planted, scales):
+    monkeypatch.setattr(L, planted, ZERO_REFERENCE[planted])
+    with np.errstate(over="ignore", invalid="ignore"):
+        out, ref = _run_extreme(64, 2, scales)
+    assert not relative_error(out, ref) <= TOLERANCE[out.dtype]  # NaN counts as caught

@@ -18,6 +18,8 @@ The family-independent maps (rows, pages, positions, bf16 row scaling) are in ds
 indexing.py and precision.py.
 """
 
+import math
+
 from dsl.common import indexing as X
 
 KEY_TILE = 128  # keys per tile: the UMMA M of S^T = K Q^T (one TMEM lane per key)
@@ -180,6 +182,30 @@ def rescale_needed(max_exponent):
     """The largest exp2 argument of a tile's scores against the reference maxima (log2 units)
     asks for new maxima."""
     return max_exponent > LAZY_RESCALE_LOG2
+
+
+# A column (query row) that has seen no visible key yet has the running maximum -inf; its first
+# visible key may come on any tile (a window or causal mask empties its first tiles) and its
+# scores x scale may lie anywhere in float32 (extreme but valid k_scale: -300, -1e6 in log2
+# units). So its exp2 offset is +inf, never a stand-in maximum such as 0: the lazy check of an
+# unmasked tile then always finds it grown (the first visible key takes the exact path; on masked
+# tiles its P is masked to 0), and the old side of its correction is -FLT_MAX, not 0: the
+# correction exp2((old - new reference) x scale) is then 0 (or 1 at a scale flushed to 0), finite
+# either way, where exp2(0 - new x scale) overflowed to inf and 0 x inf made NaN in its (still
+# zero) sums and O. Same instruction count as a 0 reference (one compare and select each).
+NO_KEY_OLD_REFERENCE = -3.4028234663852886e38  # -FLT_MAX
+
+
+def exp2_offset(m, scale, select):
+    """Column's exp2 offset (P = exp2(S x scale + offset)): -m x scale, +inf while the column
+    has seen no key (m = -inf); ``select(cond, a, b)``."""
+    return select(m == -math.inf, math.inf, -(m * scale))
+
+
+def correction_old_reference(m, select):
+    """The old side of a column's correction exp2((old - new reference) x scale): its running
+    maximum, -FLT_MAX while it has seen no key (m = -inf)."""
+    return select(m == -math.inf, NO_KEY_OLD_REFERENCE, m)
 
 
 # Column sums of P: at 128 rows per tile only the first butterfly stages of the warp's

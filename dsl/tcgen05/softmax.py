@@ -26,8 +26,13 @@ def _exp2(x):
 
 def _reference(m):
     """The maximum P is taken against: the running column maximum, 0 while the column has seen
-    no key (no inf - inf; a lazy tile may then accumulate against 0 and keep it)."""
+    no key (no inf - inf in the new side of a correction, in the LSE and the sink's top)."""
     return cutlass.select_(m == -cutlass.Float32.inf, cutlass.Float32(0.0), m)
+
+
+def _select_f32(cond, a, b):
+    """cutlass.select_ on Float32 operands (the layouts maps pass Python floats)."""
+    return cutlass.select_(cond, cutlass.Float32(a), cutlass.Float32(b))
 
 
 def _column_sums(values, lane, widths):
@@ -196,10 +201,12 @@ class SoftmaxRole:
             # Lazy rescale (layouts.rescale_needed): past the first tile, an unmasked tile
             # first checks its scores against the reference maxima (half an FFMA2 and an FMNMX
             # per score); only when one outruns them, on masked tiles and on the first tile
-            # does it take the exact column maxima and rescale O.
+            # does it take the exact column maxima and rescale O. A column with no key yet has
+            # offset +inf (layouts.exp2_offset): its first visible key always takes that path.
+            # The old side of each correction (layouts.correction_old_reference).
             old_reference = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             for k in cutlass.range_constexpr(lane_slots):
-                old_reference[k] = _reference(m_prev[k])
+                old_reference[k] = L.correction_old_reference(m_prev[k], _select_f32)
             exact = cutlass.Int32(1)
             if cutlass.select_(needs_mask, cutlass.Int32(0), s) > 0:
                 highest = self.check_pass(
@@ -233,7 +240,7 @@ class SoftmaxRole:
                     False, softmax_bar,
                 )  # fmt: skip
             # Lane c of each warp: column 32 k + c's correction (exactly 1 where the reference
-            # stayed).
+            # stayed; finite for a column that had no key: layouts.correction_old_reference).
             correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
             for k in cutlass.range_constexpr(lane_slots):
                 c = cutlass.min(k * 32 + lane, rows - 1)
@@ -416,9 +423,10 @@ class SoftmaxRole:
     ):
         """New reference maxima: the tile's column maxima (masked keys as -inf when ``masked``)
         across the 128 key lanes, joined with the running ones; lane c of each warp then writes
-        column 32 k + c's exp2 offset (-maximum x scale, 0 for a column with nothing visible
-        yet) into this warp's column of s_sum, so the P pass is half a packed FFMA2 per score.
-        s_sum[:, warp] is only this warp's (it holds the column sums after the loop)."""
+        column 32 k + c's exp2 offset (layouts.exp2_offset: -maximum x scale, +inf for a column
+        with nothing visible yet) into this warp's column of s_sum, so the P pass is half a
+        packed FFMA2 per score. s_sum[:, warp] is only this warp's (it holds the column sums
+        after the loop)."""
         rows = self.v.rows
         acc_dtype = self.acc_dtype
         lane_slots = (rows + 31) // 32
@@ -438,7 +446,7 @@ class SoftmaxRole:
         for k in cutlass.range_constexpr(lane_slots):
             c = cutlass.min(k * 32 + lane, rows - 1)
             m_new = s_max[c, parity]
-            s_sum[c, wg_warp] = -(_reference(m_new) * s_col_scale[c])
+            s_sum[c, wg_warp] = L.exp2_offset(m_new, s_col_scale[c], _select_f32)
             m_prev[k] = m_new
         # Every lane's offsets before any lane reads them (the next tile's writes come after
         # softmax_bar, when no lane reads these any more).
