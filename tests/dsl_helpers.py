@@ -1,7 +1,8 @@
 """Helpers the two CUTLASS-DSL families' tests share (tcgen05 and wgmma): the CPU emulation's
-launch loop and split merge, and the AOT library's variant-name check."""
+launch loop and split merge, the extreme-scale case, and the AOT library's variant-name check."""
 
 import ctypes
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from dsl.common import indexing as X
+from fp8_noncausal_attn.synthetic import PagedCase, make_case
 
 
 def flat_bytes(cache: torch.Tensor) -> np.ndarray:
@@ -71,3 +73,36 @@ def check_library_names_every_variant(library_path: Path, family: str, record: d
     run = getattr(library, f"fp8nca_{family}_run")
     run.restype = ctypes.c_int
     assert run(len(record["variants"])) == -1
+
+
+EXTREME_SCORE_LOG2 = -300.0  # scores x scale of extreme_scale_case, in log2 units
+
+
+def extreme_scale_case(
+    tokens: int, query_exponent: int, key_exponent: int, seed: int
+) -> tuple[PagedCase, dict]:
+    """(case, extra reference kwargs: the window) with extreme but valid scales and rows whose
+    first key tiles (of 128 keys) hold no key for them. Query entries in [1, 2) x
+    2^query_exponent, keys -(1 + N(0, 0.1)) x 2^key_exponent in an e4m3 cache (random, every
+    score negative), head_dim 128, GQA 4, every KV head's k_scale set so that scores x scale
+    are about EXTREME_SCORE_LOG2 with a spread of a few units across keys (a real softmax).
+    Two sequences over one window (left, 0): a bidirectional drafter block (q_len 40 over 1000
+    keys) whose left edge puts the first visible key of query token ``tokens - 1`` (the last of
+    the first row tile when a row tile holds ``tokens`` tokens) exactly on key 768 = 6 x 128 (the
+    tile before is masked and empty for it, the one after is whole), and a causal prefill (150
+    of 450) whose row tiles straddle the window's edges (masked tiles give rows their first key
+    past their CTA's first tile)."""
+    left = 960 + tokens - 1 - 768
+    case = make_case(
+        [40, 150], [1000, 450], num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
+        causal=[False, True], causal_dtype=torch.bool, seed=seed,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    query = (1 + torch.rand(case.query.shape, generator=gen)) * 2.0**query_exponent
+    case.query.copy_(query.to(case.query.dtype))
+    keys = -(1 + 0.1 * torch.randn(case.key_cache.shape, generator=gen)) * 2.0**key_exponent
+    case.key_cache.copy_(keys.to(case.key_cache.dtype))
+    softmax_scale = case.query.shape[-1] ** -0.5
+    mean_score = case.query.shape[-1] * 1.5 * 2.0 ** (query_exponent + key_exponent)
+    case.k_scale.fill_(-EXTREME_SCORE_LOG2 / (mean_score * softmax_scale * math.log2(math.e)))
+    return case, {"window": (left, 0)}

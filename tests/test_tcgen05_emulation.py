@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOLERANCE
-from dsl_helpers import emulate_launch
+from dsl_helpers import emulate_launch, extreme_scale_case
 
 import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
@@ -755,12 +755,8 @@ def test_partial_sums_hold_the_columns_layouts_names(monkeypatch, planted, rows)
     assert np.allclose(final, values.sum(axis=0))
 
 
-# Extreme but valid scales with rows whose first tiles hold no key for them. Two sequences over
-# one window (left, 0): a bidirectional drafter block (q_len 40 over 1000 keys) whose left edge
-# is chosen so that the last row of the first row tile has its first visible key exactly on a
-# tile boundary (the tile before is masked and empty for it, the one after is unmasked: its
-# lazy check meets a column with no key), and a causal prefill (150 of 450) whose row tiles
-# straddle the window's edges (masked tiles give columns their first key past the first tile).
+# Extreme but valid scales with rows whose first tiles hold no key for them
+# (dsl_helpers.extreme_scale_case).
 EXTREME_SCALES = {
     # (query exponent, cached key exponent): scores x scale about -300 in log2 units either way
     "ordinary_magnitudes": (0, 0),
@@ -768,30 +764,11 @@ EXTREME_SCALES = {
     # largest scales.check_score_scale accepts at head_dim 128 (5.96e36)
     "k_scale_near_the_limit": (-110, -6),
 }
-EXTREME_SCORE_LOG2 = -300.0
 
 
 def _extreme_case(rows: int, query_exponent: int, key_exponent: int):
-    """(case, problem, variant, extra) for EXTREME_SCALES: query entries in [1, 2) x
-    2^query_exponent, keys -(1 + N(0, 0.1)) x 2^key_exponent in the e4m3 cache (random values,
-    all scores negative), every KV head's k_scale set so that scores x scale are about
-    EXTREME_SCORE_LOG2 with a spread of a few units across keys (a real softmax)."""
-    tokens = rows // 4  # GQA 4: the first row tile's tokens
-    left = 960 + tokens - 1 - 768  # its last row's window starts at key 768 = 6 x KEY_TILE
-    spec = dict(
-        q_lens=[40, 150], kv_lens=[1000, 450], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=[False, True], causal_dtype=torch.bool,
-    )  # fmt: skip
-    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=128, seed=11, **spec)
-    gen = torch.Generator().manual_seed(rows)
-    query = (1 + torch.rand(case.query.shape, generator=gen)) * 2.0**query_exponent
-    case.query.copy_(query.to(case.query.dtype))
-    keys = -(1 + 0.1 * torch.randn(case.key_cache.shape, generator=gen)) * 2.0**key_exponent
-    case.key_cache.copy_(keys.to(case.key_cache.dtype))
-    softmax_scale = case.query.shape[-1] ** -0.5
-    mean_score = case.query.shape[-1] * 1.5 * 2.0 ** (query_exponent + key_exponent)
-    case.k_scale.fill_(-EXTREME_SCORE_LOG2 / (mean_score * softmax_scale * math.log2(math.e)))
-    extra = {"window": (left, 0)}
+    """(case, problem, variant, extra) of extreme_scale_case for a ``rows``-row variant."""
+    case, extra = extreme_scale_case(rows // 4, query_exponent, key_exponent, seed=rows)
     problem = validate_attention(
         *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
     )
@@ -805,6 +782,13 @@ def _run_extreme(rows: int, splits: int, scales: str) -> tuple[torch.Tensor, tor
     n = int(case.cu_seqlens_q[-1])
     out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
     return out, ref[:n]
+
+
+def _worst_row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest relative error of one (token, head) row (inf for a non-finite one): the
+    hazards hit a few rows only, which the whole output's error can hide."""
+    diff = (out.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
+    return float(diff.nan_to_num(math.inf).max())
 
 
 EXTREME_LAUNCHES = [(32, 1), (64, 2), (128, 2)]  # (rows, splits: the first row tile has 3 tiles)
@@ -821,7 +805,7 @@ def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(rows, splits, s
     out, ref = _run_extreme(rows, splits, scales)
     assert NO_KEY_TILES["checked"] > 0 and NO_KEY_TILES["first key"] > 0
     assert torch.isfinite(out).all()
-    assert relative_error(out, ref) <= TOLERANCE[out.dtype]
+    assert _worst_row_error(out, ref) <= TOLERANCE[out.dtype]
 
 
 def _zero_offset_for_no_key(m, scale, select):
@@ -843,8 +827,12 @@ ZERO_REFERENCE = {
 
 @pytest.mark.parametrize("scales", sorted(EXTREME_SCALES))
 @pytest.mark.parametrize("planted", sorted(ZERO_REFERENCE))
-def test_a_zero_reference_for_columns_with_no_key_fails(monkeypatch, planted, scales):
+@pytest.mark.parametrize("rows,splits", [(32, 1), (128, 2)])
+def test_a_zero_reference_for_columns_with_no_key_fails(monkeypatch, planted, rows, splits, scales):
+    """The stand-in 0 planted back in either place breaks rows. (At 64 rows with 2 splits
+    another column's vote sends the lazy tile down the exact path anyway: the planted offset
+    alone stays within tolerance there, 0.8% on the worst row.)"""
     monkeypatch.setattr(L, planted, ZERO_REFERENCE[planted])
     with np.errstate(over="ignore", invalid="ignore"):
-        out, ref = _run_extreme(64, 2, scales)
-    assert not relative_error(out, ref) <= TOLERANCE[out.dtype]  # NaN counts as caught
+        out, ref = _run_extreme(rows, splits, scales)
+    assert not _worst_row_error(out, ref) <= TOLERANCE[out.dtype]

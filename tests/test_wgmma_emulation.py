@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOLERANCE
-from dsl_helpers import emulate_launch
+from dsl_helpers import emulate_launch, extreme_scale_case
 
 import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
@@ -210,6 +210,10 @@ def sink_log2(problem, head: int) -> float:
     return float(problem.sinks[head]) * math.log2(math.e)
 
 
+# Tiles past a CTA's first that gave some row its first visible key (extreme-scale cases).
+FIRST_KEY_LATE = [0]
+
+
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     kt, d = variant.key_tile, variant.head_dim
@@ -278,8 +282,15 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 m_tile = quad_reduce(frag.max(axis=1), np.maximum)
                 m_new = np.maximum(row_max[:, i], m_tile)
                 m_use = np.where(m_new == -np.inf, 0.0, m_new) * scale[:, i]
-                with np.errstate(invalid="ignore"):
-                    corrections[:, i] = np.exp2(row_max[:, i] * scale[:, i] - m_use)
+                if s > 0:
+                    FIRST_KEY_LATE[0] += bool(
+                        ((row_max[:, i] == -np.inf) & (m_new > -np.inf)).any()
+                    )
+                # The correction in float32 as the kernel (exp2 past 128 is inf there): a row
+                # with no key yet has row_max x scale = -inf, so 0, whatever its new maximum.
+                m32, s32 = row_max[:, i].astype(np.float32), scale[:, i].astype(np.float32)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    corrections[:, i] = np.exp2(m32 * s32 - m_use.astype(np.float32))
                     p = np.exp2(frag * scale[:, i : i + 1] - m_use[:, None])
                 row_sum[:, i] = row_sum[:, i] * corrections[:, i] + p.sum(axis=1)
                 p_matrix[rows_of[:, i : i + 1], s_cols] = _round(p, torch.float16)
@@ -651,3 +662,25 @@ def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     monkeypatch.undo()
     problem.window = (-1, -1)
     assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+
+
+@pytest.mark.parametrize("exponents", [(0, 0), (-110, -6)])
+@pytest.mark.parametrize("consumers,splits", [(1, 1), (2, 2)])
+def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, splits, exponents):
+    """Scores x scale about -300 (log2 units; ordinary magnitudes, and k_scale about 2e36, 3x
+    below scales.check_score_scale's limit) with rows whose first key comes past their CTA's
+    first tile: that tile's correction (float32, as the kernel) stays finite and the result
+    matches the reference (no lazy rescale in this family, so no stand-in maximum to check)."""
+    rows = L.ROWS_PER_WARPGROUP * consumers
+    case, extra = extreme_scale_case(rows // 4, *exponents, seed=rows)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
+    )
+    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
+    FIRST_KEY_LATE[0] = 0
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")[:n]
+    assert FIRST_KEY_LATE[0] > 0
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
