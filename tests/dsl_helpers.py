@@ -106,3 +106,28 @@ def extreme_scale_case(
     mean_score = case.query.shape[-1] * 1.5 * 2.0 ** (query_exponent + key_exponent)
     case.k_scale.fill_(-EXTREME_SCORE_LOG2 / (mean_score * softmax_scale * math.log2(math.e)))
     return case, {"window": (left, 0)}
+
+
+# (token, query head) rows of tiny_query_rows_case and the power of two each is scaled by: below
+# 2^-111 (max |q| ~2^-119, ~2^-112) precision.row_scale_exponent is clamped to 126 (unclamped,
+# 2^e is inf in fp32, or 2^-e subnormal); 0.0 is an all-zero row.
+TINY_QUERY_ROWS = {(0, 1): 2.0**-120, (3, 1): 2.0**-120, (17, 6): 2.0**-113, (5, 2): 0.0}
+
+
+def tiny_query_rows_case(seed: int) -> PagedCase:
+    """A random bf16 case (head_dim 128, GQA 4, a bidirectional and a causal sequence) whose
+    TINY_QUERY_ROWS are scaled to ~2^-120 / ~2^-112 or zeroed; the other rows stay ordinary."""
+    case = make_case(
+        [24, 40], [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
+        causal=[False, True], causal_dtype=torch.bool, seed=seed,
+    )  # fmt: skip
+    for (token, head), factor in TINY_QUERY_ROWS.items():
+        case.query[token, head] = (case.query[token, head].float() * factor).to(case.query.dtype)
+    return case
+
+
+def worst_row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest relative error of one (token, head) row (inf for a non-finite one): the
+    hazards hit a few rows only, which the whole output's error can hide."""
+    diff = (out.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
+    return float(diff.nan_to_num(math.inf).max())

@@ -23,7 +23,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOLERANCE
-from dsl_helpers import emulate_launch, extreme_scale_case
+from dsl_helpers import (
+    emulate_launch,
+    extreme_scale_case,
+    tiny_query_rows_case,
+    worst_row_error,
+)
 
 import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
@@ -31,6 +36,7 @@ from dsl.common import precision as P
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 from fp8_noncausal_attn.masking import visible_range
+from fp8_noncausal_attn.scales import check_score_scale
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -183,7 +189,7 @@ def load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start):
             biggest = np.abs(values).max(axis=1)
             for offset in L.q_row_shuffles(d):
                 biggest = np.maximum(biggest, biggest[thread ^ offset])
-            exponent = P.row_scale_exponent((biggest.view(np.int32) >> 23) & 0xFF)
+            exponent = P.row_scale_exponent((biggest.view(np.int32) >> 23) & 0xFF, np.minimum)
             factor, inverse = np.exp2(exponent.astype(np.float64)), np.exp2(-exponent * 1.0)
         scaled = (values * factor[:, None].astype(np.float32)).astype(np.float16)
         for t in range(L.WARPGROUP):
@@ -239,7 +245,11 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     begin, end = X.window_tiles(int(cta_first_key), int(cta_last_key), kt)
     first, end = X.split_tile_range(begin, end, num_splits, split, min)
     iters = end - first
-    base_scale = problem.softmax_scale * math.log2(math.e) * float(problem.k_scale[kv_head])
+    # float32 as the kernel: (softmax scale x log2(e)) x k_scale x the row's 2^-e, floored
+    f32 = np.float32
+    base_scale = f32(f32(problem.softmax_scale) * f32(math.log2(math.e))) * f32(
+        problem.k_scale[kv_head]
+    )
     v_scale = float(problem.v_scale[kv_head])
 
     # Producer: K then V of every tile of the split, through the rings in pipeline order.
@@ -253,7 +263,9 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     for wg in range(variant.consumers):
         row0 = row_base + wg * L.ROWS_PER_WARPGROUP
         q, q_row_scale = load_q_tile(problem, variant, row0, num_rows, group, kv_head, q_start)
-        scale = base_scale * q_row_scale[rows_of]  # [t, 2]: each accumulator row's own scale
+        # [t, 2]: each accumulator row's own scale
+        scale = np.maximum(base_scale * q_row_scale[rows_of].astype(f32), f32(P.MIN_SCORE_SCALE))
+        scale = scale.astype(np.float64)
         tokens = X.row_token(row0 + rows_of, group)
         before, after = X.window_offsets(left, right, causal, _select, np.minimum)
         positions = X.query_position(tokens, q_len, kv_len)  # [t, 2]
@@ -684,3 +696,59 @@ def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, spli
     assert FIRST_KEY_LATE[0] > 0
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+@pytest.mark.parametrize("consumers,splits", [(1, 1), (2, 2)])
+def test_tiny_and_zero_query_rows_match_the_reference(consumers, splits):
+    """bf16 query rows scaled to ~2^-120 / ~2^-112 (precision.row_scale_exponent clamped to
+    126: unclamped, 2^e is inf in fp32 and the row NaN) and an all-zero row: every row finite and
+    within tolerance of the reference (those rows' softmax is near uniform)."""
+    case = tiny_query_rows_case(seed=consumers)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=True
+    )
+    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")[:n]
+    assert torch.isfinite(out).all()
+    assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]
+
+
+def _smallest_accepted_k_scale(softmax_scale: float) -> float:
+    """The smallest float32 k_scale scales.check_score_scale accepts (the float32 below it is
+    refused)."""
+    k = np.float32(torch.finfo(torch.float32).tiny / (softmax_scale * math.log2(math.e)))
+    for _ in range(4):
+        try:
+            check_score_scale(softmax_scale, float(k), None, torch.float8_e4m3fn, True)
+            break
+        except ValueError:
+            k = np.nextafter(k, np.float32(np.inf))
+    below = float(np.nextafter(k, np.float32(0)))
+    with pytest.raises(ValueError):
+        check_score_scale(softmax_scale, below, None, torch.float8_e4m3fn, True)
+    return float(k)
+
+
+@pytest.mark.parametrize("consumers,splits", [(1, 1), (2, 2)])
+def test_smallest_accepted_k_scale_with_rows_that_see_no_key_at_first(consumers, splits):
+    """k_scale at check_score_scale's lower limit and queries ~2^-10 (row exponent e = 25):
+    softmax scale x k_scale x 2^-e underflows to 0 in float32, and unfloored a masked score or
+    the no-key row maximum (-inf) x 0 is NaN for rows whose first tile holds no key for them.
+    Floored at precision.MIN_SCORE_SCALE the result is finite and matches the reference (a
+    near-uniform softmax over each row's visible keys)."""
+    rows = L.ROWS_PER_WARPGROUP * consumers
+    case, extra = extreme_scale_case(rows // 4, -10, 0, seed=rows)
+    case.k_scale.fill_(_smallest_accepted_k_scale(case.query.shape[-1] ** -0.5))
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
+    )
+    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
+    FIRST_KEY_LATE[0] = 0
+    n = int(case.cu_seqlens_q[-1])
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")[:n]
+    assert FIRST_KEY_LATE[0] > 0
+    assert torch.isfinite(out).all()
+    assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]

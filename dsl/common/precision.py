@@ -10,9 +10,26 @@ the exactness; both families' kernels and emulations use this function.
 """
 
 Q_TARGET_EXP = 15
+# A row whose largest |q| is below 2^-111 would need e > 126: 2^e overflows fp32 past 127 and
+# 2^-e (the factor that rejoins the softmax scale) is subnormal past 126. Such a row is scaled by
+# 2^126 only; its largest element lands in [2^0, 2^15), its scores are ~0 (a near-uniform
+# softmax), and the elements it loses to fp16's range are under 2^-24 of the largest.
+MAX_ROW_SCALE_EXP = 126
 
 
-def row_scale_exponent(max_abs_biased_exp):
+def row_scale_exponent(max_abs_biased_exp, minimum):
     """Power of two (as an exponent) applied to a bf16 row, from the biased fp32 exponent of
-    its largest |q| (0 for an all-zero row: then the row is kept as is)."""
-    return (max_abs_biased_exp != 0) * (Q_TARGET_EXP - (max_abs_biased_exp - 127))
+    its largest |q| (0 for an all-zero row: then the row is kept as is), at most
+    MAX_ROW_SCALE_EXP so that 2^e and 2^-e are normal fp32. ``minimum``: the caller's min
+    (cutlass.min in a kernel, np.minimum on arrays, min on ints)."""
+    exponent = Q_TARGET_EXP - (max_abs_biased_exp - 127)
+    return (max_abs_biased_exp != 0) * minimum(exponent, MAX_ROW_SCALE_EXP)
+
+
+# Floor of a row's log2-domain score scale (softmax scale x k_scale x 2^-e, fp32), the smallest
+# normal fp32. scales.check_score_scale keeps softmax scale x k_scale normal, but its product with
+# a row's 2^-e can underflow to 0, and a masked score (-inf) or a no-key row maximum (-inf) times
+# 0 is NaN. Raising such a scale to 2^-126 changes no result: |scores| < 2^33 (fp16 query
+# <= 65280, fp8 key <= 57344, head_dim <= 256), so every score x scale stays below 2^-93, where
+# the softmax is uniform to fp32 either way.
+MIN_SCORE_SCALE = 2.0**-126

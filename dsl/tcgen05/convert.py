@@ -438,7 +438,7 @@ class ConvertRole:
                 box = cute.make_rmem_tensor(cute.make_layout(1), cutlass.Float32)
                 box[0] = biggest
                 bits = box.load().bitcast(cutlass.Int32)[0]
-                exponent = P.row_scale_exponent((bits >> 23) & 0xFF)
+                exponent = P.row_scale_exponent((bits >> 23) & 0xFF, cutlass.min)
                 factor = cute.math.exp2(exponent.to(cutlass.Float32))
                 inverse = cute.math.exp2(-exponent.to(cutlass.Float32))
             for k in cutlass.range_constexpr(pieces):

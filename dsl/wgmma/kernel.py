@@ -731,7 +731,7 @@ class WgmmaPagedAttention:
                 box = cute.make_rmem_tensor(cute.make_layout(1), f32)
                 box[0] = biggest
                 bits = box.load().bitcast(cutlass.Int32)[0]
-                exponent = P.row_scale_exponent((bits >> 23) & 0xFF)
+                exponent = P.row_scale_exponent((bits >> 23) & 0xFF, cutlass.min)
                 factor = cute.math.exp2(exponent.to(f32))
                 inverse = cute.math.exp2(-exponent.to(f32))
             if c == 0:
@@ -757,9 +757,12 @@ class WgmmaPagedAttention:
             token = X.row_token(row0 + L.acc_row(wg_tidx, i), group)
             position[i] = X.query_position(token, q_len, kv_len)
             # log2-domain score scale of the row: softmax scale x k_scale (one KV head per
-            # CTA) x the row's 2^-e
+            # CTA) x the row's 2^-e, at least P.MIN_SCORE_SCALE (an underflow to 0 would give
+            # -inf x 0 = NaN for masked scores and for a row with no key yet)
             row_scale = s_row_scale[wg * L.ROWS_PER_WARPGROUP + L.acc_row(wg_tidx, i)]
-            scale[i] = scale_log2 * k_scale * row_scale
+            scale[i] = cute.arch.fmax(
+                scale_log2 * k_scale * row_scale, cutlass.Float32(P.MIN_SCORE_SCALE)
+            )
 
         # ---- MMA fragments
         thr_qk = qk_mma.get_slice(wg_tidx)
