@@ -131,3 +131,55 @@ def worst_row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     hazards hit a few rows only, which the whole output's error can hide."""
     diff = (out.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
     return float(diff.nan_to_num(math.inf).max())
+
+
+def window_cases(mid_tile: dict, large_tile: dict) -> dict[str, dict]:
+    """The sliding-window and sink cases both DSL families' emulations replay (fields of
+    ``make_case`` plus window, sinks, splits, head_dim). Sinks are natural-log logits per query
+    head: large positive (the sink dominates the row), large negative (no effect), small.
+    ``mid_tile`` / ``large_tile`` are the family's launch knobs for a mid-size and its largest
+    CTA (tcgen05: 64 / 128 rows; wgmma: one / two consumer warpgroups)."""
+    return {
+        # Window smaller than a page, causal, GQA 4: each CTA loads one or two of the tiles.
+        "window_below_a_page_causal_sinks": dict(
+            q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
+            causal=True, window=(5, 0), sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5],
+            splits=1,
+        ),
+        # Window spanning pages and tiles, both sides, bidirectional, split-KV over the
+        # windowed range.
+        "window_pages_bidir_split3_sinks": dict(
+            q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=16,
+            causal=False, window=(150, 70), sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0],
+            splits=3, **mid_tile,
+        ),
+        # Window larger than the context: the same as none (per-sequence mixed flags, split 2).
+        "window_beyond_context_mixed": dict(
+            q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
+            causal=[True, False, True], causal_dtype=torch.int32, window=(5000, 2**31 - 1),
+            sinks=[20.0, -50.0], splits=2,
+        ),
+        # One-sided: left only, bidirectional, the largest CTA (R = 160: two row tiles), split 2.
+        "window_left_only_large_tile_split2": dict(
+            q_lens=[40, 12], kv_lens=[800, 500], num_q_heads=8, num_kv_heads=2, block_size=16,
+            causal=False, window=(200, -1), splits=2, **large_tile,
+        ),
+        # One-sided: right only, bidirectional (causal rows would cap it), fp16, page 64.
+        "window_right_only_f16_sinks": dict(
+            q_lens=[7, 12], kv_lens=[600, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
+            causal=False, query_dtype=torch.float16, window=(-1, 9), sinks=[4.0, -4.0, 15.0, 1.0],
+            splits=1,
+        ),
+        # Mixed bool flags with a two-sided window on a causal prefill (right capped at 0
+        # there), page 256 (a page holds two key tiles: half of one may be skipped).
+        "window_mixed_flags_page256_split2": dict(
+            q_lens=[130, 4], kv_lens=[130, 900], num_q_heads=4, num_kv_heads=2, block_size=256,
+            causal=[True, False], causal_dtype=torch.bool, window=(60, 20),
+            sinks=[5.0, -5.0, 0.0, 8.0], splits=2, **large_tile,
+        ),
+        # head_dim 256 (key tile 64 in wgmma), causal, window left only, sinks, unsplit.
+        "window_d256_causal_sinks": dict(
+            q_lens=[6, 3], kv_lens=[400, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
+            head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
+        ),
+    }  # fmt: skip

@@ -26,6 +26,7 @@ from dsl_helpers import (
     emulate_launch,
     extreme_scale_case,
     tiny_query_rows_case,
+    window_cases,
     worst_row_error,
 )
 
@@ -367,50 +368,7 @@ CASES = {
         q_lens=[16, 4], kv_lens=[16, 390], num_q_heads=4, num_kv_heads=2, block_size=256,
         causal=[False, True], causal_dtype=torch.bool, splits=1,
     ),
-    # Sliding windows and sinks (natural-log logits per query head: large positive, the sink
-    # dominates the row; large negative, no effect; small). Window smaller than a page, causal,
-    # GQA 4 (R = 36 and 120: two and four 32-row CTAs), each CTA loads one of the 4-6 tiles.
-    "window_below_a_page_causal_sinks": dict(
-        q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=True, window=(5, 0), sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5],
-        splits=1,
-    ),
-    # Window spanning pages and tiles, both sides, bidirectional, 64 rows, split-KV over the
-    # windowed range
-    "window_pages_bidir_rows64_split3_sinks": dict(
-        q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=False, window=(150, 70), sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0],
-        rows=64, splits=3,
-    ),
-    # Window larger than the context: the same as none (per-sequence mixed flags, split 2)
-    "window_beyond_context_mixed": dict(
-        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
-        causal=[True, False, True], causal_dtype=torch.int32, window=(5000, 2**31 - 1),
-        sinks=[20.0, -50.0], splits=2,
-    ),
-    # One-sided: left only, bidirectional, 128 rows (R = 160: two row tiles), split 2
-    "window_left_only_rows128_split2": dict(
-        q_lens=[40, 12], kv_lens=[800, 500], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=False, window=(200, -1), rows=128, splits=2,
-    ),
-    # One-sided: right only, bidirectional (causal rows would cap it), fp16, page 64
-    "window_right_only_f16_sinks": dict(
-        q_lens=[7, 12], kv_lens=[600, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
-        causal=False, query_dtype=torch.float16, window=(-1, 9), sinks=[4.0, -4.0, 15.0, 1.0],
-        splits=1,
-    ),
-    # Mixed bool flags with a two-sided window on a causal prefill (right capped at 0 there),
-    # page 256 (a page holds two key tiles: half of one may be skipped), 128 rows
-    "window_mixed_flags_page256_split2": dict(
-        q_lens=[130, 4], kv_lens=[130, 900], num_q_heads=4, num_kv_heads=2, block_size=256,
-        causal=[True, False], causal_dtype=torch.bool, window=(60, 20), sinks=[5.0, -5.0, 0.0, 8.0],
-        rows=128, splits=2,
-    ),
-    # head_dim 256, causal, window left only, sinks, unsplit
-    "window_d256_causal_sinks": dict(
-        q_lens=[6, 3], kv_lens=[400, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
-        head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
-    ),
+    **window_cases(mid_tile=dict(rows=64), large_tile=dict(rows=128)),
 }  # fmt: skip
 
 
@@ -573,14 +531,14 @@ PLANTED = {
         X,
         "window_tile_needs_mask",
         _tile_mask_ignores_window_start,
-        "window_left_only_rows128_split2",
+        "window_left_only_large_tile_split2",
     ),
     "window_offsets": (X, "window_offsets", _offsets_ignore_causal, "f16_causal_split3"),
     "window_tiles": (
         X,
         "window_tiles",
         _window_end_floor,
-        "window_pages_bidir_rows64_split3_sinks",
+        "window_pages_bidir_split3_sinks",
     ),
     "window_first_key": (
         X,
@@ -604,7 +562,7 @@ PLANTED = {
         X,
         "split_tile_range",
         _split_range_drops_last_tile,
-        "window_pages_bidir_rows64_split3_sinks",
+        "window_pages_bidir_split3_sinks",
     ),
     "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
     "loader_step_page": (L, "loader_step_page_slot", _step_page_dropped, "bf16_bidir_gqa4"),
@@ -615,7 +573,7 @@ PLANTED = {
         L,
         "partial_sum_column",
         _partial_sums_reversed,
-        "window_left_only_rows128_split2",
+        "window_left_only_large_tile_split2",
     ),
 }
 
@@ -649,7 +607,7 @@ def _poison_tiles_outside_windows(problem) -> int:
     return poisoned
 
 
-POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_rows64_split3_sinks",
+POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
             "window_d256_causal_sinks", "window_mixed_flags_page256_split2"]  # fmt: skip
 
 
@@ -722,7 +680,7 @@ def test_lazy_rescale_moves_the_reference_when_scores_outrun_it(monkeypatch, nev
 def test_lazy_rescale_keeps_the_reference_on_ordinary_scores():
     """On the random cases most tiles past the first keep their reference (the fast path)."""
     LAZY_TILES.clear()
-    for name in ("bf16_bidir_gqa4", "window_pages_bidir_rows64_split3_sinks"):
+    for name in ("bf16_bidir_gqa4", "window_pages_bidir_split3_sinks"):
         error, tolerance = _run_case(name)
         assert error <= tolerance
     assert LAZY_TILES[False] > 0

@@ -27,6 +27,7 @@ from dsl_helpers import (
     emulate_launch,
     extreme_scale_case,
     tiny_query_rows_case,
+    window_cases,
     worst_row_error,
 )
 
@@ -390,49 +391,7 @@ CASES = {
         q_lens=[6, 3], kv_lens=[150, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
         head_dim=256, causal=True, splits=1,
     ),
-    # Sliding windows (key tile 128 at d128, 64 at d256) and sinks, natural-log logits per
-    # query head: large positive (the sink dominates the row), large negative (no effect), small.
-    # Window smaller than a page, causal: each CTA loads one or two of the ~6 tiles.
-    "window_below_a_page_causal_sinks": dict(
-        q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=True, window=(5, 0), sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5],
-        splits=1,
-    ),
-    # Window spanning pages, both sides, bidirectional, split-KV over the windowed range
-    "window_pages_bidir_split3_sinks": dict(
-        q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=False, window=(150, 70), sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0],
-        splits=3,
-    ),
-    # Window larger than the context: the same as none (per-sequence mixed flags, split 2)
-    "window_beyond_context_mixed": dict(
-        q_lens=[5, 8, 3], kv_lens=[133, 8, 257], num_q_heads=2, num_kv_heads=2, block_size=32,
-        causal=[True, False, True], causal_dtype=torch.int32, window=(5000, 2**31 - 1),
-        sinks=[20.0, -50.0], splits=2,
-    ),
-    # One-sided: left only, bidirectional, two consumer warpgroups (R = 160), split 2
-    "window_left_only_m128_split2": dict(
-        q_lens=[40, 12], kv_lens=[800, 500], num_q_heads=8, num_kv_heads=2, block_size=16,
-        causal=False, window=(200, -1), consumers=2, splits=2,
-    ),
-    # One-sided: right only, bidirectional (causal rows would cap it), fp16, page 64
-    "window_right_only_f16_sinks": dict(
-        q_lens=[7, 12], kv_lens=[600, 40], num_q_heads=4, num_kv_heads=1, block_size=64,
-        causal=False, query_dtype=torch.float16, window=(-1, 9), sinks=[4.0, -4.0, 15.0, 1.0],
-        splits=1,
-    ),
-    # Mixed bool flags with a two-sided window on a causal prefill (right capped at 0 there),
-    # page 256 (a page holds two key tiles: half of one may be skipped)
-    "window_mixed_flags_page256_split2": dict(
-        q_lens=[130, 4], kv_lens=[130, 900], num_q_heads=4, num_kv_heads=2, block_size=256,
-        causal=[True, False], causal_dtype=torch.bool, window=(60, 20), sinks=[5.0, -5.0, 0.0, 8.0],
-        splits=2,
-    ),
-    # head_dim 256 (key tile 64), causal, window left only, sinks, unsplit
-    "window_d256_causal_sinks": dict(
-        q_lens=[6, 3], kv_lens=[400, 70], num_q_heads=4, num_kv_heads=2, block_size=16,
-        head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
-    ),
+    **window_cases(mid_tile={}, large_tile=dict(consumers=2)),
 }  # fmt: skip
 
 
@@ -593,7 +552,7 @@ PLANTED = {
     "window_tile_needs_mask:start": (
         X,
         _tile_mask_ignores_window_start,
-        "window_left_only_m128_split2",
+        "window_left_only_large_tile_split2",
     ),
     "window_offsets": (X, _offsets_ignore_causal, "f16_causal_split3"),
     # a page that holds two key tiles: the second tile's slot
