@@ -183,3 +183,47 @@ def window_cases(mid_tile: dict, large_tile: dict) -> dict[str, dict]:
             head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
         ),
     }  # fmt: skip
+
+
+# ---- Planted bugs in the window maps both families share (dsl/common/indexing.py) ----------
+# The originals are taken at import, before a test patches the module: a planted bug that
+# calls the map it replaces must reach the real one.
+_WINDOW_TILES, _WINDOW_LAST_KEY = X.window_tiles, X.window_last_key
+
+
+def causal_off_by_one(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position < after) & (position - j <= before)
+
+
+def window_lower_bound_unmasked(j, kv_len, position, before, after):
+    return (j < kv_len) & (j - position <= after)
+
+
+def tile_mask_ignores_causal(key0, key_end, kv_len, first_position, last_position, before, after):
+    return (key_end > kv_len) | (last_position - key0 > before)
+
+
+def tile_mask_ignores_window_start(key0, key_end, kv_len, first_position, last_position,
+                                   before, after):  # fmt: skip
+    return (key_end > kv_len) | (key_end - 1 - first_position > after)
+
+
+def offsets_ignore_causal(left, right, causal, select, minimum):
+    return select(left >= 0, left, X.INT32_MAX), select(right >= 0, right, X.INT32_MAX)
+
+
+def window_end_floor(first_key, last_key, key_tile):
+    return first_key // key_tile, last_key // key_tile
+
+
+def window_begins_a_tile_early(first_key, last_key, key_tile):
+    begin, end = _WINDOW_TILES(first_key, last_key, key_tile)
+    return max(begin - 1, 0), end
+
+
+def window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum):
+    return maximum(X.query_position(token, q_len, kv_len) - left, 0)
+
+
+def window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
+    return _WINDOW_LAST_KEY(token, q_len, q_len, causal, right, select)

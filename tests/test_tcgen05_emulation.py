@@ -23,10 +23,19 @@ import pytest
 import torch
 from conftest import TOLERANCE
 from dsl_helpers import (
+    causal_off_by_one,
     emulate_launch,
     extreme_scale_case,
+    offsets_ignore_causal,
+    tile_mask_ignores_causal,
+    tile_mask_ignores_window_start,
     tiny_query_rows_case,
+    window_begins_a_tile_early,
     window_cases,
+    window_end_floor,
+    window_last_key_of_q_len,
+    window_left_unbounded_forgotten,
+    window_lower_bound_unmasked,
     worst_row_error,
 )
 
@@ -407,44 +416,6 @@ def test_emulated_tcgen05_kernel_matches_reference(name):
     assert error <= tolerance
 
 
-def _causal_off_by_one(j, kv_len, position, before, after):
-    return (j < kv_len) & (j - position < after) & (position - j <= before)
-
-
-def _window_lower_bound_unmasked(j, kv_len, position, before, after):
-    return (j < kv_len) & (j - position <= after)
-
-
-def _tile_mask_ignores_causal(key0, key_end, kv_len, first_position, last_position, before, after):
-    return (key_end > kv_len) | (last_position - key0 > before)
-
-
-def _tile_mask_ignores_window_start(key0, key_end, kv_len, first_position, last_position,
-                                    before, after):  # fmt: skip
-    return (key_end > kv_len) | (key_end - 1 - first_position > after)
-
-
-def _offsets_ignore_causal(left, right, causal, select, minimum):
-    return select(left >= 0, left, X.INT32_MAX), select(right >= 0, right, X.INT32_MAX)
-
-
-def _window_end_floor(first_key, last_key, key_tile):
-    return first_key // key_tile, last_key // key_tile
-
-
-def _window_begins_a_tile_early(first_key, last_key, key_tile):
-    begin, end = PLANTED_ORIGINALS["window_tiles"](first_key, last_key, key_tile)
-    return max(begin - 1, 0), end
-
-
-def _window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum):
-    return maximum(X.query_position(token, q_len, kv_len) - left, 0)
-
-
-def _window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
-    return PLANTED_ORIGINALS["window_last_key"](token, q_len, q_len, causal, right, select)
-
-
 def _k_and_v_swapped(i, iters, d_tiles, select):
     is_v, tile, dslice = PLANTED_ORIGINALS["item_of"](i, iters, d_tiles, select)
     return not is_v, tile, dslice
@@ -494,8 +465,6 @@ def _ring_rows_shifted(thread, step):
 PLANTED_ORIGINALS = {
     "item_of": L.item_of,
     "split_tile_range": X.split_tile_range,
-    "window_tiles": X.window_tiles,
-    "window_last_key": X.window_last_key,
     "loader_step_page_slot": L.loader_step_page_slot,
     "loader_ring_offset": L.loader_ring_offset,
     "partial_sum_column": L.partial_sum_column,
@@ -514,42 +483,42 @@ def _partial_sums_reversed(lane, i, partials):
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
 # it must break)
 PLANTED = {
-    "key_in_window": (X, "key_in_window", _causal_off_by_one, "f16_causal_split3"),
+    "key_in_window": (X, "key_in_window", causal_off_by_one, "f16_causal_split3"),
     "key_in_window:lower": (
         X,
         "key_in_window",
-        _window_lower_bound_unmasked,
+        window_lower_bound_unmasked,
         "window_below_a_page_causal_sinks",
     ),
     "window_tile_needs_mask": (
         X,
         "window_tile_needs_mask",
-        _tile_mask_ignores_causal,
+        tile_mask_ignores_causal,
         "f16_causal_split3",
     ),
     "window_tile_needs_mask:start": (
         X,
         "window_tile_needs_mask",
-        _tile_mask_ignores_window_start,
+        tile_mask_ignores_window_start,
         "window_left_only_large_tile_split2",
     ),
-    "window_offsets": (X, "window_offsets", _offsets_ignore_causal, "f16_causal_split3"),
+    "window_offsets": (X, "window_offsets", offsets_ignore_causal, "f16_causal_split3"),
     "window_tiles": (
         X,
         "window_tiles",
-        _window_end_floor,
+        window_end_floor,
         "window_pages_bidir_split3_sinks",
     ),
     "window_first_key": (
         X,
         "window_first_key",
-        _window_left_unbounded_forgotten,
+        window_left_unbounded_forgotten,
         "bf16_bidir_gqa4",
     ),
     "window_last_key": (
         X,
         "window_last_key",
-        _window_last_key_of_q_len,
+        window_last_key_of_q_len,
         "window_right_only_f16_sinks",
     ),
     "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
@@ -621,7 +590,7 @@ def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     assert torch.isfinite(out).all()
     assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
     # The poison is live: a launch that starts a tile early, or ignores the window, reads it.
-    monkeypatch.setattr(X, "window_tiles", _window_begins_a_tile_early)
+    monkeypatch.setattr(X, "window_tiles", window_begins_a_tile_early)
     assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
     monkeypatch.undo()
     problem.window = (-1, -1)

@@ -24,10 +24,19 @@ import pytest
 import torch
 from conftest import TOLERANCE
 from dsl_helpers import (
+    causal_off_by_one,
     emulate_launch,
     extreme_scale_case,
+    offsets_ignore_causal,
+    tile_mask_ignores_causal,
+    tile_mask_ignores_window_start,
     tiny_query_rows_case,
+    window_begins_a_tile_early,
     window_cases,
+    window_end_floor,
+    window_last_key_of_q_len,
+    window_left_unbounded_forgotten,
+    window_lower_bound_unmasked,
     worst_row_error,
 )
 
@@ -434,14 +443,6 @@ def _no_swizzle(row, dim, rows):
     return 2 * (block * rows * L.SW128_ELEMS + row * L.SW128_ELEMS + dim % L.SW128_ELEMS)
 
 
-def _causal_off_by_one(j, kv_len, position, before, after):
-    return (j < kv_len) & (j - position < after) & (position - j <= before)
-
-
-def _window_lower_bound_unmasked(j, kv_len, position, before, after):
-    return (j < kv_len) & (j - position <= after)
-
-
 def _slot_in_half_page(j, page_shift):
     return j >> page_shift, j & ((1 << (page_shift - 1)) - 1)
 
@@ -450,39 +451,9 @@ def _head_from_token(r, group, kv_head):
     return kv_head * group + r // group % group
 
 
-def _tile_mask_ignores_causal(key0, key_end, kv_len, first_position, last_position, before, after):
-    return (key_end > kv_len) | (last_position - key0 > before)
-
-
-def _tile_mask_ignores_window_start(key0, key_end, kv_len, first_position, last_position,
-                                    before, after):  # fmt: skip
-    return (key_end > kv_len) | (key_end - 1 - first_position > after)
-
-
-def _offsets_ignore_causal(left, right, causal, select, minimum):
-    return select(left >= 0, left, X.INT32_MAX), select(right >= 0, right, X.INT32_MAX)
-
-
-def _window_end_floor(first_key, last_key, key_tile):
-    return first_key // key_tile, last_key // key_tile
-
-
-def _window_begins_a_tile_early(first_key, last_key, key_tile):
-    begin, end = ORIGINAL["window_tiles"](first_key, last_key, key_tile)
-    return max(begin - 1, 0), end
-
-
 def _split_range_drops_last_tile(begin, end, num_splits, split, minimum):
     first, last = ORIGINAL["split_tile_range"](begin, end, num_splits, split, minimum)
     return first, minimum(last, end - 1)
-
-
-def _window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum):
-    return maximum(X.query_position(token, q_len, kv_len) - left, 0)
-
-
-def _window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
-    return ORIGINAL["window_last_key"](token, q_len, q_len, causal, right, select)
 
 
 # Relabelings that the kernel applies consistently on both sides (a bijective change of which
@@ -536,9 +507,7 @@ def _one_staging_slot(tile, fp8_stages):
 
 
 ORIGINAL = {
-    "window_tiles": X.window_tiles,
     "split_tile_range": X.split_tile_range,
-    "window_last_key": X.window_last_key,
     "loader_row": L.loader_row,
     "q_row": L.q_row,
     "loader_step_page_slot": L.loader_step_page_slot,
@@ -546,15 +515,15 @@ ORIGINAL = {
 }
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
-    "key_in_window": (X, _causal_off_by_one, "f16_causal_split3"),
-    "key_in_window:lower": (X, _window_lower_bound_unmasked, "window_below_a_page_causal_sinks"),
-    "window_tile_needs_mask": (X, _tile_mask_ignores_causal, "f16_causal_prefill_m128"),
+    "key_in_window": (X, causal_off_by_one, "f16_causal_split3"),
+    "key_in_window:lower": (X, window_lower_bound_unmasked, "window_below_a_page_causal_sinks"),
+    "window_tile_needs_mask": (X, tile_mask_ignores_causal, "f16_causal_prefill_m128"),
     "window_tile_needs_mask:start": (
         X,
-        _tile_mask_ignores_window_start,
+        tile_mask_ignores_window_start,
         "window_left_only_large_tile_split2",
     ),
-    "window_offsets": (X, _offsets_ignore_causal, "f16_causal_split3"),
+    "window_offsets": (X, offsets_ignore_causal, "f16_causal_split3"),
     # a page that holds two key tiles: the second tile's slot
     "page_slot_of": (X, _slot_in_half_page, "bool_flags_page256"),
     # the last, partly filled page of a sequence (kv_len 300, pages of 16)
@@ -572,9 +541,9 @@ PLANTED = {
     "staging_slot:d64": (L, _one_staging_slot, "f16_d64_gqa8"),
     "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
     "split_tile_range": (X, _split_range_drops_last_tile, "window_pages_bidir_split3_sinks"),
-    "window_tiles": (X, _window_end_floor, "f16_causal_prefill_m128"),
-    "window_first_key": (X, _window_left_unbounded_forgotten, "bf16_bidir_gqa4"),
-    "window_last_key": (X, _window_last_key_of_q_len, "window_right_only_f16_sinks"),
+    "window_tiles": (X, window_end_floor, "f16_causal_prefill_m128"),
+    "window_first_key": (X, window_left_unbounded_forgotten, "bf16_bidir_gqa4"),
+    "window_last_key": (X, window_last_key_of_q_len, "window_right_only_f16_sinks"),
     "loader_row": (L, _loader_rows_of_half_the_threads, "bf16_bidir_gqa4"),
     "acc_row": (L, _acc_row_without_warp, "f16_causal_split3"),
     "q_row": (L, _q_rows_overlap, "bf16_bidir_gqa4"),
@@ -628,7 +597,7 @@ def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     assert torch.isfinite(out).all()
     assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
     # The poison is live: a launch that ignores the window, or starts a tile early, reads it.
-    monkeypatch.setattr(X, "window_tiles", _window_begins_a_tile_early)
+    monkeypatch.setattr(X, "window_tiles", window_begins_a_tile_early)
     assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
     monkeypatch.undo()
     problem.window = (-1, -1)
