@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from dsl.common import indexing as X
+from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import PagedCase, make_case
 
 
@@ -183,6 +184,28 @@ def window_cases(mid_tile: dict, large_tile: dict) -> dict[str, dict]:
             head_dim=256, causal=True, window=(90, -1), sinks=[6.0, -6.0, 0.25, 11.0], splits=1,
         ),
     }  # fmt: skip
+
+
+def poison_pages_outside_windows(problem, key_tile: int) -> int:
+    """Fill with FP8 NaN (0x7F in both formats) every K and V page that lies wholly in key tiles
+    (of ``key_tile`` keys) no query row of its sequence sees (masking.visible_range, the
+    reference's own rule); returns how many pages. A kernel that loads such a tile turns NaN
+    (0 x NaN in P V)."""
+    poisoned = 0
+    for seq in range(problem.num_seqs):
+        q_len = int(problem.cu_seqlens_q[seq + 1] - problem.cu_seqlens_q[seq])
+        kv_len = int(problem.seq_lens[seq])
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
+        low = int(start.min()) // key_tile * key_tile
+        high = X.ceil_div(int(end.max()), key_tile) * key_tile
+        for col in range(X.ceil_div(kv_len, problem.block_size)):
+            if (col + 1) * problem.block_size <= low or col * problem.block_size >= high:
+                page = int(problem.block_table[seq, col])
+                problem.key_cache[page].view(torch.uint8).fill_(0x7F)
+                problem.value_cache[page].view(torch.uint8).fill_(0x7F)
+                poisoned += 1
+    return poisoned
 
 
 # ---- Planted bugs in the window maps both families share (dsl/common/indexing.py) ----------

@@ -27,6 +27,7 @@ from dsl_helpers import (
     emulate_launch,
     extreme_scale_case,
     offsets_ignore_causal,
+    poison_pages_outside_windows,
     tile_mask_ignores_causal,
     tile_mask_ignores_window_start,
     tiny_query_rows_case,
@@ -44,7 +45,6 @@ from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
-from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -555,27 +555,6 @@ def test_planted_index_bug_is_caught(name, monkeypatch):
     assert not error <= tolerance  # NaN counts as caught
 
 
-def _poison_tiles_outside_windows(problem) -> int:
-    """Fill with FP8 NaN (0x7F) every K and V page that lies wholly in key tiles no query row of
-    its sequence sees (masking.visible_range, the reference's own rule); returns how many pages.
-    A kernel that loads such a tile turns NaN (0 x NaN in P V)."""
-    poisoned = 0
-    for seq in range(problem.num_seqs):
-        q_len = int(problem.cu_seqlens_q[seq + 1] - problem.cu_seqlens_q[seq])
-        kv_len = int(problem.seq_lens[seq])
-        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
-        start, end = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
-        low = int(start.min()) // L.KEY_TILE * L.KEY_TILE
-        high = X.ceil_div(int(end.max()), L.KEY_TILE) * L.KEY_TILE
-        for col in range(X.ceil_div(kv_len, problem.block_size)):
-            if (col + 1) * problem.block_size <= low or col * problem.block_size >= high:
-                page = int(problem.block_table[seq, col])
-                problem.key_cache[page].view(torch.uint8).fill_(0x7F)
-                problem.value_cache[page].view(torch.uint8).fill_(0x7F)
-                poisoned += 1
-    return poisoned
-
-
 POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
             "window_d256_causal_sinks", "window_mixed_flags_page256_split2"]  # fmt: skip
 
@@ -584,7 +563,7 @@ POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks
 def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     case, problem, variant, splits, extra = _prepare(name)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    assert _poison_tiles_outside_windows(problem) > 0
+    assert poison_pages_outside_windows(problem, L.KEY_TILE) > 0
     n = int(case.cu_seqlens_q[-1])
     out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
     assert torch.isfinite(out).all()
