@@ -581,15 +581,10 @@ def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
 
 
-@pytest.mark.parametrize("exponents", [(0, 0), (-110, -6)])
-@pytest.mark.parametrize("consumers,splits", [(1, 1), (2, 2)])
-def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, splits, exponents):
-    """Scores x scale about -300 (log2 units; ordinary magnitudes, and k_scale about 2e36, 3x
-    below scales.check_score_scale's limit) with rows whose first key comes past their CTA's
-    first tile: that tile's correction (float32, as the kernel) stays finite and the result
-    matches the reference (no lazy rescale in this family, so no stand-in maximum to check)."""
-    rows = L.ROWS_PER_WARPGROUP * consumers
-    case, extra = extreme_scale_case(rows // 4, *exponents, seed=rows)
+def _run_first_key_late(case, extra: dict, consumers: int, splits: int):
+    """(emulated, reference) output rows of an extreme_scale_case launch on a d128 bf16 e4m3
+    variant with ``consumers`` warpgroups; asserts some row's first key came past its CTA's
+    first tile and that every emulated row is finite."""
     problem = validate_attention(
         *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
     )
@@ -600,6 +595,19 @@ def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, spli
     ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")[:n]
     assert FIRST_KEY_LATE[0] > 0
     assert torch.isfinite(out).all()
+    return out, ref
+
+
+@pytest.mark.parametrize("exponents", [(0, 0), (-110, -6)])
+@pytest.mark.parametrize("consumers,splits", [(1, 1), (2, 2)])
+def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, splits, exponents):
+    """Scores x scale about -300 (log2 units; ordinary magnitudes, and k_scale about 2e36, 3x
+    below scales.check_score_scale's limit) with rows whose first key comes past their CTA's
+    first tile: that tile's correction (float32, as the kernel) stays finite and the result
+    matches the reference (no lazy rescale in this family, so no stand-in maximum to check)."""
+    rows = L.ROWS_PER_WARPGROUP * consumers
+    case, extra = extreme_scale_case(rows // 4, *exponents, seed=rows)
+    out, ref = _run_first_key_late(case, extra, consumers, splits)
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
 
 
@@ -646,14 +654,5 @@ def test_smallest_accepted_k_scale_with_rows_that_see_no_key_at_first(consumers,
     rows = L.ROWS_PER_WARPGROUP * consumers
     case, extra = extreme_scale_case(rows // 4, -10, 0, seed=rows)
     case.k_scale.fill_(_smallest_accepted_k_scale(case.query.shape[-1] ** -0.5))
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
-    )
-    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
-    FIRST_KEY_LATE[0] = 0
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")[:n]
-    assert FIRST_KEY_LATE[0] > 0
-    assert torch.isfinite(out).all()
+    out, ref = _run_first_key_late(case, extra, consumers, splits)
     assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]
