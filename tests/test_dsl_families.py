@@ -739,6 +739,18 @@ GPU_CASES = [
 ]  # fmt: skip
 
 
+def _run_on_the_family(problem, family: str, num_splits: int | None) -> torch.Tensor:
+    """Plan ``problem`` on ``family`` (asserting it is not refused) and run it into a NaN-filled
+    output, with any run-time fallback warning raised as an error."""
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
+    assert plan.family == family, plan.family_reason
+    out = torch.full_like(problem.query, math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no run-time fallback
+        cuda_backend.run(problem, plan, out)
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", sorted(GPU_FAMILIES))
 @pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
@@ -751,12 +763,7 @@ def test_family_matches_the_reference_on_its_gpu(family, query_dtype, index, num
     case = make_case(**GPU_CASES[index], head_dim=head_dim, query_dtype=query_dtype,
                      device="cuda", seed=index)  # fmt: skip
     problem = problem_of(case)
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family, plan.family_reason
-    out = torch.full_like(case.query, math.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no run-time fallback
-        cuda_backend.run(problem, plan, out)
+    out = _run_on_the_family(problem, family, num_splits)
     expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
@@ -794,12 +801,7 @@ def test_family_window_and_sinks_match_the_reference_on_its_gpu(
     if sink_scale is not None:
         sinks = (torch.rand(heads, device="cuda") + 0.5) * sink_scale
     problem = problem_of(case, window=window, sinks=sinks)
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family, plan.family_reason
-    out = torch.full_like(case.query, math.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no run-time fallback
-        cuda_backend.run(problem, plan, out)
+    out = _run_on_the_family(problem, family, num_splits)
     expected = fna.paged_attention(
         *case.args(), **case.kwargs(), window=window, sinks=sinks, backend="reference"
     )
