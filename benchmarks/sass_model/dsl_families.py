@@ -26,7 +26,7 @@ from .cfg import ControlFlowGraph
 from .cubins import read_cubin
 from .loop_counts import LoopCounts
 from .model import bound
-from .roles import Role, instr_per_kv_byte, role_counts
+from .roles import Role, instr_per_kv_byte, role_counts, role_loop
 from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
 from .sass import parse
 from .toolchain import run
@@ -112,22 +112,6 @@ def _copies(counts: LoopCounts) -> tuple[int, int]:
     return ldgsts, shfl
 
 
-def _role_loop(graph: ControlFlowGraph, role: Role):
-    """The loop roles.role_counts counts for ``role`` (innermost holding its signature)."""
-    loops = sorted(graph.loops(), key=lambda loop: graph.blocks[loop.header].start)
-    holding = [
-        loop
-        for loop in loops
-        if any(i.base == role.signature for i in graph.loop_instructions(loop))
-    ]
-    innermost = [
-        loop for loop in holding if not any(o.body < loop.body for o in holding if o != loop)
-    ]
-    if len(innermost) <= role.occurrence:
-        raise ValueError(f"role {role.name}: no loop #{role.occurrence} with {role.signature}")
-    return innermost[role.occurrence]
-
-
 def one_page_specialisation(
     sass_text: str, role: Role, table: list[int], copies: int, shuffles: int
 ) -> str:
@@ -140,7 +124,7 @@ def one_page_specialisation(
     two copy sequences. Raises unless exactly one case matches (or, without a ``BRX`` in the
     loop, unless the path already issues ``copies`` LDGSTS)."""
     graph = ControlFlowGraph(parse(sass_text))
-    loop = _role_loop(graph, role)
+    loop = role_loop(graph, role)
     body = graph.loop_instructions(loop)
     dispatch = {i.offset for i in body if i.base == "BRX"}
     if not dispatch:

@@ -29,26 +29,29 @@ class Role:
     kv_bytes_per_iter: int
 
 
+def role_loop(graph: ControlFlowGraph, role: Role):
+    """The loop of ``role``: the ``role.occurrence``-th innermost loop (in code order) holding
+    its signature instruction."""
+    loops = sorted(graph.loops(), key=lambda loop: graph.blocks[loop.header].start)
+    holding = [
+        loop
+        for loop in loops
+        if any(i.base == role.signature for i in graph.loop_instructions(loop))
+    ]
+    # An outer (e.g. persistent tile) loop around a role's KV loop holds its signature too:
+    # keep the innermost loops, those containing no other loop that holds it.
+    innermost = [
+        loop for loop in holding if not any(o.body < loop.body for o in holding if o != loop)
+    ]
+    if len(innermost) <= role.occurrence:
+        raise ValueError(f"role {role.name}: no loop #{role.occurrence} with {role.signature}")
+    return innermost[role.occurrence]
+
+
 def role_counts(sass_text: str, roles: tuple[Role, ...]) -> dict[str, LoopCounts]:
     """Per-warp counts of one steady-state iteration of each role's loop."""
     graph = ControlFlowGraph(parse(sass_text))
-    loops = sorted(graph.loops(), key=lambda loop: graph.blocks[loop.header].start)
-    counts = {}
-    for role in roles:
-        holding = [
-            loop
-            for loop in loops
-            if any(i.base == role.signature for i in graph.loop_instructions(loop))
-        ]
-        # An outer (e.g. persistent tile) loop around a role's KV loop holds its signature too:
-        # keep the innermost loops, those containing no other loop that holds it.
-        innermost = [
-            loop for loop in holding if not any(o.body < loop.body for o in holding if o != loop)
-        ]
-        if len(innermost) <= role.occurrence:
-            raise ValueError(f"role {role.name}: no loop #{role.occurrence} with {role.signature}")
-        counts[role.name] = count_loop(graph, innermost[role.occurrence])
-    return counts
+    return {role.name: count_loop(graph, role_loop(graph, role)) for role in roles}
 
 
 def instr_per_kv_byte(
