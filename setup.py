@@ -274,7 +274,8 @@ def install_dsl_build(build_dir: Path, package_dir: Path, family: str) -> list[s
     older one. Returns the copied paths, relative to that folder."""
     record = json.loads((build_dir / "build.json").read_text())
     names = [record["library"], "build.json"]
-    names += [cubin for entry in record["variants"] for cubin in entry["cubins"]]
+    # A kernel that serves several variants (tcgen05: both query dtypes) is listed by each.
+    names += dict.fromkeys(cubin for entry in record["variants"] for cubin in entry["cubins"])
     target = package_dir / f"_{family}"
     shutil.rmtree(target, ignore_errors=True)
     for name in names:

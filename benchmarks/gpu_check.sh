@@ -14,7 +14,7 @@
 # nvidia-cutlass-dsl, so their libraries are built ahead of time on the CPU machine and carried
 # (.dsl/ is git-ignored, as carry needs):
 #   python -m dsl.build --family wgmma --out .dsl/wgmma     # 1-2 min
-#   python -m dsl.build --family tcgen05 --out .dsl/tcgen05 # ~8 min on 2 cores
+#   python -m dsl.build --family tcgen05 --out .dsl/tcgen05 # ~3 min on 2 cores
 # (carry ".dsl"; GPU_CHECK_DSL_DIR names another folder). On cc 9.0 the CUDA GPU tests run again
 # with FP8NCA_CUDA_FAMILY=wgmma plus the family's own GPU tests, on cc 10.x with tcgen05; any
 # other GPU prints "<family>: skipped, needs an sm_XX GPU".

@@ -1,5 +1,5 @@
 """The CUTLASS-DSL kernel families of the CUDA backend: ``wgmma`` (Hopper, sm_90a) and
-``tcgen05`` (Blackwell, sm_100a / sm_103a), compiled ahead of time into one shared library per
+``tcgen05`` (Blackwell, sm_100f: B200 and B300), compiled ahead of time into one shared library per
 family (``libfp8nca_<family>.so``, libc only, the cubins inside) and called here through ctypes.
 
 NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU machines
@@ -62,11 +62,12 @@ class Family:
         return 64 if self.name == "wgmma" and head_dim > 128 else 128
 
 
-# An arch-specific cubin (sm_90a, sm_100a) runs only on that exact GPU: sm_100a not on a B300.
+# An arch-specific cubin (sm_90a) runs only on that exact GPU; a family-specific one (sm_100f)
+# on every GPU of its family from that minor up: sm_100 (B200) and sm_103 (B300).
 FAMILIES = {
     "wgmma": Family("wgmma", {(9, 0): "sm_90a"}, "sm_90 (H100, H200)"),
     "tcgen05": Family(
-        "tcgen05", {(10, 0): "sm_100a", (10, 3): "sm_103a"}, "sm_100/sm_103 (B200, B300)"
+        "tcgen05", {(10, 0): "sm_100f", (10, 3): "sm_100f"}, "sm_100/sm_103 (B200, B300)"
     ),
 }
 FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
@@ -112,7 +113,7 @@ _DTYPE_TAGS = {"bf16": torch.bfloat16, "f16": torch.float16,
                "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # fmt: skip
 _NAME = re.compile(
     r"(?P<family>[a-z0-9]+)_d(?P<head_dim>\d+)_[mn](?P<rows>\d+)_"
-    r"(?P<q>bf16|f16)_(?P<kv>e4m3|e5m2)@(?P<arch>sm_\d+a)"
+    r"(?P<q>bf16|f16)_(?P<kv>e4m3|e5m2)@(?P<arch>sm_\d+[af])"
 )
 
 

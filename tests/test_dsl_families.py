@@ -42,7 +42,7 @@ DEFAULT_TABLES = {
 # The one variant per family the build test compiles (about 10-15 s each here).
 SMALL_BUILDS = {
     "wgmma": ("sm_90a", "wgmma_d64_m64_bf16_e4m3"),
-    "tcgen05": ("sm_100a", "tcgen05_d128_n32_bf16_e4m3"),
+    "tcgen05": ("sm_100f", "tcgen05_d128_n32_bf16_e4m3"),
 }
 
 
@@ -224,7 +224,8 @@ def package_build(tmp_path_factory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         copied = setup.install_dsl_build(out, package, family)
         assert copied[:2] == [f"libfp8nca_{family}.so", "build.json"]
-        assert len(copied) == 3 and copied[2].startswith(f"{arch}/{variant}/")
+        built = next(v for v in (*build.VARIANTS, *build.WGMMA_VARIANTS) if v.name == variant)
+        assert len(copied) == 3 and copied[2].startswith(f"{arch}/{build.kernel_name(built)}/")
     return package
 
 
@@ -280,12 +281,12 @@ def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn,
         ("wgmma", "sm_90a", 256, 64, "wgmma_d256_m64"),
         ("wgmma", "sm_90a", 256, 128, "wgmma_d256_m128"),
         ("wgmma", "sm_90a", 256, 4096, "wgmma_d256_m128"),
-        ("tcgen05", "sm_100a", 128, 32, "tcgen05_d128_n32"),
-        ("tcgen05", "sm_100a", 128, 33, "tcgen05_d128_n64"),
-        ("tcgen05", "sm_103a", 128, 100, "tcgen05_d128_n128"),
-        ("tcgen05", "sm_103a", 128, 500, "tcgen05_d128_n128"),
-        ("tcgen05", "sm_100a", 256, 64, "tcgen05_d256_n64"),
-        ("tcgen05", "sm_100a", 256, 32, "tcgen05_d256_n32"),
+        ("tcgen05", "sm_100f", 128, 32, "tcgen05_d128_n32"),
+        ("tcgen05", "sm_100f", 128, 33, "tcgen05_d128_n64"),
+        ("tcgen05", "sm_100f", 128, 100, "tcgen05_d128_n128"),
+        ("tcgen05", "sm_100f", 128, 500, "tcgen05_d128_n128"),
+        ("tcgen05", "sm_100f", 256, 64, "tcgen05_d256_n64"),
+        ("tcgen05", "sm_100f", 256, 32, "tcgen05_d256_n32"),
     ],
 )
 def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
@@ -301,8 +302,8 @@ def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
 def test_every_variant_serves_every_page_size(page):
     name, why = choose("wgmma", "sm_90a", page=page)
     assert (name, why) == ("wgmma_d128_m64_bf16_e4m3@sm_90a", "")
-    name, why = choose("tcgen05", "sm_100a", page=page)
-    assert (name, why) == ("tcgen05_d128_n32_bf16_e4m3@sm_100a", "")
+    name, why = choose("tcgen05", "sm_100f", page=page)
+    assert (name, why) == ("tcgen05_d128_n32_bf16_e4m3@sm_100f", "")
 
 
 @pytest.mark.parametrize(
@@ -316,11 +317,11 @@ def test_every_variant_serves_every_page_size(page):
         ("wgmma", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 512}, "no built variant for page_size 512 (built: 16..256)"),
         ("wgmma", {"page": 48}, "no built variant for page_size 48 (built: 16..256)"),
-        ("wgmma", {"arch": "sm_100a"}, "no built variant for arch sm_100a (built: sm_90a)"),
+        ("wgmma", {"arch": "sm_100f"}, "no built variant for arch sm_100f (built: sm_90a)"),
     ],
 )
 def test_no_built_variant_is_refused_with_the_field(family, change, reason):
-    arch = change.pop("arch", "sm_90a" if family == "wgmma" else "sm_100a")
+    arch = change.pop("arch", "sm_90a" if family == "wgmma" else "sm_100f")
     name, why = choose(family, arch, **change)
     assert name is None and reason in why
 

@@ -12,16 +12,38 @@ from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
 
-def test_variant_table_covers_both_query_and_cache_dtypes_and_both_archs():
+def test_variant_table_covers_both_query_and_cache_dtypes_on_the_family_target():
     assert {v.q_dtype for v in build.VARIANTS} == {"bfloat16", "float16"}
     assert {v.kv_dtype for v in build.VARIANTS} == set(T.KV_DTYPES)
-    assert {v.kv_dtype for v in build.CI_VARIANTS} == set(T.KV_DTYPES)
-    assert T.ARCHS == ("sm_100a", "sm_103a")
+    assert T.ARCHS == ("sm_100f",)  # one cubin for sm_100 (B200) and sm_103 (B300)
     names = [v.name for v in build.VARIANTS]
     assert len(set(names)) == len(names)
-    assert set(build.CI_VARIANTS) <= set(build.VARIANTS)
-    symbols = {build.symbol(v, a) for v in build.VARIANTS for a in T.ARCHS}
-    assert len(symbols) == len(build.VARIANTS) * len(T.ARCHS)
+    # The bf16 and fp16 variants of a shape and cache dtype run one kernel, nothing else does.
+    kernels = {}
+    for v in build.VARIANTS:
+        kernels.setdefault(build.symbol(v, "sm_100f"), set()).add(v.q_dtype)
+    assert len(kernels) == len(build.VARIANTS) // 2
+    assert all(q == {"bfloat16", "float16"} for q in kernels.values())
+
+
+def test_each_variant_entry_passes_its_query_dtype_to_the_shared_kernel():
+    """The library's C entry: variant i runs its kernel's module with ``q_is_bf16`` fixed (1 for
+    bf16, 0 for fp16) after ``num_splits``; the two variants of a kernel share one module."""
+    bf16, f16 = (T.Variant(128, 32, q) for q in ("bfloat16", "float16"))
+    sym = build.symbol(bf16, "sm_100f")
+    assert sym == build.symbol(f16, "sm_100f") == "fp8nca_tcgen05_d128_n32_e4m3_sm_100f"
+    entries = [(sym, f"{v.name}@sm_100f", build.forward(v)) for v in (bf16, f16)]
+    source = build.entry_source(entries)
+    assert source.count(f"static {sym}_Kernel_Module_t module_") == 1
+    calls = [line for line in source.splitlines() if f"cute_dsl_{sym}_wrapper(" in line]
+    assert len(calls) == 2
+    for call, flag in zip(calls, (1, 0), strict=True):
+        assert "(&module_0, q, k, v, out," in call
+        assert f"row_tiles, num_splits, {flag} /* q_is_bf16 */, softmax_scale, stream);" in call
+    # A wgmma variant's kernel takes no flag.
+    wgmma = build.WGMMA_VARIANTS[0]
+    assert "q_is_bf16" not in build.forward(wgmma)
+    assert build.symbol(wgmma, "sm_90a") == f"fp8nca_{wgmma.name}_sm_90a"
 
 
 @pytest.mark.parametrize("variant", build.VARIANTS, ids=lambda v: v.name)

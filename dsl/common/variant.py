@@ -23,6 +23,12 @@ def variant_name(
     return f"{family}_d{head_dim}_{rows_tag}{page}_{q}_{kv}"
 
 
+def query_agnostic_name(family: str, head_dim: int, rows_tag: str, kv_dtype: str) -> str:
+    """The name of a kernel that takes the query dtype at run time, e.g. ``tcgen05_d128_n32_e4m3``
+    (the variants ``..._bf16_e4m3`` and ``..._f16_e4m3`` both run it)."""
+    return f"{family}_d{head_dim}_{rows_tag}_{_KV_TAGS[kv_dtype]}"
+
+
 def check_dtypes(q_dtype: str, kv_dtype: str, kv_dtypes: tuple[str, ...] = KV_DTYPES) -> None:
     """Raise ValueError unless the query / KV dtypes are ones the family builds (``kv_dtypes``:
     the family's FP8 cache dtypes)."""

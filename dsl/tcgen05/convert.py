@@ -50,6 +50,14 @@ def _thread_source(ptr, slot, kv_head, chunk, stride_b, stride_s, stride_h):
     return (ptr + cute.assume(offset, divby=L.CHUNK)).toint()
 
 
+def _query_value(words: cute.Tensor, i: int, q_is_bf16: cutlass.Int32) -> cutlass.Float32:
+    """Query element ``i`` of a piece of 16-bit words in fp32, exact: bf16 when ``q_is_bf16``,
+    else fp16 (the bf16 and fp16 variants run one kernel; traced inline)."""
+    as_bf16 = cute.recast_tensor(words, cutlass.BFloat16)[i].to(cutlass.Float32)
+    as_f16 = cute.recast_tensor(words, cutlass.Float16)[i].to(cutlass.Float32)
+    return cutlass.select_(q_is_bf16 != 0, as_bf16, as_f16)
+
+
 class ConvertRole:
     """Warps 4-7 (traits.CONVERT_WARPGROUP)."""
 
@@ -89,6 +97,7 @@ class ConvertRole:
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
         page_shift: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         q_producer: pipeline.PipelineProducer,
         cvt_producer: pipeline.PipelineProducer,
@@ -124,6 +133,7 @@ class ConvertRole:
             q_start,
             num_rows,
             row_base,
+            q_is_bf16,
             wg_tidx,
         )
         cute.arch.fence_view_async_shared()
@@ -394,10 +404,12 @@ class ConvertRole:
         q_start: cutlass.Int32,
         num_rows: cutlass.Int32,
         row_base: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ):
-        """Q rows -> fp16 B operand in smem. A bf16 row is multiplied by 2^e (layouts.
-        row_scale_exponent), exact; s_row_scale[row] = 2^-e rejoins the softmax scale.
+        """Q rows (16-bit words, bf16 when ``q_is_bf16`` else fp16) -> fp16 B operand in smem.
+        A bf16 row is multiplied by 2^e (layouts.row_scale_exponent), exact; s_row_scale[row] =
+        2^-e rejoins the softmax scale (e = 0 for an fp16 row).
         Rows past this sequence's R are zero."""
         rows = self.v.rows
         head_dim = self.v.head_dim
@@ -427,27 +439,26 @@ class ConvertRole:
                 if cutlass.const_expr(k > 0):
                     vals = self.q_piece(q_ptr + offset, k * piece, piece, valid)
                 for i in cutlass.range_constexpr(piece):
-                    biggest = cute.arch.fmax(biggest, cute.math.absf(vals[i].to(cutlass.Float32)))
+                    value = _query_value(vals, i, q_is_bf16)
+                    biggest = cute.arch.fmax(biggest, cute.math.absf(value))
             for b in cutlass.range_constexpr(int(math.log2(per_row))):
                 biggest = cute.arch.fmax(
                     biggest, cute.arch.shuffle_sync_bfly(biggest, offset=1 << b)
                 )
-            factor = cutlass.Float32(1.0)
-            inverse = cutlass.Float32(1.0)
-            if cutlass.const_expr(self.q_dtype is cutlass.BFloat16):
-                box = cute.make_rmem_tensor(cute.make_layout(1), cutlass.Float32)
-                box[0] = biggest
-                bits = box.load().bitcast(cutlass.Int32)[0]
-                exponent = P.row_scale_exponent((bits >> 23) & 0xFF, cutlass.min)
-                factor = cute.math.exp2(exponent.to(cutlass.Float32))
-                inverse = cute.math.exp2(-exponent.to(cutlass.Float32))
+            box = cute.make_rmem_tensor(cute.make_layout(1), cutlass.Float32)
+            box[0] = biggest
+            bits = box.load().bitcast(cutlass.Int32)[0]
+            exponent = P.row_scale_exponent((bits >> 23) & 0xFF, cutlass.min)
+            exponent = cutlass.Int32(cutlass.select_(q_is_bf16 != 0, exponent, cutlass.Int32(0)))
+            factor = cute.math.exp2(exponent.to(cutlass.Float32))
+            inverse = cute.math.exp2(-exponent.to(cutlass.Float32))
             for k in cutlass.range_constexpr(pieces):
                 if cutlass.const_expr(pieces > 1):
                     vals = self.q_piece(q_ptr + offset, k * piece, piece, valid)
                 for i in cutlass.range_constexpr(piece):
                     d = part * seg + k * piece + i
                     tBsQ[((r, d % 16), 0, (d % L.ITEM_BYTES) // 16, d // L.ITEM_BYTES)] = (
-                        vals[i].to(cutlass.Float32) * factor
+                        _query_value(vals, i, q_is_bf16) * factor
                     ).to(self.mma_dtype)
             if part == 0:
                 s_row_scale[r] = inverse
@@ -460,11 +471,12 @@ class ConvertRole:
         length: cutlass.Constexpr,
         valid: cutlass.Boolean,
     ) -> cute.Tensor:
-        """Elements first .. first + length - 1 of a query row (zeros for a row past R)."""
-        vals = cute.make_rmem_tensor(cute.make_layout(length), self.q_dtype)
-        vals.fill(0.0)
+        """Elements first .. first + length - 1 of a query row (zeros for a row past R) as
+        their 16-bit words (half the registers of fp32; :func:`_query_value` widens one)."""
+        words = cute.make_rmem_tensor(cute.make_layout(length), cutlass.Uint16)
+        words.fill(0)
         if valid:
             src = cute.make_tensor(row_ptr + first, cute.make_layout(length))
             for i in cutlass.range_constexpr(length):
-                vals[i] = src[i]
-        return vals
+                words[i] = src[i]
+        return words

@@ -61,7 +61,6 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
     def __init__(self, variant: T.Variant):
         variant.check()
         self.v = variant
-        self.q_dtype = _DTYPES[variant.q_dtype]
         self.kv_dtype = _DTYPES[variant.kv_dtype]
         self.mma_dtype = cutlass.Float16
         self.acc_dtype = cutlass.Float32
@@ -70,10 +69,10 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
     @cute.jit
     def __call__(
         self,
-        q_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
+        q_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], 16-bit (q_is_bf16)
         k_ptr: cute.Pointer,  # [num_blocks, page_size, num_kv_heads, head_dim], fp8
         v_ptr: cute.Pointer,  # same shape as k, own strides
-        out_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
+        out_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], as q
         block_table_ptr: cute.Pointer,  # int32 [num_seqs, max_blocks]
         cu_seqlens_q_ptr: cute.Pointer,  # int32 [num_seqs + 1]
         seq_lens_ptr: cute.Pointer,  # int32 [num_seqs]
@@ -107,6 +106,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         num_kv_heads: cutlass.Int32,
         row_tiles: cutlass.Int32,  # ceil(max_seqlen_q * group / rows)
         num_splits: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,  # the query (and output) dtype: 1 bf16, 0 fp16
         softmax_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
@@ -171,6 +171,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             num_q_heads,
             num_kv_heads,
             num_splits,
+            q_is_bf16,
             softmax_scale * LOG2_E,
         ).launch(
             grid=(row_tiles, num_kv_heads, num_seqs * num_splits),
@@ -219,6 +220,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
         num_splits: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,
         scale_log2: cutlass.Float32,
     ):
         v = self.v
@@ -420,6 +422,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 first_tile,
                 iters,
                 page_shift,
+                q_is_bf16,
                 wg_tidx,
                 q_producer,
                 cvt_producer,
@@ -537,6 +540,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 num_splits,
                 num_tokens,
                 num_q_heads,
+                q_is_bf16,
                 wg_tidx,
                 wg_warp,
                 lane,

@@ -71,6 +71,20 @@ def _load_scores(load_s, tStS, chunk, stage, chunk_shape, acc_dtype):
     return scores
 
 
+def _output_word(value, q_is_bf16):
+    """An output element's 16-bit word in the query dtype: bf16 when ``q_is_bf16``, else fp16
+    (round to nearest even; the bf16 and fp16 variants run one kernel; traced inline)."""
+    as_bf16 = cute.make_rmem_tensor(cute.make_layout(1), cutlass.BFloat16)
+    as_bf16[0] = value.to(cutlass.BFloat16)
+    as_f16 = cute.make_rmem_tensor(cute.make_layout(1), cutlass.Float16)
+    as_f16[0] = value.to(cutlass.Float16)
+    return cutlass.select_(
+        q_is_bf16 != 0,
+        cute.recast_tensor(as_bf16, cutlass.Uint16)[0],
+        cute.recast_tensor(as_f16, cutlass.Uint16)[0],
+    )
+
+
 class SoftmaxRole:
     """Warps 0-3 (traits.SOFTMAX_WARPGROUP)."""
 
@@ -112,6 +126,7 @@ class SoftmaxRole:
         num_splits: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_q_heads: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         wg_warp: cutlass.Int32,
         lane: cutlass.Int32,
@@ -363,8 +378,8 @@ class SoftmaxRole:
                                 + cutlass.Int64(head) * o_stride_h
                                 + d
                             )
-                            cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = value.to(
-                                self.q_dtype
+                            cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = _output_word(
+                                value, q_is_bf16
                             )
         if iters > 0:
             o_last.release()

@@ -6,12 +6,15 @@ variants without the DSL installed. The kernel (dsl/tcgen05/kernel.py) reads eve
 
 from dataclasses import dataclass
 
-from dsl.common.variant import check_dtypes, variant_name
+from dsl.common.variant import check_dtypes, query_agnostic_name, variant_name
 from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
 
 TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
 SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
-ARCHS = ("sm_100a", "sm_103a")
+# The family-specific target: one cubin runs on sm_100 (B200) and sm_103 (B300), where an
+# arch-specific sm_100a cubin runs on sm_100 only. Its SASS is the same as sm_100a's (checked on
+# the d128 x 32-row kernel, 30 Nov), and it halves the compiles.
+ARCHS = ("sm_100f",)
 # FP8 caches: e4m3 (F2FP and an integer-pipe share) and e5m2 (byte moves: the high byte of an fp16),
 # both exact into the fp16 A operand (dsl/tcgen05/convert.py convert_exactly).
 KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
@@ -51,8 +54,20 @@ class Variant:
 
     @property
     def name(self) -> str:
+        """The variant's name in the library (``tcgen05_d128_n32_bf16_e4m3``)."""
         rows = f"n{self.rows}"
         return variant_name("tcgen05", self.head_dim, rows, None, self.q_dtype, self.kv_dtype)
+
+    @property
+    def kernel_name(self) -> str:
+        """The compiled kernel this variant runs: both query dtypes share one (the library's C
+        entry passes ``q_is_bf16``; the query is read as 16-bit words and widened by it)."""
+        return query_agnostic_name("tcgen05", self.head_dim, f"n{self.rows}", self.kv_dtype)
+
+    @property
+    def q_is_bf16(self) -> int:
+        """The kernel's run-time query-dtype flag for this variant."""
+        return int(self.q_dtype == "bfloat16")
 
     @property
     def d_tiles(self) -> int:
