@@ -5,6 +5,7 @@ static instruction counts over the whole kernel (not per tile, not per byte): th
 instructions the compiled kernel uses, never how fast it runs.
 """
 
+import functools
 import re
 import shutil
 import subprocess
@@ -41,16 +42,29 @@ def cuobjdump_path() -> Path:
     return Path(found)
 
 
-def _run(*args: str) -> str:
+def _run(option: str, cubin: Path) -> str:
+    """cuobjdump's output for one cubin, read once per version of the file (the build tests ask
+    several questions of each cubin, and a tcgen05 listing takes about a second)."""
+    stat = Path(cubin).stat()
+    return _cached_run(option, str(cubin), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_run(option: str, cubin: str, mtime_ns: int, size: int) -> str:
     return subprocess.run(
-        [str(cuobjdump_path()), *args], check=True, capture_output=True, text=True
+        [str(cuobjdump_path()), option, cubin], check=True, capture_output=True, text=True
     ).stdout
+
+
+def disassembly(cubin: Path) -> str:
+    """``cuobjdump -sass`` of a cubin."""
+    return _run("-sass", cubin)
 
 
 def opcodes(cubin: Path) -> dict[str, int]:
     """Static count of each opcode (with its modifiers, e.g. ``LDGSTS.E.LTC128B.128``)."""
     counts: dict[str, int] = {}
-    for line in _run("-sass", str(cubin)).splitlines():
+    for line in disassembly(cubin).splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
         if m:
             counts[m.group(1)] = counts.get(m.group(1), 0) + 1
@@ -64,7 +78,7 @@ def count(ops: dict[str, int], family: str) -> int:
 
 def resource_usage(cubin: Path) -> dict[str, int]:
     """REG, STACK, SHARED, LOCAL of the cubin's one kernel."""
-    text = _run("-res-usage", str(cubin))
+    text = _run("-res-usage", cubin)
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if m is None:
         raise ValueError(f"no resource line in cuobjdump -res-usage of {cubin}")

@@ -5,7 +5,6 @@ Reuses dsl/sass_check.py's readers; counts are static instruction counts over th
 """
 
 import re
-import subprocess
 from pathlib import Path
 
 from dsl import sass_check
@@ -53,12 +52,7 @@ def role_registers(cubin: Path) -> dict[str, int] | None:
     branch out between ``setmaxnreg.dec`` and ``setmaxnreg.inc``, the consumers' after the
     latter. Registers above a role's setmaxnreg limit would be lost at run time, so each must
     stay under its own. None without setmaxnreg."""
-    text = subprocess.run(
-        [str(sass_check.cuobjdump_path()), "-sass", str(cubin)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    text = sass_check.disassembly(cubin)
     start, end = text.find("USETMAXREG.DEALLOC"), text.find("USETMAXREG.TRY_ALLOC")
     if start < 0 or end < start:
         return None
