@@ -83,9 +83,11 @@ def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:
     from dsl.tcgen05 import layouts, traits
 
     per_tile = 2 * layouts.KEY_TILE * d  # K and V bytes of one key tile (FP8)
+    # The converter's loop by its ldmatrix reads of the ring: its copy prologue is a loop of
+    # cp.async (LDGSTS) too, ahead of it in code order.
     roles = (
         Role("softmax", 4, "MUFU", 0, per_tile),
-        Role("convert", 4, "LDGSTS", 0, layouts.KEY_TILE * layouts.ITEM_BYTES),
+        Role("convert", 4, "LDSM", 0, layouts.KEY_TILE * layouts.ITEM_BYTES),
         Role("mma_kq", 1, "UTCHMMA", 0, per_tile),
         Role("mma_vp", 1, "UTCHMMA", 1, per_tile),
     )

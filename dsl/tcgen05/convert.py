@@ -203,7 +203,9 @@ class ConvertRole:
         pages = self.read_item_pages(
             0, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
         )
-        for p in cutlass.range_constexpr(lookahead):
+        # A loop, not unrolled: the copies' page-size specialisations are emitted once here and
+        # once in the main loop (unrolled, the prologue tripled them: SASS size and compile time).
+        for p in cutlass.range(lookahead, unroll=1):
             if p < total:
                 pages_next = self.read_item_pages(
                     p + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
