@@ -30,17 +30,19 @@ LIBRARY = "libfp8nca_tcgen05.so"
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 # The variants the family builds today (the page size, 16..256, is a run-time argument): head_dim
-# 128 with 32, 64 or 128 query rows per CTA (R = q_len x group: one CTA per KV head up to
+# 64 and 128 with 32, 64 or 128 query rows per CTA (R = q_len x group: one CTA per KV head up to
 # R = 128), head_dim 256 with 32 or 64; both query dtypes (one kernel for both: ``kernel_name``);
 # e4m3 and e5m2 caches; for sm_100f (B200 and B300). CI compiles every kernel. See
-# docs/tcgen05.md for what is left (head_dim 64, head_dim 256 x 128 rows).
+# docs/tcgen05.md for what is left (head_dim 256 x 128 rows).
 # head_dim 256 x 64 rows with an e5m2 cache spills 32-40 bytes at ptxas' 168-register cap (30 Nov):
 # not built, so R > 32 there runs as several 32-row CTAs.
 NOT_BUILT = {(256, 64, "float8_e5m2")}
 VARIANTS = tuple(
     Variant(head_dim, rows, q, kv)
     for kv in TCGEN05_KV_DTYPES
-    for head_dim, rows in ((128, 32), (128, 64), (128, 128), (256, 32), (256, 64))
+    for head_dim, rows in (
+        (128, 32), (128, 64), (128, 128), (256, 32), (256, 64), (64, 32), (64, 64), (64, 128)
+    )
     if (head_dim, rows, kv) not in NOT_BUILT
     for q in Q_DTYPES
 )  # fmt: skip

@@ -287,6 +287,10 @@ def choose(family, arch, head_dim=128, q=torch.bfloat16, kv=torch.float8_e4m3fn,
         ("tcgen05", "sm_100f", 128, 500, "tcgen05_d128_n128"),
         ("tcgen05", "sm_100f", 256, 64, "tcgen05_d256_n64"),
         ("tcgen05", "sm_100f", 256, 32, "tcgen05_d256_n32"),
+        ("tcgen05", "sm_100f", 64, 32, "tcgen05_d64_n32"),
+        ("tcgen05", "sm_100f", 64, 64, "tcgen05_d64_n64"),
+        ("tcgen05", "sm_100f", 64, 65, "tcgen05_d64_n128"),
+        ("tcgen05", "sm_100f", 64, 4096, "tcgen05_d64_n128"),  # several 128-row CTAs
     ],
 )
 def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
@@ -310,7 +314,7 @@ def test_every_variant_serves_every_page_size(page):
     "family,change,reason",
     [
         ("wgmma", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
-        ("tcgen05", {"head_dim": 64}, "no built variant for head_dim 64 (built: 128, 256)"),
+        ("tcgen05", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
         ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
         ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
         ("tcgen05", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
@@ -448,7 +452,7 @@ def test_a_variant_that_does_not_load_falls_back_at_plan_time_with_the_cuda_erro
                                        "H200) GPU, this one is sm_100"),
         ((10, 3), "tcgen05", (), "tcgen05 refused, mma_sync runs: not built"),
         ((10, 0), "tcgen05", ("tcgen05",), "tcgen05 refused, mma_sync runs: no built variant "
-                                           "for head_dim 64 (built: 128, 256)"),
+                                           "for page_size 8 (built: 16..256)"),
     ],
 )  # fmt: skip
 def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
@@ -457,9 +461,9 @@ def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
     tables = {name: FakeLibrary(DEFAULT_TABLES[name]) for name in libraries}
     mock_gpu(monkeypatch, capability=capability, libraries=tables)
     monkeypatch.setenv(dsl_families.FAMILY_ENV, family)
-    # a head_dim the family builds, unless the reason is the head_dim
-    head_dim = 128 if family == "tcgen05" and "head_dim" not in reason else 64
-    case = make_case([3, 5], [40, 21], head_dim=head_dim, seed=5)
+    # a page size the family builds, unless the reason is the page size (head_dim 64: both)
+    block_size = 8 if "page_size" in reason else 16
+    case = make_case([3, 5], [40, 21], head_dim=64, block_size=block_size, seed=5)
     attn = attention(case)
     with pytest.warns(RuntimeWarning, match=re.escape(reason)):
         plan = plan_case(attn, case)
@@ -580,17 +584,26 @@ SPLIT_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, Tru
                        causal_dtype=torch.int32, padded_rows=3, seed=8)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "family,capability,variant",
+    [
+        ("wgmma", (9, 0), "wgmma_d64_m64_bf16_e4m3@sm_90a"),
+        ("tcgen05", (10, 0), "tcgen05_d64_n32_bf16_e4m3@sm_100f"),
+    ],
+)
 @pytest.mark.parametrize("num_splits,kept", [(1, False), (3, False), (3, True)])
-def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, num_splits, kept):
-    """cuda_backend.run on a wgmma plan: one launch with the batch's pointers, strides and
-    sizes; padding rows zero (out starts as NaN); with 3 splits (one empty for the 4-key
-    sequence) the partials merge to the reference, whether allocated per launch or views of a
-    kept workspace planned for more rows than the layer has."""
+def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
+    monkeypatch, num_splits, kept, family, capability, variant
+):
+    """cuda_backend.run on a wgmma or tcgen05 plan (head_dim 64): one launch with the batch's
+    pointers, strides and sizes; padding rows zero (out starts as NaN); with 3 splits (one empty
+    for the 4-key sequence) the partials merge to the reference, whether allocated per launch or
+    views of a kept workspace planned for more rows than the layer has."""
     problem = problem_of(SPLIT_CASE)
     out = torch.full_like(SPLIT_CASE.query, math.nan)
     buffers: dict[str, torch.Tensor] = {}
-    library = FakeLibrary(DEFAULT_TABLES["wgmma"], emulated_launch(problem, out, buffers))
-    mock_gpu(monkeypatch, libraries={"wgmma": library})
+    library = FakeLibrary(DEFAULT_TABLES[family], emulated_launch(problem, out, buffers))
+    mock_gpu(monkeypatch, capability, libraries={family: library})
     planned, workspace = problem, None
     if kept:
         workspace = Workspace(4096, 8, 64, torch.device("cpu"))
@@ -607,11 +620,11 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(monkeypatch, 
             return tensor
 
         monkeypatch.setattr(torch, "empty", empty)
-    plan = cuda_backend.plan(planned, workspace, num_splits=num_splits, family="wgmma")
-    assert plan.family == "wgmma" and plan.dsl.num_splits == num_splits
+    plan = cuda_backend.plan(planned, workspace, num_splits=num_splits, family=family)
+    assert plan.family == family and plan.dsl.num_splits == num_splits
     cuda_backend.run(problem, plan, out)
     ((index, arguments),) = library.calls
-    assert library.variants[index].name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
+    assert library.variants[index].name == variant
     assert (arguments["row_tiles"], arguments["num_splits"]) == (1, num_splits)  # R = 4 x 4
     assert (arguments["causal_width"], arguments["causal_stride"]) == (4, 1)
     assert arguments["causal_flags"] == SPLIT_CASE.causal.data_ptr()

@@ -104,6 +104,8 @@ def consumer_items(iters: int, d_tiles: int) -> tuple[dict, dict]:
     return kq, vp
 
 
+# Staged items converted and NaN values in them (a poisoned byte that reached the ring).
+RING_NAN_VALUES: Counter = Counter()
 # Tiles the emulation took on the exact path (True) and kept the reference maxima (False).
 LAZY_TILES: Counter = Counter()
 # Tiles past a CTA's first where some column had seen no key yet: "checked" (an unmasked tile's
@@ -164,16 +166,20 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     first, end = X.split_tile_range(begin, end, num_splits, split, min)
     iters = end - first
 
-    # Q prologue: rows x head_dim fp16, row factors.
+    # Q prologue: fp16 rows x (d_tiles x 128) B tile, row factors. Head dims past head_dim
+    # (head_dim 64: 64..127) are never written: NaN here, so a BMM1 that read them would show.
     is_bf16 = problem.query.dtype == torch.bfloat16
-    q16 = np.zeros((rows, head_dim))
+    width = d_tiles * L.ITEM_BYTES
+    q16 = np.full((rows, width), np.nan)
     inverse = np.ones(rows)
     for n in range(rows):
         r = row_base + n
         if r < num_rows:
             token, head = X.row_token(r, group), X.row_head(r, group, kv_head)
             q = problem.query[q_start + token, head].float().numpy()
-            q16[n], inverse[n] = q_to_fp16(q, is_bf16)
+            q16[n, :head_dim], inverse[n] = q_to_fp16(q, is_bf16)
+        else:
+            q16[n, :head_dim] = 0.0  # rows past R are written as zeros
     k_scale = float(problem.k_scale[kv_head])
     v_scale = float(problem.v_scale[kv_head])
     col_scale = problem.softmax_scale * math.log2(math.e) * k_scale * inverse
@@ -218,12 +224,18 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             for step in range(L.LOADER_STEPS):
                 step_page, step_slot = L.loader_step_page_slot(step, page_shift)
                 page = lane_pages[step_page if L.pages_per_tile(page_shift) > 1 else t % 32]
-                if not (full or key0 + L.loader_row(t, step) < kv_len):
+                keep = L.loader_predicate(t, step, key0, kv_len, head_dim, not full)
+                if keep is not None and not keep:
                     continue
                 off = thread_off + X.key_offset(page, slot0 + step_slot, 0, *strides)
                 dst = ring_thread + L.loader_ring_offset(0, step)
-                stage[dst : dst + L.CHUNK] = src[off : off + L.CHUNK]
+                chunk = src[off : off + L.CHUNK]
+                if len(chunk) < L.CHUNK:  # past the cache (a wrong map): garbage or a fault
+                    chunk = np.full(L.CHUNK, 0x7F, np.uint8)
+                stage[dst : dst + L.CHUNK] = chunk
         converted.append(_fp8_to_float(umma_sw128_read(stage), kc.dtype))
+        RING_NAN_VALUES["items"] += 1
+        RING_NAN_VALUES["nan"] += int(np.isnan(converted[-1]).sum())
 
     # MMA + softmax warps, tile by tile, in the kernel's update order.
     kq, vp = consumer_items(iters, d_tiles)
@@ -236,11 +248,16 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     partial_column = np.array(
         [[L.partial_sum_column(lane, i, partials) for i in range(partials)] for lane in range(32)]
     )
-    o = np.zeros((head_dim, rows))
+    # BMM1 runs the k-steps covering each K item's head dims (layouts.bmm1_k_blocks).
+    k_dims = L.bmm1_k_blocks(head_dim) * L.UMMA_K
+    q_read = np.concatenate(
+        [q16[:, dk * L.ITEM_BYTES : dk * L.ITEM_BYTES + k_dims] for dk in range(d_tiles)], axis=1
+    )
+    o = np.zeros((width, rows))  # O^T: head_dim 64 leaves lanes 64..127 unwritten
     for s in range(iters):
-        k_tile = np.concatenate([converted[kq[s, dk]] for dk in range(d_tiles)], axis=1)
+        k_tile = np.concatenate([converted[kq[s, dk]][:, :k_dims] for dk in range(d_tiles)], axis=1)
         v_tile = np.concatenate([converted[vp[s, dm]] for dm in range(d_tiles)], axis=1)
-        scores = k_tile @ q16.T  # S^T [key, row]
+        scores = k_tile @ q_read.T  # S^T [key, row]
         key0 = (first + s) * L.KEY_TILE
         j = key0 + np.arange(L.KEY_TILE)
         # Only tiles some row does not see whole are masked (the kernel's fast path).
@@ -311,7 +328,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
                 denominator = l_sum[n] * keep + math.exp2(sink - top)
                 inv = v_scale * keep / denominator if denominator > 0 else 0.0
             lse = m_scaled + math.log2(l_sum[n]) if l_sum[n] > 0 else -math.inf
-            result[q_start + token, head] = (o[:, n] * inv, lse)
+            result[q_start + token, head] = (o[:head_dim, n] * inv, lse)
     return result
 
 
@@ -378,6 +395,36 @@ CASES = {
         causal=[False, True], causal_dtype=torch.bool, splits=1,
     ),
     **window_cases(mid_tile=dict(rows=64), large_tile=dict(rows=128)),
+    # head_dim 64 (half of each staged 128-byte row, BMM1's first 4 k-steps, O^T lanes 0..63):
+    # causal, bf16, 32 rows (R = 36: two row tiles), page 16, unsplit
+    "d64_bf16_causal_rows32": dict(
+        q_lens=[9, 4], kv_lens=[300, 141], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, head_dim=64, splits=1,
+    ),
+    # bidirectional, fp16, e5m2, 64 rows, page 256 (two key tiles per page), split 2
+    "d64_f16_e5m2_bidir_rows64_page256_split2": dict(
+        q_lens=[12, 20], kv_lens=[333, 600], num_q_heads=8, num_kv_heads=2, block_size=256,
+        cache_dtype=torch.float8_e5m2, causal=False, query_dtype=torch.float16, head_dim=64,
+        rows=64, splits=2,
+    ),
+    # per-sequence bool flags, 128 rows (R = 128 and 40), page 16, split 2
+    "d64_bool_flags_rows128_split2": dict(
+        q_lens=[16, 5, 9], kv_lens=[300, 200, 9], num_q_heads=16, num_kv_heads=2,
+        block_size=16, causal=[True, False, True], causal_dtype=torch.bool, head_dim=64,
+        rows=128, splits=2,
+    ),
+    # a two-sided window and sinks over per-sequence int32 flags, 64 rows, page 32, split 2
+    "d64_window_sinks_int32_flags_rows64_split2": dict(
+        q_lens=[16, 20], kv_lens=[900, 300], num_q_heads=8, num_kv_heads=2, block_size=32,
+        causal=[True, False], causal_dtype=torch.int32, head_dim=64, window=(150, 70),
+        sinks=[7.0, -30.0, 1.0, 0.0, -1.0, 10.0, 2.0, -3.0], rows=64, splits=2,
+    ),
+    # a window below a page, causal, sinks, 128 rows, unsplit
+    "d64_window_below_a_page_causal_sinks_rows128": dict(
+        q_lens=[9, 30], kv_lens=[700, 400], num_q_heads=8, num_kv_heads=2, block_size=16,
+        causal=True, head_dim=64, window=(5, 0),
+        sinks=[9.0, -40.0, 0.5, 3.0, -2.0, 12.0, 0.0, -7.5], rows=128, splits=1,
+    ),
 }  # fmt: skip
 
 
@@ -406,7 +453,7 @@ def _run_case(name: str) -> tuple[float, float]:
     out = emulate(problem, variant, splits).to(case.query.dtype)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
     n = int(case.cu_seqlens_q[-1])
-    assert out[:n].abs().sum() > 0
+    assert out[:n].abs().sum() != 0  # not all zeros (NaN from a planted bug passes here)
     return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
 
 
@@ -462,7 +509,25 @@ def _ring_rows_shifted(thread, step):
     return PLANTED_ORIGINALS["loader_ring_offset"](thread, step % (L.LOADER_STEPS - 1))
 
 
+def _predicate_on_the_ring_chunk(thread, step, key0, kv_len, head_dim, checked):
+    """Head_dim 64 predicate on the thread's destination chunk (thread % 8) instead of the
+    source chunk the swizzle puts there: copies half the wrong chunks."""
+    keep = PLANTED_ORIGINALS["loader_predicate"](thread, step, key0, kv_len, 128, checked)
+    inside = thread % (L.ITEM_BYTES // L.CHUNK) < L.item_dims(head_dim) // L.CHUNK
+    return inside if keep is None else keep and inside
+
+
+def _every_chunk_copied(thread, step, key0, kv_len, head_dim, checked):
+    """The head_dim 64 predicate dropped: every thread copies a whole 128-byte row."""
+    return PLANTED_ORIGINALS["loader_predicate"](thread, step, key0, kv_len, 128, checked)
+
+
+def _all_bmm1_k_blocks(head_dim):
+    return L.ITEM_BYTES // L.UMMA_K
+
+
 PLANTED_ORIGINALS = {
+    "loader_predicate": L.loader_predicate,
     "item_of": L.item_of,
     "split_tile_range": X.split_tile_range,
     "loader_step_page_slot": L.loader_step_page_slot,
@@ -534,6 +599,14 @@ PLANTED = {
         "window_pages_bidir_split3_sinks",
     ),
     "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
+    "loader_chunk_d64": (L, "loader_chunk", _chunk_unswizzled, "d64_bf16_causal_rows32"),
+    "loader_predicate_d64": (
+        L,
+        "loader_predicate",
+        _predicate_on_the_ring_chunk,
+        "d64_f16_e5m2_bidir_rows64_page256_split2",
+    ),
+    "bmm1_k_blocks_d64": (L, "bmm1_k_blocks", _all_bmm1_k_blocks, "d64_bool_flags_rows128_split2"),
     "loader_step_page": (L, "loader_step_page_slot", _step_page_dropped, "bf16_bidir_gqa4"),
     "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),
     "lane_page": (L, "lane_page", _lane_page_shifted, "f16_causal_split3"),
@@ -556,7 +629,8 @@ def test_planted_index_bug_is_caught(name, monkeypatch):
 
 
 POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
-            "window_d256_causal_sinks", "window_mixed_flags_page256_split2"]  # fmt: skip
+            "window_d256_causal_sinks", "window_mixed_flags_page256_split2",
+            "d64_window_below_a_page_causal_sinks_rows128"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POISONED)
@@ -574,6 +648,45 @@ def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     monkeypatch.undo()
     problem.window = (-1, -1)
     assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+
+
+def _pad_rows_with_nan(cache: torch.Tensor) -> torch.Tensor:
+    """A head_dim 64 cache as a view of 128-byte key rows whose bytes 64..127 are FP8 NaN
+    (0x7F in both formats): where a kernel reading a key's whole 128-byte row would find the
+    next head's (or the next slot's) data."""
+    padded = torch.full((*cache.shape[:3], L.ITEM_BYTES), 0x7F, dtype=torch.uint8)
+    padded[..., : cache.shape[3]] = cache.view(torch.uint8)
+    return padded.view(cache.dtype)[..., : cache.shape[3]]
+
+
+D64_POISONED = ["d64_window_sinks_int32_flags_rows64_split2", "d64_bf16_causal_rows32",
+                "d64_window_below_a_page_causal_sinks_rows128"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", D64_POISONED)
+def test_head_dim_64_never_reads_bytes_past_a_keys_head_dims(name, monkeypatch):
+    """Head_dim 64 K/V rows 128 bytes apart with NaN in bytes 64..127 (and, with a window,
+    NaN pages outside every window): no NaN reaches the ring and the result matches the
+    reference; without the head_dim 64 loader predicate (a planted bug) the NaN reaches the ring
+    (it would not show in the output: BMM1 skips those head dims and O^T lanes 64..127 are
+    never written out, so the ring is what is checked)."""
+    case, problem, variant, splits, extra = _prepare(name)
+    assert variant.head_dim == 64
+    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    problem.key_cache = _pad_rows_with_nan(problem.key_cache)
+    problem.value_cache = _pad_rows_with_nan(problem.value_cache)
+    assert problem.key_cache.stride()[2] == L.ITEM_BYTES
+    if problem.window != (-1, -1):
+        assert poison_pages_outside_windows(problem, L.KEY_TILE) > 0
+    n = int(case.cu_seqlens_q[-1])
+    RING_NAN_VALUES.clear()
+    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    assert RING_NAN_VALUES["items"] > 0 and RING_NAN_VALUES["nan"] == 0
+    assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
+    monkeypatch.setattr(L, "loader_predicate", _every_chunk_copied)
+    RING_NAN_VALUES.clear()
+    emulate(problem, variant, splits)
+    assert RING_NAN_VALUES["nan"] > 0
 
 
 @pytest.mark.parametrize("seed", range(3))

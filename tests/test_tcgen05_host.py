@@ -64,6 +64,10 @@ def test_built_variants_fit_tmem_and_shared_memory(variant):
         (128, 128, 2, 2, 512),  # S double-buffered, two converted items
         (256, 64, 2, 4, 512),
         (256, 128, 1, 2, 512),  # O takes 256 columns: S single-buffered
+        # head_dim 64 keeps head_dim 128's items and O^T tile (lanes 64..127 unused)
+        (64, 32, 2, 4, 352),
+        (64, 64, 2, 4, 448),
+        (64, 128, 2, 2, 512),
     ],
 )
 def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
@@ -72,9 +76,53 @@ def test_tmem_budget(head_dim, rows, s_stages, convert_stages, tmem):
 
 
 @pytest.mark.parametrize(
+    ("head_dim", "rows", "smem"),
+    [
+        # ring 64 KiB + Q (rows x 128-wide B tile, fp16) + P (2 x 128 x rows fp16) + vectors
+        (64, 32, 65536 + 8192 + 16384 + 1152 + 1024 + 3072),
+        (128, 32, 65536 + 8192 + 16384 + 1152 + 1024 + 3072),
+        (64, 128, 65536 + 32768 + 65536 + 4608 + 1024 + 3072),
+        (256, 32, 65536 + 16384 + 16384 + 1152 + 1024 + 3072),
+    ],
+)
+def test_smem_budget_takes_a_whole_128_wide_q_tile(head_dim, rows, smem):
+    assert T.Variant(head_dim, rows, "bfloat16").smem_bytes == smem
+
+
+def test_head_dim_64_runs_half_an_item():
+    """Head_dim 64: one item per K/V tile (its 128-byte rows half used), BMM1's first 4 of 8
+    k-steps, 4 of each 8 loader threads per row copy (their source chunk is 0..3)."""
+    v = T.Variant(64, 32, "bfloat16")
+    assert (v.d_tiles, L.item_dims(64), L.bmm1_k_blocks(64), L.bmm1_k_blocks(128)) == (1, 64, 4, 8)
+    copying = [t for t in range(128) if L.loader_predicate(t, 0, 0, 128, 64, False)]
+    assert len(copying) == 64
+    assert {L.loader_chunk(t) for t in copying} == {0, 1, 2, 3}
+    for t in range(128):
+        assert L.loader_predicate(t, 0, 0, 128, 128, False) is None
+        assert L.loader_predicate(t, 0, 0, 128, 256, False) is None
+        row_kept = L.loader_predicate(t, 3, 0, 50, 128, True)
+        assert row_kept == (L.loader_row(t, 3) < 50)
+        assert L.loader_predicate(t, 3, 0, 50, 64, True) == (row_kept and t in copying)
+
+
+def test_head_dim_64_loader_fills_the_first_64_bytes_of_every_row_once():
+    seen = sorted(
+        L.staged_offset(L.loader_row(t, s), L.loader_chunk(t)) + b
+        for t in range(128)
+        for s in range(L.LOADER_STEPS)
+        if L.loader_predicate(t, s, 0, L.KEY_TILE, 64, False)
+        for b in range(L.CHUNK)
+    )
+    want = sorted(
+        L.staged_offset(j, c) + b for j in range(L.KEY_TILE) for c in range(4) for b in range(16)
+    )
+    assert seen == want
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(head_dim=64), "head_dim 64"),
+        (dict(head_dim=96), "head_dim 96"),
         (dict(rows=12), "rows 12"),
         (dict(q_dtype="float32"), "dtypes"),
         (dict(kv_dtype="bfloat16"), "dtypes"),

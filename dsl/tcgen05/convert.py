@@ -368,7 +368,8 @@ class ConvertRole:
     ):
         """One cp.async per step: the step's page from the lane that read it, then thread
         pointer + page x block stride + (tile slot + step slot) x slot stride -> the thread's
-        ring destination + the step's immediate (pages of ``2^page_shift`` keys)."""
+        ring destination + the step's immediate (pages of ``2^page_shift`` keys); predicated by
+        layouts.loader_predicate (rows past kv_len if ``checked``, head_dim 64's half rows)."""
         _, slot0 = L.tile_page_slot(key0, page_shift)
         for step in cutlass.range_constexpr(L.LOADER_STEPS):
             step_page, step_slot = L.loader_step_page_slot(step, page_shift)
@@ -387,11 +388,12 @@ class ConvertRole:
                 thread_src + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
             )
             at = cute.make_tensor(dst + L.loader_ring_offset(0, step), cute.make_layout(L.CHUNK))
-            if cutlass.const_expr(checked):
-                if key0 + L.loader_row(wg_tidx, step) < kv_len:
-                    cute.copy(copy16, src, at)
-            else:
+            keep = L.loader_predicate(wg_tidx, step, key0, kv_len, self.v.head_dim, checked)
+            if cutlass.const_expr(keep is None):
                 cute.copy(copy16, src, at)
+            else:
+                if keep:
+                    cute.copy(copy16, src, at)
 
     @cute.jit
     def q_prologue(

@@ -1,7 +1,7 @@
 """tcgen05 paged attention over an FP8 KV cache, BF16/FP16 query: the CUTLASS Python DSL kernel.
 
-NEVER RUN ON A GPU: this kernel compiles for sm_100a / sm_103a (dsl/build.py) and its index maps
-are replayed on the CPU (tests/test_tcgen05_emulation.py); no SM100 GPU has executed it.
+NEVER RUN ON A GPU: this kernel compiles for sm_100f, B200 and B300 (dsl/build.py), and its index
+maps are replayed on the CPU (tests/test_tcgen05_emulation.py); no SM100 GPU has executed it.
 
 Swap-AB (docs/tcgen05.md): one CTA = (tile of ``rows`` query rows of one KV head, KV head,
 sequence x split). Per 128-key tile:
@@ -432,6 +432,10 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         # ================================================================ MMA warps
         elif warp_idx == T.MMA_KQ_WARP:
             tBsQ_desc = thr_mma_kq.make_fragment_B(tBsQ)
+            # The k-steps covering a K item's head dims (head_dim 64: 4 of 8; Q's B operand is
+            # not written past head_dim).
+            assert cute.size(tAtK, mode=[2]) == L.ITEM_BYTES // L.UMMA_K
+            k_blocks = L.bmm1_k_blocks(v.head_dim)
             q_consumer.wait_and_advance()
             s_token = True
             for s in cutlass.range(iters):
@@ -442,7 +446,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                     k_handle = cvt_consumer.wait_and_advance(k_token)
                     if dk == d_tiles - 1:
                         mma_kq_bar.arrive()  # BMM2 of the previous tile may go
-                    for kb in cutlass.range_constexpr(cute.size(tAtK, mode=[2])):
+                    for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(
                             tiled_mma_kq,
                             tCtS[MMA + (s_handle.index,)],

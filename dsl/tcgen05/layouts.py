@@ -71,6 +71,32 @@ def loader_chunk(thread):
     return (thread % (ITEM_BYTES // CHUNK)) ^ (loader_row(thread, 0) % SWIZZLE_ROWS)
 
 
+def item_dims(head_dim):
+    """Head dims (= FP8 bytes) of a key row that one staged item holds: 128 (head_dim 128 and
+    each 128-wide slice of 256), or all of a 64-dim row (the other half of the item's 128-byte
+    row is never copied and stays 0)."""
+    return min(head_dim, ITEM_BYTES)
+
+
+def loader_predicate(thread, step, key0, kv_len, head_dim, checked):
+    """Whether converter thread ``thread`` issues its copy at ``step`` of a tile starting at key
+    ``key0``, or None where every copy goes (the kernel then emits no predicate).
+
+    ``checked`` (the sequence's last tile): rows past ``kv_len`` are skipped. Head_dim 64: a key
+    row is 64 bytes, source chunks 0..3; a thread whose source chunk (``loader_chunk``, the same
+    at every step) is 4..7 never copies (one per-thread predicate), so bytes 64..127 past a
+    key's head dims (the next head's) are never read and their ring chunks keep the zeros the
+    ring starts with.
+    """
+    keep = None
+    if checked:
+        keep = key0 + loader_row(thread, step) < kv_len
+    if item_dims(head_dim) < ITEM_BYTES:
+        inside = loader_chunk(thread) < item_dims(head_dim) // CHUNK
+        keep = inside if keep is None else keep & inside
+    return keep
+
+
 def loader_ring_offset(thread, step):
     """Byte offset in a staged item where thread ``thread``'s copy at ``step`` lands:
     ``staged_offset(loader_row(thread, step), loader_chunk(thread))`` as the kernel computes
@@ -113,6 +139,15 @@ def lane_page(lane, page_shift):
     table (one read per lane per item); a step takes its page from lane
     ``loader_step_page_slot(step)[0]`` by a shuffle."""
     return lane & (pages_per_tile(page_shift) - 1)
+
+
+UMMA_K = 16  # fp16 elements (head dims) of one tcgen05.mma k-step
+
+
+def bmm1_k_blocks(head_dim):
+    """BMM1 k-steps per K item: those covering the item's head dims (4 of 8 at head_dim 64: Q's
+    B operand holds no head dim 64..127 and is never written there)."""
+    return item_dims(head_dim) // UMMA_K
 
 
 def staged_offset(row, chunk):

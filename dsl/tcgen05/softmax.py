@@ -362,7 +362,10 @@ class SoftmaxRole:
                 for i in cutlass.range_constexpr(chunk):
                     n = c * chunk + i
                     r = row_base + n
-                    if r < num_rows:
+                    writes = r < num_rows
+                    if cutlass.const_expr(self.v.head_dim < L.ITEM_BYTES):
+                        writes = writes & (d < self.v.head_dim)  # lanes 64..127: no head dim
+                    if writes:
                         value = acc[i] * s_row_scale[n]
                         token = X.row_token(r, group)
                         head = X.row_head(r, group, kv_head)

@@ -15,6 +15,7 @@ SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
 # arch-specific sm_100a cubin runs on sm_100 only. Its SASS is the same as sm_100a's (checked on
 # the d128 x 32-row kernel, 30 Nov), and it halves the compiles.
 ARCHS = ("sm_100f",)
+HEAD_DIMS = (64, 128, 256)
 # FP8 caches: e4m3 (F2FP and an integer-pipe share) and e5m2 (byte moves: the high byte of an fp16),
 # both exact into the fp16 A operand (dsl/tcgen05/convert.py convert_exactly).
 KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
@@ -71,8 +72,10 @@ class Variant:
 
     @property
     def d_tiles(self) -> int:
-        """128-wide slices of head_dim: K items per tile (BMM1 k-blocks) and O^T M tiles."""
-        return self.head_dim // ITEM_BYTES
+        """128-wide slices of head_dim: K items per tile (BMM1 k-blocks) and O^T M tiles. Head_dim
+        64 takes one: half of each staged 128-byte key row, BMM1's first 4 k-steps, O^T lanes
+        0..63 (docs/tcgen05.md, "head_dim 64")."""
+        return max(1, self.head_dim // ITEM_BYTES)
 
     @property
     def o_columns(self) -> int:
@@ -113,15 +116,15 @@ class Variant:
         column scale, last key) + mbarriers, with up to 1 KiB of padding before each of the
         three 1024-byte-aligned tiles."""
         ring = LOAD_STAGES * KEY_TILE * ITEM_BYTES
-        q = self.rows * self.head_dim * 2
+        q = self.rows * self.d_tiles * ITEM_BYTES * 2  # head_dim 64: a 128-wide B tile
         p = self.s_stages * KEY_TILE * self.rows * 2
         vectors = (2 + 4 + 3) * self.rows * 4
         return ring + q + p + vectors + MBARRIER_BYTES + 3 * 1024
 
     def check(self) -> None:
         """Raise ValueError when the variant cannot be built."""
-        if self.head_dim not in (128, 256):
-            raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds 128 and 256")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds {HEAD_DIMS}")
         if self.rows % 8 or not 8 <= self.rows <= 256:
             raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
         if self.rows > 32 and self.rows % 32:
