@@ -704,3 +704,22 @@ def test_tcgen05_copy_signature_follows_the_page_size():
     for bad in (8, 24, 512):
         with pytest.raises(ValueError, match="not one of the converter's specialisations"):
             dsl_families.tcgen05_copy_signature(bad)
+
+
+def test_tcgen05_head_dim_64_work_per_kv_byte():
+    """Head_dim 64: a converter item carries 128 keys x 64 bytes, and BMM2 keeps M = 128 (1.5 x
+    the useful MACs); head_dim 128 / 256 do exactly 2 x rows x head_dim MACs per 2 x head_dim
+    bytes."""
+    from benchmarks.sass_model import dsl_families
+
+    shapes = ((64, 32, 8192, 48.0), (128, 64, 16384, 64.0), (256, 32, 16384, 32.0))
+    for head_dim, per_cta, item, macs in shapes:
+        variant = dsl_families._variant(
+            "tcgen05", head_dim, per_cta, None, "bfloat16", "float8_e4m3fn"
+        )
+        roles, _, _ = dsl_families.family_roles("tcgen05", variant)
+        by_name = {r.name: r.kv_bytes_per_iter for r in roles}
+        assert by_name == {"softmax": 256 * head_dim, "convert": item, "mma_kq": 256 * head_dim,
+                           "mma_vp": 256 * head_dim}  # fmt: skip
+        assert dsl_families.macs_per_kv_byte("tcgen05", variant) == macs
+    assert dsl_families.macs_per_kv_byte("wgmma", SimpleNamespace(rows=64)) == 64.0

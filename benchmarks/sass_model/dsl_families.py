@@ -87,11 +87,26 @@ def family_roles(family: str, variant) -> tuple[tuple[Role, ...], int, str]:
     # cp.async (LDGSTS) too, ahead of it in code order.
     roles = (
         Role("softmax", 4, "MUFU", 0, per_tile),
-        Role("convert", 4, "LDSM", 0, layouts.KEY_TILE * layouts.ITEM_BYTES),
+        # One staged item: 128 keys x its head dims (head_dim 64: half of each 128-byte row).
+        Role("convert", 4, "LDSM", 0, layouts.KEY_TILE * layouts.item_dims(d)),
         Role("mma_kq", 1, "UTCHMMA", 0, per_tile),
         Role("mma_vp", 1, "UTCHMMA", 1, per_tile),
     )
     return roles, traits.THREADS, "UTCHMMA"
+
+
+def macs_per_kv_byte(family: str, variant) -> float:
+    """Tensor multiply-accumulates per KV byte of one CTA: 2 x rows x head_dim per key over
+    2 x head_dim FP8 bytes = rows, except where a tcgen05 GEMM runs wider than head_dim: BMM2's
+    M is 128 head dims per slice (head_dim 64: O^T lanes 64..127 are computed, never written),
+    BMM1's k the dims layouts.bmm1_k_blocks covers."""
+    if family != "tcgen05":
+        return float(variant.rows)
+    from dsl.tcgen05 import layouts
+
+    bmm1_k = variant.d_tiles * layouts.bmm1_k_blocks(variant.head_dim) * layouts.UMMA_K
+    bmm2_m = variant.d_tiles * layouts.ITEM_BYTES
+    return variant.rows * (bmm1_k + bmm2_m) / (2 * variant.head_dim)
 
 
 _BRX = re.compile(r"(/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?)BRX\s[^;]*;")
@@ -214,8 +229,9 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
             sass_text, convert, jump_table_words(built.cubin), *tcgen05_copy_signature(page)
         )
     instr = instr_per_kv_byte(role_counts(sass_text, roles), roles, ctas)
-    # 2 x rows x head_dim MACs per key over 2 x head_dim FP8 bytes per key.
-    prediction = bound(gpu, instr, {tensor_op: float(built.rows * ctas)})
+    prediction = bound(
+        gpu, instr, {tensor_op: macs_per_kv_byte(built.family, built.variant) * ctas}
+    )
     smem = built.variant.smem_bytes
     name = f"{built.variant.name} ({', '.join(f'{r.name} {r.warps}w' for r in roles)})"
     if page is not None:
