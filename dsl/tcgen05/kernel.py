@@ -54,6 +54,25 @@ _DTYPES = {
 }
 
 
+def _handoff(kind, stages: int, barrier_storage):
+    """(producer, consumer) of a ``stages``-deep mbarrier pipeline between a 128-thread
+    warpgroup and the one thread issuing an MMA warp's tcgen05.mma: ``PipelineAsyncUmma`` when
+    the warpgroup produces (Q, converted K/V items, P), ``PipelineUmmaAsync`` when the MMA
+    does (S, O). Barriers are initialised with the CTA's first sync (``defer_sync``)."""
+    one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+    warpgroup = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
+    producer, consumer = (
+        (warpgroup, one_thread) if kind is pipeline.PipelineAsyncUmma else (one_thread, warpgroup)
+    )
+    return kind.create(
+        num_stages=stages,
+        producer_group=producer,
+        consumer_group=consumer,
+        barrier_storage=barrier_storage,
+        defer_sync=True,
+    ).make_participants()
+
+
 class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
     """One variant (dsl/tcgen05/traits.Variant) of the kernel; ``__call__`` is the host entry
     that ``cute.compile`` traces and ``export_to_c`` exports."""
@@ -311,43 +330,12 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         tBsP = smem.allocate_tensor(mma_dtype, tBsP_layout.outer, 1024, tBsP_layout.inner)
 
         # ---------------------------------------------------------------- barriers
-        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        warpgroup_threads = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
-        q_producer, q_consumer = pipeline.PipelineAsyncUmma.create(
-            num_stages=1,
-            producer_group=warpgroup_threads,
-            consumer_group=one_thread,
-            barrier_storage=q_ready_bar,
-            defer_sync=True,
-        ).make_participants()
-        cvt_producer, cvt_consumer = pipeline.PipelineAsyncUmma.create(
-            num_stages=v.convert_stages,
-            producer_group=warpgroup_threads,
-            consumer_group=one_thread,
-            barrier_storage=cvt_bar,
-            defer_sync=True,
-        ).make_participants()
-        s_producer, s_consumer = pipeline.PipelineUmmaAsync.create(
-            num_stages=v.s_stages,
-            producer_group=one_thread,
-            consumer_group=warpgroup_threads,
-            barrier_storage=s_bar,
-            defer_sync=True,
-        ).make_participants()
-        p_producer, p_consumer = pipeline.PipelineAsyncUmma.create(
-            num_stages=v.s_stages,
-            producer_group=warpgroup_threads,
-            consumer_group=one_thread,
-            barrier_storage=p_bar,
-            defer_sync=True,
-        ).make_participants()
-        o_producer, o_consumer = pipeline.PipelineUmmaAsync.create(
-            num_stages=1,
-            producer_group=one_thread,
-            consumer_group=warpgroup_threads,
-            barrier_storage=o_bar,
-            defer_sync=True,
-        ).make_participants()
+        # Warpgroup -> MMA thread: Q, converted K/V items, P; MMA thread -> warpgroup: S, O.
+        q_producer, q_consumer = _handoff(pipeline.PipelineAsyncUmma, 1, q_ready_bar)
+        cvt_producer, cvt_consumer = _handoff(pipeline.PipelineAsyncUmma, v.convert_stages, cvt_bar)
+        s_producer, s_consumer = _handoff(pipeline.PipelineUmmaAsync, v.s_stages, s_bar)
+        p_producer, p_consumer = _handoff(pipeline.PipelineAsyncUmma, v.s_stages, p_bar)
+        o_producer, o_consumer = _handoff(pipeline.PipelineUmmaAsync, 1, o_bar)
         softmax_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
         mma_kq_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=64)
         mma_vp_bar = pipeline.NamedBarrier(barrier_id=3, num_threads=64)
