@@ -302,6 +302,15 @@ def test_variant_is_the_fewest_rows_holding_every_row_of_a_kv_head(
     assert name == f"{expected}_f16_e4m3@{arch}"
 
 
+def test_tcgen05_e5m2_head_dim_256_runs_32_row_ctas_where_64_rows_are_not_built():
+    """d256 x 64 rows spills with an e5m2 cache (build.NOT_BUILT): R = 64 takes two 32-row
+    CTAs there, and the 64-row kernel with an e4m3 cache."""
+    name, why = choose("tcgen05", "sm_100f", head_dim=256, kv=torch.float8_e5m2, rows=64)
+    assert (name, why) == ("tcgen05_d256_n32_bf16_e5m2@sm_100f", "")
+    name, why = choose("tcgen05", "sm_100f", head_dim=256, rows=64)
+    assert (name, why) == ("tcgen05_d256_n64_bf16_e4m3@sm_100f", "")
+
+
 @pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
 def test_every_variant_serves_every_page_size(page):
     name, why = choose("wgmma", "sm_90a", page=page)
