@@ -416,3 +416,75 @@ def test_softmax_chunk_c_register_i_is_key_lane_row_32c_plus_i(softmax_maps):
 def test_p_written_as_c_tile_lands_where_bmm2_reads_b(softmax_maps):
     for written, read in softmax_maps["p"]:
         assert written == read
+
+
+@pytest.fixture(scope="module")
+def converter_k_maps():
+    """The converter's K path (convert.py: ldmatrix from the ring -> registers -> tcgen05.st
+    into TMEM) at head_dim 64 (BMM1's first 4 k-steps) and 128, evaluated while tracing: per
+    sampled thread, the (key, head dim) of each ldmatrix destination register and of each
+    tcgen05.st source register."""
+    pytest.importorskip("cutlass")
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.blackwell_helpers as sm100_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+
+    from dsl.tcgen05.convert import _first_k_blocks
+
+    stages, threads = 2, (0, 37, 127)
+    found = {}
+
+    @cute.jit
+    def probe():
+        kq = sm100_utils.make_trivial_tiled_mma(
+            cutlass.Float16, cutlass.Float16, OperandMajorMode.K, OperandMajorMode.K,
+            cutlass.Float32, tcgen05.CtaGroup.ONE, (L.KEY_TILE, 32), tcgen05.OperandSource.TMEM,
+        )  # fmt: skip
+        thr = kq.get_slice(0)
+        tAtK = thr.make_fragment_A(kq.partition_shape_A((L.KEY_TILE, L.ITEM_BYTES, stages)))
+        coords = thr.partition_A(cute.make_identity_tensor((L.KEY_TILE, L.ITEM_BYTES, stages)))
+        for head_dim in cutlass.range_constexpr(64, 129, 64):
+            k_blocks = L.bmm1_k_blocks(head_dim)
+            repetition = tcgen05.Repetition(k_blocks * L.UMMA_K * 16 // 256)
+            atom = cute.make_copy_atom(tcgen05.St16x256bOp(repetition), cutlass.Float16)
+            store = tcgen05.make_tmem_copy(
+                atom, _first_k_blocks(tAtK, k_blocks)[(None,) * 3 + (0,)]
+            )
+            ldmatrix = cute.nvgpu.warp.LdMatrix8x16x8bOp(num_matrices=4)
+            load = cute.make_tiled_copy_S(
+                cute.make_copy_atom(ldmatrix, cutlass.Float8E4M3FN), store
+            )
+            half = _first_k_blocks(coords, k_blocks)
+            parts = [
+                (
+                    load.get_slice(t).partition_D(half)[(None,) * 4 + (1,)],
+                    store.get_slice(t).partition_S(half)[(None,) * 4 + (1,)],
+                )
+                for t in threads
+            ]
+            found.update(
+                {
+                    (head_dim, t): (
+                        [read[i] for i in range(cute.size(read))],
+                        [kept[i] for i in range(cute.size(kept))],
+                    )
+                    for t, (read, kept) in zip(threads, parts, strict=True)
+                }
+            )
+
+    cute.compile(probe)
+    return found
+
+
+def test_converter_k_registers_pair_up_and_head_dim_64_converts_dims_below_64(converter_k_maps):
+    """Register i that ldmatrix fills is register i that tcgen05.st stores (the kernel converts
+    one into the other in place), at both head dims; at head_dim 64 a thread converts exactly
+    the (key, dim < 64) entries it converts at head_dim 128 (stage 1 of 2)."""
+    for (head_dim, t), (read, kept) in converter_k_maps.items():
+        assert read == kept, (head_dim, t)
+        assert len(set(read)) == L.KEY_TILE * L.item_dims(head_dim) // 128
+        assert {stage for _, _, stage in read} == {1}
+        if head_dim == 64:
+            full = converter_k_maps[128, t][0]
+            assert set(read) == {c for c in full if c[1] < 64}

@@ -58,6 +58,16 @@ def _query_value(words: cute.Tensor, i: int, q_is_bf16: cutlass.Int32) -> cutlas
     return cutlass.select_(q_is_bf16 != 0, as_bf16, as_f16)
 
 
+def _first_k_blocks(operand: cute.Tensor, k_blocks: int) -> cute.Tensor:
+    """An (MMA, M, K, stages) operand (TMEM or the swizzled ring) restricted to its first
+    ``k_blocks`` k-steps (the same tensor when that is all of them)."""
+    shape, stride = operand.shape, operand.stride
+    if k_blocks == shape[2]:
+        return operand
+    layout = cute.make_layout((shape[0], shape[1], k_blocks, shape[3]), stride=stride)
+    return cute.make_tensor(operand.iterator, layout)
+
+
 class ConvertRole:
     """Warps 4-7 (traits.CONVERT_WARPGROUP)."""
 
@@ -146,7 +156,16 @@ class ConvertRole:
         store_atom = cute.make_copy_atom(
             tcgen05.St16x256bOp(tcgen05.Repetition(L.ITEM_BYTES * 16 // 256)), mma_dtype
         )
-        store_k = tcgen05.make_tmem_copy(store_atom, tAtK[MMA + (0,)])
+        # K: only the head dims BMM1 reads (layouts.bmm1_k_blocks; head_dim 64: the first 64
+        # bytes of each row, half the conversions; the stage's other columns keep whatever
+        # an earlier item left there, which no k-step reads).
+        k_blocks = L.bmm1_k_blocks(v.head_dim)
+        tAtK = _first_k_blocks(tAtK, k_blocks)
+        tAsK = _first_k_blocks(tAsK, k_blocks)
+        store_atom_k = cute.make_copy_atom(
+            tcgen05.St16x256bOp(tcgen05.Repetition(k_blocks * L.UMMA_K * 16 // 256)), mma_dtype
+        )
+        store_k = tcgen05.make_tmem_copy(store_atom_k, tAtK[MMA + (0,)])
         thr_store_k = store_k.get_slice(wg_tidx)
         k_cvt_shape = thr_store_k.partition_S(tAtK).shape[:-1]
         tKtK = thr_store_k.partition_D(tAtK)
