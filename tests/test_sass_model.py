@@ -723,3 +723,40 @@ def test_tcgen05_head_dim_64_work_per_kv_byte():
                            "mma_vp": 256 * head_dim}  # fmt: skip
         assert dsl_families.macs_per_kv_byte("tcgen05", variant) == macs
     assert dsl_families.macs_per_kv_byte("wgmma", SimpleNamespace(rows=64)) == 64.0
+
+
+# A tcgen05 converter loop: one copy, then a K item (one ring read and conversion: head_dim 64
+# converts only the dims BMM1 reads) or a V item (two reads and conversions).
+CONVERTER_LISTING = [
+    "S2R R0, SR_TID.X",  # 0x00
+    "LDS R3, [R2]",  # 0x10 loop header
+    "LDGSTS.E.128 [R8], desc[UR4][R10.64]",  # 0x20
+    "ISETP.NE.AND P0, PT, R5, RZ, PT",  # 0x30
+    "@P0 BRA 0x90",  # 0x40 V item
+    "LDSM.16.M88.4 R12, [R9]",  # 0x50 K item
+    "F2FP.F16.E4M3.UNPACK_B R13, R12",  # 0x60
+    "IADD3 R1, R1, 0x1, RZ",  # 0x70
+    "BRA 0xe0",  # 0x80
+    "LDSM.16.MT88.4 R12, [R9]",  # 0x90
+    "LDSM.16.MT88.4 R16, [R9+0x200]",  # 0xa0
+    "F2FP.F16.E4M3.UNPACK_B R13, R12",  # 0xb0
+    "F2FP.F16.E4M3.UNPACK_B R14, R16",  # 0xc0
+    "IADD3 R1, R1, 0x1, RZ",  # 0xd0
+    "@P3 BRA 0x10",  # 0xe0 back edge
+    "EXIT",  # 0xf0
+]
+
+
+def test_tcgen05_converter_counts_the_mean_of_its_k_and_v_items():
+    """The steady-state path alone takes the cheaper K item (1 conversion); the converter's
+    item is the mean of it and the V item (2 conversions, the most ring reads)."""
+    from benchmarks.sass_model import dsl_families, roles
+
+    convert = roles.Role("convert", 4, "LDGSTS", 0, 8192)
+    text = sass_listing(CONVERTER_LISTING)
+    alone = roles.role_counts(text, (convert,))["convert"]
+    assert alone.per_pipe[pipes.CONVERSION] == 1
+    mean = dsl_families.converter_item_counts(text, convert)
+    assert mean.per_pipe[pipes.CONVERSION] == 1.5
+    total = sum(mean.per_pipe.values())
+    assert (sum(alone.per_pipe.values()), total) == (9, (9 + 10) / 2)  # K path 9, V path 10

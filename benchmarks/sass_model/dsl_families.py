@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from . import hardware, occupancy, pipes
 from .cfg import ControlFlowGraph
 from .cubins import read_cubin
-from .loop_counts import LoopCounts
+from .loop_counts import LoopCounts, _is_work, count_loop
 from .model import bound
 from .roles import Role, instr_per_kv_byte, role_counts, role_loop
 from .rows import ALL_SHAPES, Shape, ShapeSet, gpu_for, prediction_fields
@@ -169,6 +169,20 @@ def one_page_specialisation(
     return matches[0][1]
 
 
+def converter_item_counts(sass_text: str, convert: Role) -> LoopCounts:
+    """Per-warp counts of the tcgen05 converter's mean item: its loop takes a K item on one
+    path and a V item on another (convert.py), and at head_dim 64 the K path converts half as
+    much (only the head dims BMM1 reads). The steady-state path picker takes the cheaper of two
+    paths with the same copies (the K item's); the V item's is the one with the most ring
+    reads (LDSM). Both count half (per_pipe; ``opcodes`` is the K path's)."""
+    graph = ControlFlowGraph(parse(sass_text))
+    loop = role_loop(graph, convert)
+    cheap = count_loop(graph, loop)
+    reads = count_loop(graph, loop, is_work=lambda i: _is_work(i) or i.base == "LDSM")
+    mean = {p: (cheap.per_pipe[p] + reads.per_pipe[p]) / 2 for p in cheap.per_pipe}
+    return replace(cheap, per_pipe=mean)
+
+
 def tcgen05_copy_signature(page_size: int = PAGE_SIZE) -> tuple[int, int]:
     """(LDGSTS, SHFL) per converter warp and item for ``page_size`` (dsl/tcgen05/layouts.py):
     LOADER_STEPS copies; a shuffle per page when the key tile spans several pages."""
@@ -228,7 +242,10 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
         sass_text = one_page_specialisation(
             sass_text, convert, jump_table_words(built.cubin), *tcgen05_copy_signature(page)
         )
-    instr = instr_per_kv_byte(role_counts(sass_text, roles), roles, ctas)
+    counts = role_counts(sass_text, roles)
+    if built.family == "tcgen05":
+        counts["convert"] = converter_item_counts(sass_text, convert)
+    instr = instr_per_kv_byte(counts, roles, ctas)
     prediction = bound(
         gpu, instr, {tensor_op: macs_per_kv_byte(built.family, built.variant) * ctas}
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import pipes
@@ -33,9 +34,15 @@ class LoopCounts:
     unknown_opcodes: set[str] = field(default_factory=set)
 
 
-def count_loop(graph: ControlFlowGraph, loop: Loop, key_groups: int = 1) -> LoopCounts:
-    """Counts one steady-state iteration of ``loop`` for one warp."""
-    path = graph.steady_state_path(loop, _is_work)
+def count_loop(
+    graph: ControlFlowGraph,
+    loop: Loop,
+    key_groups: int = 1,
+    is_work: Callable[[Instruction], bool] = _is_work,
+) -> LoopCounts:
+    """Counts one steady-state iteration of ``loop`` for one warp: the path with the most
+    ``is_work`` instructions (default: MMA, KV loads, exp), then the fewest others."""
+    path = graph.steady_state_path(loop, is_work)
     per_pipe = dict.fromkeys(pipes.PIPES, 0.0)
     tensor: list[tuple[Instruction, float]] = []
     opcodes: Counter = Counter()
