@@ -113,17 +113,40 @@ LAZY_TILES: Counter = Counter()
 NO_KEY_TILES: Counter = Counter()
 
 
-def warp_column_sums(values: np.ndarray, widths) -> np.ndarray:
-    """softmax._column_sums on every lane of a warp at once: ``values[lane, i]`` (32 x 2 w0);
-    at stage w a lane keeps the upper half of its entries if its lane bit w is set, else the
-    lower half, and adds the other half of its partner lane (lane ^ w)."""
+# The softmax threads' view of a 32-column chunk of S (layouts.score_key_column): per thread and
+# register its key within the tile, its column within the chunk and which of the thread's 8
+# partial sums it adds into (layouts.score_entry).
+def score_maps() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key [128, 32], column [128, 32], entry [32]) of every softmax thread's registers."""
+    pairs = [[L.score_key_column(t, r) for r in range(L.SCORE_REGISTERS)] for t in range(128)]
+    keys, columns = np.array(pairs).transpose(2, 0, 1)
+    entries = np.array([L.score_entry(r) for r in range(L.SCORE_REGISTERS)])
+    return keys, columns, entries
+
+
+def add_thread_partials(l_part: np.ndarray, p_chunk: np.ndarray, maps) -> None:
+    """``l_part[t, i] += `` thread t's registers of entry i of one chunk of P (``p_chunk``
+    [128 keys, 32 columns]), as the kernel's P pass adds them; ``maps`` from score_maps."""
+    keys, columns, entries = maps
+    threads = np.repeat(np.arange(128)[:, None], L.SCORE_REGISTERS, axis=1)
+    np.add.at(l_part, (threads, np.broadcast_to(entries, threads.shape)), p_chunk[keys, columns])
+
+
+def epilogue_column_sums(l_part: np.ndarray) -> np.ndarray:
+    """The epilogue: each warp's butterfly over layouts.COLUMN_LANE_STRIDES (every lane ends
+    with the sums of the lanes that share its columns), lanes 0-3 write their 8 columns
+    (layouts.thread_column), the 4 warps add. ``l_part`` [128 threads, 8] of one chunk ->
+    [32 columns]."""
     lanes = np.arange(32)
-    for width in widths:
-        upper = (lanes & width != 0)[:, None]
-        low, high = values[:, :width], values[:, width : 2 * width]
-        keep, send = np.where(upper, high, low), np.where(upper, low, high)
-        values = keep + send[lanes ^ width]
-    return values
+    sums = np.zeros(L.COLUMN_CHUNK)
+    for w in range(4):
+        values = l_part[32 * w : 32 * w + 32]
+        for stride in L.COLUMN_LANE_STRIDES:
+            values = values + values[lanes ^ stride]
+        for lane in range(4):
+            for i in range(L.THREAD_COLUMNS):
+                sums[L.thread_column(lane, i)] += values[lane, i]
+    return sums
 
 
 def _reference(m):
@@ -240,19 +263,19 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     # MMA + softmax warps, tile by tile, in the kernel's update order.
     kq, vp = consumer_items(iters, d_tiles)
     m_prev = np.full(rows, -np.inf)
-    # Column sums as the softmax lanes hold them: per warp, lane and 32-column chunk the
-    # layouts.partial_sums partial sums after the per-tile butterfly stages.
-    chunks = X.ceil_div(rows, 32)
-    partials = L.partial_sums(rows)
-    l_part = np.zeros((L.KEY_TILE // 32, 32, chunks, partials))
-    partial_column = np.array(
-        [[L.partial_sum_column(lane, i, partials) for i in range(partials)] for lane in range(32)]
+    # Column sums as the softmax threads hold them: per thread and 32-column chunk the running
+    # partial sums of its 8 columns over its 4 keys.
+    chunks = rows // L.COLUMN_CHUNK
+    l_part = np.zeros((chunks, 128, L.THREAD_COLUMNS))
+    thread_columns = np.array(
+        [[L.thread_column(t % 32, i) for i in range(L.THREAD_COLUMNS)] for t in range(128)]
     )
     # BMM1 runs the k-steps covering each K item's head dims (layouts.bmm1_k_blocks).
     k_dims = L.bmm1_k_blocks(head_dim) * L.UMMA_K
     q_read = np.concatenate(
         [q16[:, dk * L.ITEM_BYTES : dk * L.ITEM_BYTES + k_dims] for dk in range(d_tiles)], axis=1
     )
+    maps = score_maps()
     o = np.zeros((width, rows))  # O^T: head_dim 64 leaves lanes 64..127 unwritten
     for s in range(iters):
         k_tile = np.concatenate([converted[kq[s, dk]][:, :k_dims] for dk in range(d_tiles)], axis=1)
@@ -293,26 +316,16 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             p = np.where(visible, np.exp2(scores * col_scale + offset), 0.0)
         p16 = p.astype(np.float16).astype(np.float64)
         # The kernel sums P before its fp16 rounding; the partial sums take their column's
-        # correction (layouts.partial_sum_column) on exact tiles only.
-        p_cols = np.zeros((L.KEY_TILE, chunks * 32))
-        p_cols[:, :rows] = p
-        corr_cols = np.ones(chunks * 32)
-        corr_cols[:rows] = correction
-        for w in range(L.KEY_TILE // 32):
-            for c in range(chunks):
-                if exact:
-                    l_part[w, :, c] *= corr_cols[32 * c + partial_column]
-                tile_part = p_cols[32 * w : 32 * w + 32, 32 * c : 32 * c + 32]
-                l_part[w, :, c] += warp_column_sums(tile_part, L.tile_sum_widths(rows))
+        # correction (layouts.thread_column) on exact tiles only.
+        for c in range(chunks):
+            columns = slice(L.COLUMN_CHUNK * c, L.COLUMN_CHUNK * (c + 1))
+            if exact:
+                l_part[c] *= correction[columns][thread_columns]
+            add_thread_partials(l_part[c], p[:, columns], maps)
         o = o * correction + v_tile.T @ p16
 
-    # Epilogue: the last butterfly stages leave lane c with column 32 k + c; the 4 warps add.
-    l_sum = np.zeros(chunks * 32)
-    for w in range(L.KEY_TILE // 32):
-        for c in range(chunks):
-            l_sum[32 * c : 32 * c + 32] += warp_column_sums(
-                l_part[w, :, c], L.epilogue_sum_widths(rows)
-            )[:, 0]
+    # Epilogue: lanes, then warps (epilogue_column_sums).
+    l_sum = np.concatenate([epilogue_column_sums(l_part[c]) for c in range(chunks)])
     result = {}
     for n in range(rows):
         r = row_base + n
@@ -532,7 +545,8 @@ PLANTED_ORIGINALS = {
     "split_tile_range": X.split_tile_range,
     "loader_step_page_slot": L.loader_step_page_slot,
     "loader_ring_offset": L.loader_ring_offset,
-    "partial_sum_column": L.partial_sum_column,
+    "thread_column": L.thread_column,
+    "score_key_column": L.score_key_column,
 }
 
 
@@ -541,8 +555,15 @@ def _head_dim_slices_reversed(i, iters, d_tiles, select):
     return is_v, tile, d_tiles - 1 - dslice
 
 
-def _partial_sums_reversed(lane, i, partials):
-    return PLANTED_ORIGINALS["partial_sum_column"](lane, partials - 1 - i, partials)
+def _thread_columns_reversed(lane, i):
+    return PLANTED_ORIGINALS["thread_column"](lane, L.THREAD_COLUMNS - 1 - i)
+
+
+def _score_keys_as_32x32b(thread, reg):
+    """The 16x256b fragment read as if a lane held its own key (lane // 4 taken as lane % 8)."""
+    key, column = PLANTED_ORIGINALS["score_key_column"](thread, reg)
+    lane = thread % 32
+    return key - lane // 4 + lane % 8, column
 
 
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
@@ -611,12 +632,14 @@ PLANTED = {
     "loader_step_slot": (L, "loader_step_page_slot", _step_slot_dropped, "int32_flags_strided"),
     "lane_page": (L, "lane_page", _lane_page_shifted, "f16_causal_split3"),
     "loader_ring_offset": (L, "loader_ring_offset", _ring_rows_shifted, "bf16_bidir_gqa4"),
-    "partial_sum_column": (
+    "thread_column": (
         L,
-        "partial_sum_column",
-        _partial_sums_reversed,
+        "thread_column",
+        _thread_columns_reversed,
         "window_left_only_large_tile_split2",
     ),
+    "score_key_column": (L, "score_key_column", _score_keys_as_32x32b, "bf16_bidir_gqa4"),
+    "COLUMN_LANE_STRIDES": (L, "COLUMN_LANE_STRIDES", (4, 8), "bf16_rows64_causal"),
 }
 
 
@@ -747,36 +770,27 @@ def test_lazy_rescale_keeps_the_reference_on_ordinary_scores():
     assert LAZY_TILES[False] > 0
 
 
-@pytest.mark.parametrize("rows", [32, 64, 128])
-@pytest.mark.parametrize("planted", [False, True])
-def test_partial_sums_hold_the_columns_layouts_names(monkeypatch, planted, rows):
-    """The per-tile butterfly stages leave entry i of a lane with the sum, over the lanes that
-    share its bits below the stages, of column layouts.partial_sum_column(lane, i), and the
-    epilogue stages leave lane c with column c's sum over all 32 lanes (random values, so a
-    column mixed up anywhere shows); a reversed map (a planted bug) fails where a lane holds
-    more than one partial sum (128 rows)."""
-    if planted:
-        monkeypatch.setattr(L, "partial_sum_column", _partial_sums_reversed)
-    rng = np.random.default_rng(rows)
-    values = rng.standard_normal((32, 32))
-    widths, partials = L.tile_sum_widths(rows), L.partial_sums(rows)
-    parts = warp_column_sums(values, widths)
-    low_bits = min(widths) - 1  # lane bits the per-tile stages did not reduce
-    expected = np.array(
-        [
-            [
-                values[
-                    (np.arange(32) & low_bits) == (lane & low_bits),
-                    L.partial_sum_column(lane, i, partials),
-                ].sum()
-                for i in range(partials)
-            ]
-            for lane in range(32)
-        ]
-    )
-    assert np.allclose(parts, expected) != (planted and partials > 1)
-    final = warp_column_sums(parts, L.epilogue_sum_widths(rows))[:, 0]
-    assert np.allclose(final, values.sum(axis=0))
+SUM_MAP_BUGS = {
+    "thread_column": _thread_columns_reversed,
+    "score_key_column": _score_keys_as_32x32b,
+    "COLUMN_LANE_STRIDES": (4, 8),
+}
+
+
+@pytest.mark.parametrize("planted", [None, *SUM_MAP_BUGS])
+def test_thread_partial_sums_and_epilogue_give_every_column_sum(monkeypatch, planted):
+    """Every softmax thread's partial sums of a chunk (its registers' keys and columns,
+    layouts.score_key_column / score_entry) reduced by the epilogue (layouts.
+    COLUMN_LANE_STRIDES, thread_column) give each column's sum over the 128 keys of the tile
+    (random values, so a key counted twice or a column mixed up shows); each planted map bug
+    fails."""
+    if planted is not None:
+        monkeypatch.setattr(L, planted, SUM_MAP_BUGS[planted])
+    values = np.random.default_rng(7).standard_normal((L.KEY_TILE, L.COLUMN_CHUNK))
+    l_part = np.zeros((128, L.THREAD_COLUMNS))
+    add_thread_partials(l_part, values, score_maps())
+    sums = epilogue_column_sums(l_part)
+    assert np.allclose(sums, values.sum(axis=0)) == (planted is None)
 
 
 # Extreme but valid scales with rows whose first tiles hold no key for them

@@ -2,6 +2,9 @@
 memory budgets, and the shared-memory layouts the kernel writes by hand, compared with the
 layouts the CUTLASS DSL builds for the UMMA operands (those need the DSL, else skipped)."""
 
+import functools
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -358,17 +361,20 @@ def test_q_prologue_index_fills_the_b_operand_once(dsl_layouts):
 
 @pytest.fixture(scope="module")
 def softmax_maps():
-    """The softmax warps' 32-column chunk maps at 64 rows, evaluated while tracing."""
+    """The softmax warps' TMEM-load partitions (S: 16x256b, O: 32x32b) and P's B-operand layout
+    for 32, 64 and 128 rows, evaluated while tracing."""
     pytest.importorskip("cutlass")
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.blackwell_helpers as sm100_utils
     from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
-    rows, stages = 64, 2
+    from dsl.tcgen05.softmax import score_chunk_mode
+
+    stages = 2
     found = {}
 
-    def mma(b_major):
+    def mma(rows, b_major):
         return sm100_utils.make_trivial_tiled_mma(
             cutlass.Float16,
             cutlass.Float16,
@@ -380,42 +386,156 @@ def softmax_maps():
             tcgen05.OperandSource.TMEM,
         )
 
-    @cute.jit
-    def probe():
-        kq, vp = mma(OperandMajorMode.K), mma(OperandMajorMode.MN)
-        shape = kq.partition_shape_C((L.KEY_TILE, rows, stages))
-        tCtS = kq.get_slice(0).make_fragment_C(shape)
-        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(32)), cutlass.Float32)
-        load = tcgen05.make_tmem_copy(atom, tCtS[(None, None, None, 0)])
-        coords = kq.get_slice(0).partition_C(cute.make_identity_tensor((128, rows, stages)))
-        found["c"] = {
-            (t, c, i): load.get_slice(t).partition_D(coords)[((i, 0), c, 0, 0, 1)]
-            for t in (0, 37, 127)
-            for c in range(rows // 32)
-            for i in range(32)
-        }
-        # kernel.py's tCsP: P written through BMM1's C view, read as BMM2's B operand.
-        b = sm100_utils.make_smem_layout_b(vp, (None, rows, L.KEY_TILE), cutlass.Float16, stages)
-        c_view = cute.composition(b.outer, cute.make_ordered_layout(shape, order=((2, 0), 3, 1, 4)))
-        found["p"] = [
-            (c_view(((k, n), 0, 0, 1)), b.outer(((n, k % 16), 0, k // 16, 1)))
-            for k in range(L.KEY_TILE)
-            for n in range(rows)
-        ]
+    def probe(rows):
+        @cute.jit
+        def traced():
+            kq, vp = mma(rows, OperandMajorMode.K), mma(rows, OperandMajorMode.MN)
+            shape = kq.partition_shape_C((L.KEY_TILE, rows, stages))
+            tCtS = kq.get_slice(0).make_fragment_C(shape)
+            coords = kq.get_slice(0).partition_C(cute.make_identity_tensor((128, rows, stages)))
+            # S: a chunk's two halves of 16 registers sliced as softmax._load_scores does.
+            chunk_mode = functools.partial(score_chunk_mode, chunks=rows // L.COLUMN_CHUNK)
+            atom = cute.make_copy_atom(tcgen05.Ld16x256bOp(tcgen05.Repetition(4)), cutlass.Float32)
+            load = tcgen05.make_tmem_copy(atom, tCtS[(None, None, None, 0)])
+            found["s", rows] = {
+                (t, c, i): load.get_slice(t).partition_D(coords)[
+                    (None, chunk_mode(c, half=i // 16), 0, 0, 1)
+                ][i % 16]
+                for t in range(128)
+                for c in range(rows // L.COLUMN_CHUNK)
+                for i in range(L.SCORE_REGISTERS)
+            }
+            atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(32)), cutlass.Float32)
+            load = tcgen05.make_tmem_copy(atom, tCtS[(None, None, None, 0)])
+            found["o", rows] = {
+                (t, c, i): load.get_slice(t).partition_D(coords)[(i, c, 0, 0, 1)]
+                for t in range(128)
+                for c in range(rows // L.COLUMN_CHUNK)
+                for i in range(L.COLUMN_CHUNK)
+            }
+            # P: BMM2's B operand (fp16 offsets), and kernel.py's tCsP (BMM1's C view of it).
+            b = sm100_utils.make_smem_layout_b(
+                vp, (None, rows, L.KEY_TILE), cutlass.Float16, stages
+            )
+            found["b", rows] = {
+                (k, n, st): b.outer(((n, k % 16), 0, k // 16, st))
+                for k in range(L.KEY_TILE)
+                for n in range(rows)
+                for st in range(stages)
+            }
+            found["swizzle", rows] = str(b.inner)
+            c_view = cute.composition(
+                b.outer, cute.make_ordered_layout(shape, order=((2, 0), 3, 1, 4))
+            )
+            found["c", rows] = {
+                (k, n): c_view(((k, n), 0, 0, 1)) for k in range(L.KEY_TILE) for n in range(rows)
+            }
 
-    cute.compile(probe)
+        cute.compile(traced)
+
+    for rows in (32, 64, 128):
+        probe(rows)
     return found
 
 
-def test_softmax_chunk_c_register_i_is_key_lane_row_32c_plus_i(softmax_maps):
-    """Thread t's register i of chunk c holds S^T[key t, row 32 c + i] (stage 1)."""
-    for (t, c, i), coord in softmax_maps["c"].items():
+ROWS = (32, 64, 128)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_softmax_score_registers_are_layouts_score_key_column(softmax_maps, rows):
+    """Register i of chunk c of softmax thread t in the DSL's 16x256b partition of S is
+    S^T[layouts.score_key_column(t, i)] (column + 32 c), stage 1, for every thread."""
+    for (t, c, i), coord in softmax_maps["s", rows].items():
+        key, column = L.score_key_column(t, i)
+        assert coord == (key, L.COLUMN_CHUNK * c + column, 1), (t, c, i)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_softmax_o_registers_are_head_dim_lane_and_column_32c_plus_i(softmax_maps, rows):
+    """O^T stays on 32x32b: thread t's register i of chunk c is (lane t, column 32 c + i)."""
+    for (t, c, i), coord in softmax_maps["o", rows].items():
         assert coord == (t, 32 * c + i, 1)
 
 
-def test_p_written_as_c_tile_lands_where_bmm2_reads_b(softmax_maps):
-    for written, read in softmax_maps["p"]:
-        assert written == read
+def test_score_entries_and_column_slots_agree():
+    """Register i's entry (layouts.score_entry) names its column (thread_column), a thread's 8
+    columns of a chunk are contiguous slots from thread_slot, and column_slot permutes a chunk."""
+    for t in range(128):
+        lane = t % 32
+        for i in range(L.SCORE_REGISTERS):
+            assert L.score_key_column(t, i)[1] == L.thread_column(lane, L.score_entry(i))
+        for c in range(4):
+            slots = [
+                L.column_slot(L.COLUMN_CHUNK * c + L.thread_column(lane, e))
+                for e in range(L.THREAD_COLUMNS)
+            ]
+            assert slots == [L.thread_slot(lane, c) + e for e in range(L.THREAD_COLUMNS)]
+    assert sorted(L.column_slot(n) for n in range(128)) == list(range(128))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_p_offset_is_the_b_operand_layout_bmm2_reads(softmax_maps, rows):
+    """layouts.p_offset (+ stage x p_stage_bytes) is where the DSL's MN-major B layout puts
+    P[key, column] (fp16), both stages: its outer layout, then its swizzle on the byte address
+    (the same S<B,4,3> for every dtype in the DSL's atoms, as the UMMA descriptors read it)."""
+    bits, base, shift = map(
+        int, re.fullmatch(r"S<(\d+),(\d+),(\d+)>", softmax_maps["swizzle", rows]).groups()
+    )
+    mask = ((1 << bits) - 1) << base
+    for (k, n, stage), offset in softmax_maps["b", rows].items():
+        address = 2 * offset  # the outer layout counts fp16; the swizzle acts on bytes
+        address ^= (address >> shift) & mask
+        assert address == stage * L.p_stage_bytes(rows) + L.p_offset(k, n, rows), (k, n)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_stmatrix_puts_every_score_of_p_where_bmm2_reads_it(rows):
+    """The P store replayed as PTX defines stmatrix.x4: lane l addresses row l % 8 of matrix
+    l // 8 (layouts.p_store_row), register m of lane l is that matrix's row l // 4, columns
+    2 (l % 4) and + 1, taken from score registers layouts.p_store_register (+ 0 / 1) of the
+    16x256b fragment. Each (key, column) of the chunk is written once, at p_offset."""
+    for chunk in range(rows // L.COLUMN_CHUNK):
+        written = {}
+        for warp in range(4):
+            for half in range(2):
+                for block in range(2):
+                    for lane in range(32):
+                        t = 32 * warp + lane
+                        key, column0 = L.p_store_row(t, chunk, half, block)
+                        matrix, row = lane // 8, lane % 8
+                        for source in range(4 * row, 4 * row + 4):  # lanes holding that row
+                            reg = L.p_store_register(half, block, matrix)
+                            for h in range(2):
+                                element = 2 * (source % 4) + h
+                                address = L.p_offset(key, column0, rows) + 2 * element
+                                held = L.score_key_column(32 * warp + source, reg + h)
+                                held = (held[0], L.COLUMN_CHUNK * chunk + held[1])
+                                assert address not in written
+                                written[address] = held
+                                assert address == L.p_offset(*held, rows), (t, half, block)
+        assert len(written) == L.KEY_TILE * L.COLUMN_CHUNK
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_stmatrix_address_is_a_thread_base_plus_an_immediate(rows):
+    """The kernel computes p_offset(p_store_row(...)) as p_store_base (per thread, once) plus
+    p_store_step (compile-time)."""
+    for t in range(128):
+        for chunk in range(rows // L.COLUMN_CHUNK):
+            for half in range(2):
+                for block in range(2):
+                    row = L.p_store_row(t, chunk, half, block)
+                    assert L.p_offset(*row, rows) == L.p_store_base(
+                        t, chunk, rows
+                    ) + L.p_store_step(chunk, half, block, rows), (t, chunk, half, block)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_p_written_as_c_tile_lands_where_bmm2_reads_b(softmax_maps, rows):
+    """kernel.py's tCsP (P as BMM1's C tile, whose pointer the softmax's stores start from)
+    is the B operand's layout."""
+    for (k, n), offset in softmax_maps["c", rows].items():
+        assert offset == softmax_maps["b", rows][k, n, 1]
 
 
 @pytest.fixture(scope="module")

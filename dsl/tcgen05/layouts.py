@@ -243,33 +243,109 @@ def correction_old_reference(m, select):
     return select(m == -math.inf, NO_KEY_OLD_REFERENCE, m)
 
 
-# Column sums of P: at 128 rows per tile only the first butterfly stages of the warp's
-# transpose-reduce run (16 and 8: each lane then holds 8 partial sums per 32 columns, over the 4
-# lanes of its warp that share its low 3 bits); the lanes accumulate those across tiles, and the
-# last stages (4, 2, 1: one column per lane) run once, in the epilogue. Fewer rows keep the whole
-# butterfly per tile: there the sums do not bind, and the d256 x 64-row build spills with the
-# 16 extra registers.
-BUTTERFLY_WIDTHS = (16, 8, 4, 2, 1)
-PARTIAL_SUM_ROWS = 128  # rows from which the sums are partial across tiles
+# The softmax threads' view of S: each 32-column chunk of S^T (128 keys x 32 query rows) is read
+# from TMEM with tcgen05.ld.16x256b.x4, twice per warp (the warp's TMEM lanes 0-15, then 16-31).
+# PTX ISA (tcgen05 matrix fragments, shape 16x256b): register r (0..15) of lane l holds TMEM lane
+# l // 4 + 8 ((r // 2) % 2) of the 16, column r % 2 + 2 (l % 4) + 8 (r // 4). So a thread holds 4
+# keys x 8 columns of a chunk: the column pairs 2 (l % 4) + 8 j, j = 0..3, adjacent pairs in
+# adjacent registers (one FFMA2 / F2FP / FADD2 each). Its column sums need no shuffle per tile: it
+# adds its 4 keys into 8 running partial sums per chunk; the 8 lanes that share l % 4 and the 4
+# warps add theirs once, in the epilogue. test_tcgen05_host checks score_key_column against the
+# DSL's own partition of the copy; the emulation replays the sums through these maps.
+COLUMN_CHUNK = 32  # columns (query rows) of S / P the softmax handles at once
+SCORE_REGISTERS = 32  # fp32 registers of one chunk per softmax thread: 4 keys x 8 columns
+THREAD_COLUMNS = 8  # columns of a chunk one thread holds (its partial sums per chunk)
+# Lane strides between the lanes that hold the same columns (lane bits 2..4): the epilogue's
+# butterfly over them, and the exact column maxima's.
+COLUMN_LANE_STRIDES = (4, 8, 16)
 
 
-def tile_sum_widths(rows):
-    """Butterfly stages the column sums of every tile take."""
-    return BUTTERFLY_WIDTHS[:2] if rows >= PARTIAL_SUM_ROWS else BUTTERFLY_WIDTHS
+def thread_column(lane, i):
+    """Column (within its 32-column chunk) of entry ``i`` (0..7) of a thread's columns: pairs of
+    adjacent columns, 8 apart (the 16x256b fragment)."""
+    return 8 * (i // 2) + 2 * (lane % 4) + i % 2
 
 
-def epilogue_sum_widths(rows):
-    """Butterfly stages left for the epilogue."""
-    return BUTTERFLY_WIDTHS[len(tile_sum_widths(rows)) :]
+def score_entry(reg):
+    """Which of its 8 columns (``thread_column``) register ``reg`` (0..31) of a chunk holds."""
+    r = reg % 16
+    return 2 * (r // 4) + r % 2
 
 
-def partial_sums(rows):
-    """Running partial sums a lane holds per 32 columns."""
-    return 32 >> len(tile_sum_widths(rows))
+def score_key_column(thread, reg):
+    """(key within the 128-key tile, column within the chunk) of register ``reg`` (0..31) of a
+    32-column chunk of S held by softmax thread ``thread`` (0..127): registers 0-15 come from the
+    warp's TMEM lanes 0-15, 16-31 from lanes 16-31."""
+    warp, lane = thread // 32, thread % 32
+    half, r = reg // 16, reg % 16
+    key = 32 * warp + 16 * half + lane // 4 + 8 * ((r // 2) % 2)
+    return key, r % 2 + 2 * (lane % 4) + 8 * (r // 4)
 
 
-def partial_sum_column(lane, i, partials):
-    """Column (within its 32-column chunk) of partial sum ``i`` of ``partials`` a lane
-    accumulates: stage w keeps the upper half of the columns on lanes with bit w set, so the
-    column's upper bits are the lane's."""
-    return (lane & (32 - partials)) + i
+def column_slot(column):
+    """Slot of ``column`` in the softmax's per-column shared vectors (score scale, exp2 offsets,
+    positions, maxima, sums): the 8 columns a thread holds of a chunk are contiguous, slot
+    32 c + 8 (lane % 4) + i for entry i, so a thread reads them with two 16-byte loads. A
+    permutation of each chunk (swaps column bits 1-2 with bits 3-4)."""
+    chunk, x = column - column % COLUMN_CHUNK, column % COLUMN_CHUNK
+    return chunk + 8 * ((x // 2) % 4) + 2 * (x // 8) + x % 2
+
+
+def thread_slot(lane, chunk):
+    """First slot (``column_slot``) of the 8 columns of ``chunk`` that lane ``lane`` holds."""
+    return COLUMN_CHUNK * chunk + THREAD_COLUMNS * (lane % 4)
+
+
+# P (fp16) goes to shared memory as BMM2's B operand: MN-major (a key's columns contiguous),
+# swizzle atoms of P_SWIZZLE_BYTES = min(128, 2 rows) bytes x 8 keys (the DSL's
+# make_smem_layout_b; test_tcgen05_host checks p_offset on it). The softmax writes it with
+# stmatrix.x4 (PTX: register m of lane l holds row l // 4, columns 2 (l % 4) and + 1 of 8x8
+# matrix m; lane l addresses row l % 8 of matrix l // 8): per chunk, for each half of the warp's
+# keys (16x256b load) and block of 8 keys, the four column blocks of 8 are the four matrices,
+# so a lane's registers are exactly its F2FP-packed column pairs (no shuffle).
+def p_stage_bytes(rows):
+    """Bytes of one P stage: 128 keys x rows fp16."""
+    return KEY_TILE * rows * 2
+
+
+def p_offset(key, column, rows):
+    """Byte offset of P[key, column] in one stage of P's shared tile: a key's ``width`` bytes of
+    columns per swizzle atom, keys after keys (the 128 keys of one atom column), then the next
+    atom column; 16-byte chunk bits 4.. XORed with bits 7.. (the UMMA swizzle, in bytes)."""
+    width = min(128, 2 * rows)  # bytes of one key's columns in a swizzle atom
+    atom_columns = width // 2
+    linear = (column % atom_columns) * 2 + key * width + (column // atom_columns) * KEY_TILE * width
+    return linear ^ (((linear >> 7) & (width // 16 - 1)) << 4)
+
+
+def p_store_register(half, block, matrix):
+    """The score register (even; with the next one, packed into one fp16x2 word) that goes to
+    register ``matrix`` of stmatrix (``half``, ``block``) of a chunk: keys 16 half + 8 block +
+    lane // 4 of the warp, columns 8 matrix + 2 (lane % 4) + 0 / 1 (score_key_column)."""
+    return 16 * half + 4 * matrix + 2 * block
+
+
+def p_store_row(thread, chunk, half, block):
+    """(key, first column) of the 8-column row of P whose address softmax thread ``thread``
+    gives to stmatrix (``half``, ``block``) of ``chunk``: row lane % 8 of matrix lane // 8."""
+    warp, lane = thread // 32, thread % 32
+    key = 32 * warp + 16 * half + 8 * block + lane % 8
+    return key, COLUMN_CHUNK * chunk + 8 * (lane // 8)
+
+
+def p_store_base(thread, chunk, rows):
+    """The part of thread ``thread``'s stmatrix addresses in ``chunk`` that depends on the
+    thread: p_offset of its row for (half, block) = (0, 0) of the chunk that shares ``chunk``'s
+    swizzle pattern (chunk % (atom columns / 32)); computed once per thread."""
+    same_swizzle = chunk % max(1, min(128, 2 * rows) // 2 // COLUMN_CHUNK)
+    return p_offset(*p_store_row(thread, same_swizzle, 0, 0), rows)
+
+
+def p_store_step(chunk, half, block, rows):
+    """What (``chunk``, ``half``, ``block``) adds to p_store_base (a compile-time immediate):
+    16 half + 8 block keys move whole swizzle rows (8 keys), and chunks past the first atom
+    column whole atom columns, so the swizzle is unchanged (test_tcgen05_host checks
+    p_store_base + p_store_step = p_offset(p_store_row) for every thread)."""
+    width = min(128, 2 * rows)
+    atom_chunks = max(1, width // 2 // COLUMN_CHUNK)
+    return (16 * half + 8 * block) * width + (chunk // atom_chunks) * KEY_TILE * width

@@ -11,7 +11,9 @@ import math
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import tcgen05
+from cutlass.cutlass_dsl import dsl_user_op
 
 from dsl.common import indexing as X
 from dsl.tcgen05 import layouts as L
@@ -35,38 +37,51 @@ def _select_f32(cond, a, b):
     return cutlass.select_(cond, cutlass.Float32(a), cutlass.Float32(b))
 
 
-def _column_sums(values, lane, widths):
-    """Butterfly transpose-reduce stages ``widths`` (descending powers of two, the first half
-    of len(values)) over this lane's column entries (Python list of Float32): at stage w a lane
-    keeps the half of its columns selected by its lane bit w and sends the other half to its
-    partner, so column index bits end up equal to the lane bits (layouts.partial_sum_column).
-    Returns the len(values) / 2^stages sums. The adds go two columns per packed FADD2 where a
-    stage has two or more."""
-    for width in widths:
-        upper = (lane & width) != 0
-        keep, received = [], []
-        for i in range(width):
-            send = cutlass.select_(upper, values[i], values[i + width])
-            keep.append(cutlass.select_(upper, values[i + width], values[i]))
-            received.append(cute.arch.shuffle_sync_bfly(send, offset=width))
-        if width == 1:
-            values = [keep[0] + received[0]]
-        else:
-            values = []
-            for i in range(0, width, 2):
-                values.extend(
-                    cute.arch.add_packed_f32x2(
-                        (keep[i], keep[i + 1]), (received[i], received[i + 1])
-                    )
-                )
+@dsl_user_op
+def _stmatrix_x4(address: cutlass.Int32, words, *, loc=None, ip=None):
+    """``stmatrix.sync.aligned.m8n8.x4.shared.b16``: four 8x8 fp16 matrices; register m of lane
+    l holds row l // 4, columns 2 (l % 4) and + 1 of matrix m, lane l gives the shared-memory
+    address of row l % 8 of matrix l // 8 (eight contiguous fp16)."""
+    operands = [cutlass.Int32(x).ir_value(loc=loc, ip=ip) for x in (address, *words)]
+    llvm.inline_asm(
+        None,
+        operands,
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};",
+        "r,r,r,r,r",
+        has_side_effects=True,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+def _thread_columns(vector: cute.Pointer, slot0, dtype) -> cute.Tensor:
+    """The 8 entries from ``slot0`` (a multiple of 8: layouts.thread_slot, plus a multiple of
+    rows for a warp's column of s_sum) of a per-column shared vector, in registers (two 16-byte
+    loads; traced inline)."""
+    view = cute.make_tensor(
+        vector + cute.assume(slot0, divby=L.THREAD_COLUMNS), cute.make_layout(L.THREAD_COLUMNS)
+    )
+    values = cute.make_rmem_tensor(cute.make_layout(L.THREAD_COLUMNS), dtype)
+    values.store(view.load())
     return values
 
 
-def _load_scores(load_s, tStS, chunk, stage, chunk_shape, acc_dtype):
-    """Scores of column chunk ``chunk`` of S stage ``stage``, read from TMEM into registers and
-    visible to the thread (the TMEM-load fence) before use (traced inline)."""
-    scores = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-    cute.copy(load_s, tStS[(None, chunk, 0, 0, stage)], scores)
+def score_chunk_mode(chunk: int, chunks: int, half: int):
+    """Mode 1 of the softmax's 16x256b partition of S is (half of the warp's lanes, chunk),
+    flattened to the half alone at 32 rows: the slice that holds registers 16 half .. 16 half
+    + 15 of ``chunk`` (layouts.score_key_column)."""
+    return (half, chunk) if chunks > 1 else half
+
+
+def _load_scores(load_s, tStS, chunk, half, stage, score_shape, acc_dtype):
+    """Registers 16 half .. 16 half + 15 of column chunk ``chunk`` of S stage ``stage``
+    (layouts.score_key_column: 16 keys of the warp's TMEM lanes), read from TMEM into registers
+    and visible to the thread (the TMEM-load fence) before use (traced inline). Half a chunk at
+    a time keeps the softmax under ptxas' register cap at 128 rows."""
+    scores = cute.make_rmem_tensor(score_shape, acc_dtype)
+    mode = score_chunk_mode(chunk, cute.size(tStS, mode=[1]) // 2, half)
+    cute.copy(load_s, tStS[(None, mode, 0, 0, stage)], scores)
     cute.arch.fence_view_async_tmem_load()
     return scores
 
@@ -140,63 +155,77 @@ class SoftmaxRole:
         rows = self.v.rows
         d_tiles = self.v.d_tiles
         acc_dtype = self.acc_dtype
-        lane_slots = (rows + 31) // 32  # columns whose shared max/sum this lane publishes
+        lane_slots = rows // 32  # columns whose exp2 offset each lane of a warp writes
+        # Thread n owns column n's running maximum and correction (the threads past ``rows``
+        # follow the last column and publish nothing).
+        own = cutlass.min(wg_tidx, rows - 1)
+        own_slot = L.column_slot(own)
+        chunks = rows // L.COLUMN_CHUNK
 
-        # S, P and O are handled 32 columns (rows) at a time, so a thread holds one chunk of
-        # scores / probabilities / O at once whatever ``rows`` is: chunk c of the TMEM copy
-        # partition is columns 32 c .. 32 c + 31 (test_tcgen05_host checks it on the DSL).
-        chunk = min(rows, 32)
-        chunks = rows // chunk
-        load_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(chunk)), acc_dtype)
-        load_s = tcgen05.make_tmem_copy(load_atom, tCtS[MMA + (0,)])
+        # S is read 32 columns at a time with tcgen05.ld.16x256b (layouts.score_key_column: a
+        # thread holds 4 keys x 8 columns of the chunk); O^T, a TMEM lane per head dim, with
+        # 32x32b (thread t: head dim t, register i: column 32 c + i). test_tcgen05_host checks
+        # both partitions on the DSL.
+        load_s = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.Ld16x256bOp(tcgen05.Repetition(4)), acc_dtype),
+            tCtS[MMA + (0,)],
+        )
         thr_load = load_s.get_slice(wg_tidx)
+        # (CPY: 16 registers, (half of the warp's lanes, chunk), 1, 1, s_stages)
+        tStS = thr_load.partition_S(tCtS)
+        score_shape = thr_load.partition_D(tCsP)[
+            (None, score_chunk_mode(0, chunks, 0), 0, 0, 0)
+        ].shape
+        load_o = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(32)), acc_dtype),
+            tCtO[MMA + (0,)],
+        )
+        thr_load_o = load_o.get_slice(wg_tidx)
         store_o = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition(chunk)), acc_dtype),
+            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition(32)), acc_dtype),
             tCtO[MMA + (0,)],
         )
         thr_store_o = store_o.get_slice(wg_tidx)
-        tStS = thr_load.partition_S(tCtS)  # (CPY, chunks, 1, 1, s_stages)
-        tSsP = thr_load.partition_D(tCsP)  # (CPY, chunks, 1, 1, s_stages)
-        tStO = thr_load.partition_S(tCtO)  # (CPY, chunks, 1, 1, d_tiles)
+        tStO = thr_load_o.partition_S(tCtO)  # (CPY, chunks, 1, 1, d_tiles)
         tStO_dst = thr_store_o.partition_D(tCtO)
-        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
+        o_shape = thr_load_o.partition_D(tCsP)[(None, 0, 0, 0, 0)].shape
 
         # Zero O (BMM2 always accumulates) and the shared row state.
-        zero_o = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+        zero_o = cute.make_rmem_tensor(o_shape, acc_dtype)
         zero_o.fill(0.0)
         for dm in cutlass.range_constexpr(d_tiles):
             for c in cutlass.range_constexpr(chunks):
                 cute.copy(thr_store_o, zero_o, tStO_dst[(None, c, 0, 0, dm)])
         cute.arch.fence_view_async_tmem_store()
         for k in cutlass.range_constexpr(lane_slots):
-            c = k * 32 + lane
-            if c < rows:
-                if wg_warp == 0:
-                    s_max[c, 0] = -acc_dtype.inf
-                    s_max[c, 1] = -acc_dtype.inf
+            if wg_warp == 0:
+                s_max[k * 32 + lane, 0] = -acc_dtype.inf
+                s_max[k * 32 + lane, 1] = -acc_dtype.inf
         row_scale_bar.arrive_and_wait()  # row scales from the converter's Q prologue
         softmax_bar.arrive_and_wait()
 
-        # Per-column constants in shared memory (read as broadcasts every tile, so they cost no
-        # registers): log2-domain score scale and the column's query position; the window's
-        # (before, after) offsets from it are the same for the whole CTA.
+        # Per-column constants in shared memory, at layouts.column_slot (a thread's 8 columns
+        # of a chunk contiguous): log2-domain score scale and the column's query position; the
+        # window's (before, after) offsets from it are the same for the whole CTA.
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
         for k in cutlass.range_constexpr((rows + 127) // 128):
             n = k * 128 + wg_tidx
             if n < rows:
-                s_col_scale[n] = scale_log2 * k_scale * s_row_scale[n]
-                s_position[n] = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
+                slot = L.column_slot(n)
+                s_col_scale[slot] = scale_log2 * k_scale * s_row_scale[n]
+                s_position[slot] = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
         softmax_bar.arrive_and_wait()
-        # Column state is the same in every thread, so lane c % 32 of each warp keeps the
-        # running maximum of column c and computes its correction; the other lanes fetch it
-        # with one shuffle per column (cheaper than holding all columns in every thread).
-        m_prev = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
+        # Column state is the same in every warp: thread n keeps the running maximum of column
+        # n (one register) and computes its correction; exact tiles share the corrections
+        # through shared memory.
+        m_prev = cute.make_rmem_tensor(cute.make_layout(1), acc_dtype)
         m_prev.fill(-acc_dtype.inf)
-        # Running column sums of P as the lanes' partial sums (layouts.partial_sums per chunk,
-        # column layouts.partial_sum_column), reduced across lanes once, in the epilogue.
-        partials = L.partial_sums(rows)
-        l_part = cute.make_rmem_tensor(cute.make_layout(chunks * partials), acc_dtype)
+        # Running column sums of P: per chunk, this thread's 8 columns (layouts.thread_column)
+        # summed over its 4 keys, across tiles; the epilogue adds the lanes and warps.
+        l_part = cute.make_rmem_tensor(cute.make_layout(chunks * L.THREAD_COLUMNS), acc_dtype)
         l_part.fill(0.0)
+        # P's shared-memory tile (BMM2's B operand): stmatrix addresses are byte offsets from it.
+        p_base = tCsP.iterator.toint()
 
         # Only a tile some key of which one of the CTA's rows does not see is masked (the last
         # tile, the causal diagonal, the window's edges: X.window_tile_needs_mask from the first
@@ -219,13 +248,11 @@ class SoftmaxRole:
             # does it take the exact column maxima and rescale O. A column with no key yet has
             # offset +inf (layouts.exp2_offset): its first visible key always takes that path.
             # The old side of each correction (layouts.correction_old_reference).
-            old_reference = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-            for k in cutlass.range_constexpr(lane_slots):
-                old_reference[k] = L.correction_old_reference(m_prev[k], _select_f32)
+            old_reference = L.correction_old_reference(m_prev[0], _select_f32)
             exact = cutlass.Int32(1)
             if cutlass.select_(needs_mask, cutlass.Int32(0), s) > 0:
                 highest = self.check_pass(
-                    load_s, tStS, tSsP, s_handle.index, s_col_scale, s_sum, wg_warp
+                    load_s, tStS, s_handle.index, score_shape, s_col_scale, s_sum, wg_warp, lane
                 )
                 grew = cute.arch.vote_any_sync(L.rescale_needed(highest))
                 if lane == 0:
@@ -238,52 +265,52 @@ class SoftmaxRole:
                 )
                 if exact != 0:
                     self.exact_maxima(
-                        load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
-                        s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
-                        False, softmax_bar,
+                        load_s, tStS, s_handle.index, score_shape, s_position, before, after,
+                        m_prev, own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len,
+                        wg_tidx, wg_warp, lane, False, softmax_bar,
                     )  # fmt: skip
             elif needs_mask:
                 self.exact_maxima(
-                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
-                    s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
-                    True, softmax_bar,
+                    load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
+                    own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp,
+                    lane, True, softmax_bar,
                 )  # fmt: skip
             else:
                 self.exact_maxima(
-                    load_s, tStS, tSsP, s_handle.index, s_position, before, after, m_prev,
-                    s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp, lane,
-                    False, softmax_bar,
+                    load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
+                    own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp,
+                    lane, False, softmax_bar,
                 )  # fmt: skip
-            # Lane c of each warp: column 32 k + c's correction (exactly 1 where the reference
-            # stayed; finite for a column that had no key: layouts.correction_old_reference).
-            correction = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-            for k in cutlass.range_constexpr(lane_slots):
-                c = cutlass.min(k * 32 + lane, rows - 1)
-                correction[k] = _exp2((old_reference[k] - _reference(m_prev[k])) * s_col_scale[c])
-            # The running partial sums follow the new maxima (only on exact tiles: elsewhere
-            # every correction is exactly 1); lane c holds column 32 k + c's correction.
+            # Thread n: column n's correction (exactly 1 where the reference stayed; finite for
+            # a column that had no key: layouts.correction_old_reference).
+            correction = _exp2((old_reference - _reference(m_prev[0])) * s_col_scale[own_slot])
+            # Only on exact tiles (elsewhere every correction is exactly 1): the corrections go
+            # to s_row_scale (spent once the column scales are set; the next exact tile writes
+            # after a softmax_bar that every warp reaches after this tile's O rescale), the
+            # running partial sums follow the new maxima, and so does O after the P pass.
             if exact != 0:
-                for k in cutlass.range_constexpr(chunks):
-                    for i in cutlass.range_constexpr(partials):
-                        factor = correction[k]
-                        if cutlass.const_expr(partials > 1):
-                            column = L.partial_sum_column(lane, i, partials)
-                            factor = cute.arch.shuffle_sync(factor, column)
-                        l_part[k * partials + i] = l_part[k * partials + i] * factor
+                if wg_tidx < rows:
+                    s_row_scale[wg_tidx] = correction
+                softmax_bar.arrive_and_wait()
+                for c in cutlass.range_constexpr(chunks):
+                    for i in cutlass.range_constexpr(L.THREAD_COLUMNS):
+                        factor = s_row_scale[c * L.COLUMN_CHUNK + L.thread_column(lane, i)]
+                        l_part[c * L.THREAD_COLUMNS + i] = l_part[c * L.THREAD_COLUMNS + i] * factor
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
-            # memory (converted two at a time), and the column sums of P: the first butterfly
-            # stages only (layouts.tile_sum_widths), added into the lanes' partial sums.
+            # memory (converted two at a time, stored by stmatrix), and its fp32 column sums
+            # added into this thread's running partial sums.
             p_handle = p_producer.acquire_and_advance()
+            p_stage = p_base + p_handle.index * L.p_stage_bytes(rows)
             if needs_mask:
                 self.p_pass(
-                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
-                    s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
+                    load_s, tStS, s_handle.index, score_shape, p_stage, s_position, before,
+                    after, s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
                     True,
                 )  # fmt: skip
             else:
                 self.p_pass(
-                    load_s, tStS, tSsP, s_handle.index, p_handle.index, s_position, before, after,
-                    s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
+                    load_s, tStS, s_handle.index, score_shape, p_stage, s_position, before,
+                    after, s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
                     False,
                 )  # fmt: skip
             cute.arch.fence_view_async_shared()
@@ -293,37 +320,35 @@ class SoftmaxRole:
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
                 if exact != 0:
-                    self.rescale_o(load_s, thr_store_o, tStO, tStO_dst, correction, chunk_shape)
+                    self.rescale_o(load_o, thr_store_o, tStO, tStO_dst, s_row_scale, o_shape)
                 o_handle.release()
 
-        # ---- epilogue: column sums across the 128 key lanes, then O / l, or the split state.
-        for k in cutlass.range_constexpr(chunks):
-            warp_sum = _column_sums(
-                [l_part[k * partials + i] for i in range(partials)],
-                lane,
-                L.epilogue_sum_widths(rows),
-            )[0]
-            c = k * 32 + lane
-            if c < rows:
-                s_sum[c, wg_warp] = warp_sum
+        # ---- epilogue: column sums across the 8 lanes that share each column
+        # (layouts.COLUMN_LANE_STRIDES) and the 4 warps, then O / l, or the split state.
+        for c in cutlass.range_constexpr(chunks):
+            sums = [l_part[c * L.THREAD_COLUMNS + i] for i in range(L.THREAD_COLUMNS)]
+            for stride in L.COLUMN_LANE_STRIDES:
+                sums = [x + cute.arch.shuffle_sync_bfly(x, offset=stride) for x in sums]
+            if lane < 4:
+                slot0 = L.thread_slot(lane, c)
+                for i in cutlass.range_constexpr(L.THREAD_COLUMNS):
+                    s_sum[slot0 + i, wg_warp] = sums[i]
         softmax_bar.arrive_and_wait()
 
         # Thread n: column n's output factor into s_row_scale[n] (the row scales are spent):
         # v_scale / l, or with a sink v_scale x keep / (l x keep + 2^(sink - top)) where both
         # terms are taken at top = max(m, sink) in log2 units (neither can overflow); with
         # splits v_scale / l and the log2 LSE without the sink (the merge adds it once).
-        # Column n = wg_tidx is owned by this very lane (k = warp): its reference maximum.
-        m_ref = m_prev[0]
-        for k in cutlass.range_constexpr(1, lane_slots):
-            m_ref = cutlass.select_(wg_warp == k, m_prev[k], m_ref)
-        m_ref = _reference(m_ref)
+        # Column n = wg_tidx is owned by this very thread: its reference maximum.
+        m_ref = _reference(m_prev[0])
         v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
         split_mode = num_splits > 1
         if wg_tidx < rows:
             n = wg_tidx
+            slot = L.column_slot(n)
             r = row_base + n
-            l_sum = s_sum[n, 0] + s_sum[n, 1] + s_sum[n, 2] + s_sum[n, 3]
-            m_scaled = m_ref * s_col_scale[n]
+            l_sum = s_sum[slot, 0] + s_sum[slot, 1] + s_sum[slot, 2] + s_sum[slot, 3]
+            m_scaled = m_ref * s_col_scale[slot]
             factor = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
             if r < num_rows:
                 token = X.row_token(r, group)
@@ -354,13 +379,13 @@ class SoftmaxRole:
         for dm in cutlass.range_constexpr(d_tiles):
             d = dm * L.KEY_TILE + wg_tidx
             for c in cutlass.range_constexpr(chunks):
-                acc = cute.make_rmem_tensor(chunk_shape, acc_dtype)
+                acc = cute.make_rmem_tensor(o_shape, acc_dtype)
                 acc.fill(0.0)
                 if iters > 0:
-                    cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
+                    cute.copy(load_o, tStO[(None, c, 0, 0, dm)], acc)
                     cute.arch.fence_view_async_tmem_load()
-                for i in cutlass.range_constexpr(chunk):
-                    n = c * chunk + i
+                for i in cutlass.range_constexpr(L.COLUMN_CHUNK):
+                    n = c * L.COLUMN_CHUNK + i
                     r = row_base + n
                     writes = r < num_rows
                     if cutlass.const_expr(self.v.head_dim < L.ITEM_BYTES):
@@ -392,28 +417,32 @@ class SoftmaxRole:
         self,
         load_s: cute.TiledCopy,
         tStS: cute.Tensor,
-        tSsP: cute.Tensor,
         stage: cutlass.Int32,
+        score_shape: cute.Shape,
         s_col_scale: cute.Tensor,
         s_sum: cute.Tensor,
         wg_warp: cutlass.Int32,
+        lane: cutlass.Int32,
     ) -> cutlass.Float32:
         """The largest exp2 argument (S x scale + offset, the reference maxima's offsets of the
         last exact tile) among this thread's scores of an unmasked tile."""
         rows = self.v.rows
-        chunk = min(rows, 32)
-        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
-        highest = -self.acc_dtype.inf
-        for c in cutlass.range_constexpr(rows // chunk):
-            scores = _load_scores(load_s, tStS, c, stage, chunk_shape, self.acc_dtype)
-            for i in cutlass.range_constexpr(0, chunk, 2):
-                n = c * chunk + i
-                args = cute.arch.fma_packed_f32x2(
-                    (scores[i], scores[i + 1]),
-                    (s_col_scale[n], s_col_scale[n + 1]),
-                    (s_sum[n, wg_warp], s_sum[n + 1, wg_warp]),
-                )
-                highest = cute.arch.fmax(highest, cute.arch.fmax(args[0], args[1]))
+        acc_dtype = self.acc_dtype
+        highest = -acc_dtype.inf
+        for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
+            slot0 = L.thread_slot(lane, c)
+            scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
+            offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+            for half in cutlass.range_constexpr(2):
+                scores = _load_scores(load_s, tStS, c, half, stage, score_shape, acc_dtype)
+                for r in cutlass.range_constexpr(0, L.SCORE_REGISTERS // 2, 2):
+                    i = L.score_entry(r)
+                    args = cute.arch.fma_packed_f32x2(
+                        (scores[r], scores[r + 1]),
+                        (scale[i], scale[i + 1]),
+                        (offset[i], offset[i + 1]),
+                    )
+                    highest = cute.arch.fmax(highest, cute.arch.fmax(args[0], args[1]))
         return highest
 
     @cute.jit
@@ -421,12 +450,13 @@ class SoftmaxRole:
         self,
         load_s: cute.TiledCopy,
         tStS: cute.Tensor,
-        tSsP: cute.Tensor,
         stage: cutlass.Int32,
+        score_shape: cute.Shape,
         s_position: cute.Tensor,
         before: cutlass.Int32,
         after: cutlass.Int32,
         m_prev: cute.Tensor,
+        own_slot: cutlass.Int32,
         s_max: cute.Tensor,
         s_col_scale: cute.Tensor,
         s_sum: cute.Tensor,
@@ -440,32 +470,58 @@ class SoftmaxRole:
         softmax_bar: pipeline.NamedBarrier,
     ):
         """New reference maxima: the tile's column maxima (masked keys as -inf when ``masked``)
-        across the 128 key lanes, joined with the running ones; lane c of each warp then writes
-        column 32 k + c's exp2 offset (layouts.exp2_offset: -maximum x scale, +inf for a column
-        with nothing visible yet) into this warp's column of s_sum, so the P pass is half a
-        packed FFMA2 per score. s_sum[:, warp] is only this warp's (it holds the column sums
-        after the loop)."""
+        across the 128 key lanes, joined with the running ones in s_max[:, parity] (shared
+        atomics); lane c of each warp then writes column 32 k + c's exp2 offset
+        (layouts.exp2_offset: -maximum x scale, +inf for a column with nothing visible yet) into
+        this warp's column of s_sum, so the P pass is half a packed FFMA2 per score.
+        s_sum[:, warp] is only this warp's (it holds the column sums after the loop)."""
         rows = self.v.rows
         acc_dtype = self.acc_dtype
-        lane_slots = (rows + 31) // 32
-        mine = cute.make_rmem_tensor(cute.make_layout(lane_slots), acc_dtype)
-        mine.fill(-acc_dtype.inf)
-        self.max_pass(
-            load_s, tStS, tSsP, stage, s_position, before, after, m_prev, mine, key0, kv_len,
-            wg_tidx, lane, masked,
-        )  # fmt: skip
-        for k in cutlass.range_constexpr(lane_slots):
-            c = k * 32 + lane
-            if c < rows:
-                cute.arch.atomic_fmax(
-                    s_max.iterator + s_max.layout((c, parity)), mine[k], sem="relaxed", scope="cta"
-                )
+        for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
+            slot0 = L.thread_slot(lane, c)
+            if cutlass.const_expr(masked):
+                position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
+            col_max = [-acc_dtype.inf] * L.THREAD_COLUMNS
+            for half in cutlass.range_constexpr(2):
+                scores = _load_scores(load_s, tStS, c, half, stage, score_shape, acc_dtype)
+                for r in cutlass.range_constexpr(L.SCORE_REGISTERS // 2):
+                    i = L.score_entry(r)
+                    value = scores[r]
+                    if cutlass.const_expr(masked):
+                        key, _ = L.score_key_column(wg_tidx, 16 * half + r)
+                        visible = X.key_in_window(key0 + key, kv_len, position[i], before, after)
+                        value = cutlass.select_(visible, value, -acc_dtype.inf)
+                    col_max[i] = cute.arch.fmax(col_max[i], value)
+            # Across the 8 lanes that hold the same columns.
+            for stride in L.COLUMN_LANE_STRIDES:
+                col_max = [
+                    cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=stride))
+                    for x in col_max
+                ]
+            if lane < 4:
+                for i in cutlass.range_constexpr(L.THREAD_COLUMNS):
+                    cute.arch.atomic_fmax(
+                        s_max.iterator + s_max.layout((slot0 + i, parity)),
+                        col_max[i],
+                        sem="relaxed",
+                        scope="cta",
+                    )
+        # With the running maxima, once per column (by its owner thread).
+        if wg_tidx < rows:
+            cute.arch.atomic_fmax(
+                s_max.iterator + s_max.layout((own_slot, parity)),
+                m_prev[0],
+                sem="relaxed",
+                scope="cta",
+            )
         softmax_bar.arrive_and_wait()
-        for k in cutlass.range_constexpr(lane_slots):
-            c = cutlass.min(k * 32 + lane, rows - 1)
-            m_new = s_max[c, parity]
-            s_sum[c, wg_warp] = L.exp2_offset(m_new, s_col_scale[c], _select_f32)
-            m_prev[k] = m_new
+        # Lane c of each warp: column 32 k + c's offset into this warp's vector.
+        for k in cutlass.range_constexpr(rows // 32):
+            slot = L.column_slot(k * 32 + lane)
+            s_sum[slot, wg_warp] = L.exp2_offset(
+                s_max[slot, parity], s_col_scale[slot], _select_f32
+            )
+        m_prev[0] = s_max[own_slot, parity]
         # Every lane's offsets before any lane reads them (the next tile's writes come after
         # softmax_bar, when no lane reads these any more).
         cute.arch.sync_warp()
@@ -473,74 +529,30 @@ class SoftmaxRole:
     @cute.jit
     def rescale_o(
         self,
-        load_s: cute.TiledCopy,
+        load_o: cute.TiledCopy,
         thr_store_o: cute.TiledCopy,
         tStO: cute.Tensor,
         tStO_dst: cute.Tensor,
-        correction: cute.Tensor,
-        chunk_shape: cute.Shape,
+        s_correction: cute.Tensor,
+        o_shape: cute.Shape,
     ):
-        """O^T[:, n] *= column n's correction, in TMEM (lane n % 32 holds it)."""
-        rows = self.v.rows
-        chunk = min(rows, 32)
+        """O^T[:, n] *= column n's correction (s_correction[n]), in TMEM."""
         for dm in cutlass.range_constexpr(self.v.d_tiles):
-            for c in cutlass.range_constexpr(rows // chunk):
-                acc = cute.make_rmem_tensor(chunk_shape, self.acc_dtype)
-                cute.copy(load_s, tStO[(None, c, 0, 0, dm)], acc)
-                for i in cutlass.range_constexpr(chunk):
-                    n = c * chunk + i
-                    acc[i] = acc[i] * cute.arch.shuffle_sync(correction[n // 32], n % 32)
+            for c in cutlass.range_constexpr(self.v.rows // L.COLUMN_CHUNK):
+                acc = cute.make_rmem_tensor(o_shape, self.acc_dtype)
+                cute.copy(load_o, tStO[(None, c, 0, 0, dm)], acc)
+                for i in cutlass.range_constexpr(L.COLUMN_CHUNK):
+                    acc[i] = acc[i] * s_correction[c * L.COLUMN_CHUNK + i]
                 cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
         cute.arch.fence_view_async_tmem_store()
-
-    @cute.jit
-    def max_pass(
-        self,
-        load_s: cute.TiledCopy,
-        tStS: cute.Tensor,
-        tSsP: cute.Tensor,
-        stage: cutlass.Int32,
-        s_position: cute.Tensor,
-        before: cutlass.Int32,
-        after: cutlass.Int32,
-        m_prev: cute.Tensor,
-        mine: cute.Tensor,
-        key0: cutlass.Int32,
-        kv_len: cutlass.Int32,
-        wg_tidx: cutlass.Int32,
-        lane: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
-        """Column maxima of this tile's scores across the warp's 32 key lanes (masked keys as
-        -inf when ``masked``); lane c keeps column 32 k + c's max with its running one (for
-        fewer than 32 columns, the lanes past them keep their running maxima)."""
-        rows = self.v.rows
-        chunk = min(rows, 32)
-        acc_dtype = self.acc_dtype
-        j = key0 + wg_tidx
-        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
-        for c in cutlass.range_constexpr(rows // chunk):
-            scores = _load_scores(load_s, tStS, c, stage, chunk_shape, acc_dtype)
-            for i in cutlass.range_constexpr(chunk):
-                n = c * chunk + i
-                value = scores[i]
-                if cutlass.const_expr(masked):
-                    visible = X.key_in_window(j, kv_len, s_position[n], before, after)
-                    value = cutlass.select_(visible, scores[i], -acc_dtype.inf)
-                col_max = cute.arch.warp_redux_sync(value, kind="fmax", nan=True)
-                if n % 32 == lane:
-                    mine[n // 32] = col_max
-        # With the running maxima once per owned column, not once per score.
-        for k in cutlass.range_constexpr((rows + 31) // 32):
-            mine[k] = cute.arch.fmax(mine[k], m_prev[k])
 
     @cute.jit
     def p_pass(
         self,
         load_s: cute.TiledCopy,
         tStS: cute.Tensor,
-        tSsP: cute.Tensor,
         s_stage: cutlass.Int32,
+        score_shape: cute.Shape,
         p_stage: cutlass.Int32,
         s_position: cute.Tensor,
         before: cutlass.Int32,
@@ -555,45 +567,54 @@ class SoftmaxRole:
         lane: cutlass.Int32,
         masked: cutlass.Constexpr,
     ):
-        """P = exp2(S x scale + offset) of this tile (0 at masked keys when ``masked``), written
-        to shared memory in fp16 (vector conversion: two values per instruction), and the
-        column sums of P (fp32): the per-tile butterfly stages, added into the lanes' running
-        partial sums ``l_part`` (layouts.partial_sums per 32 columns)."""
+        """P = exp2(S x scale + offset) of this tile (0 at masked keys when ``masked``), its fp32
+        sums added into this thread's running partial sums ``l_part`` (per chunk its 8 columns
+        over its 4 keys: one packed FADD2 per two scores), and P in fp16 (two values per
+        conversion) stored by stmatrix into shared memory at ``p_stage`` (layouts.p_offset, the
+        B operand of BMM2)."""
         rows = self.v.rows
-        chunk = min(rows, 32)
         acc_dtype = self.acc_dtype
-        j = key0 + wg_tidx
-        chunk_shape = tSsP[(None, 0, 0, 0, 0)].shape
-        for c in cutlass.range_constexpr(rows // chunk):
-            scores = _load_scores(load_s, tStS, c, s_stage, chunk_shape, acc_dtype)
-            probs32 = cute.make_rmem_tensor(chunk_shape, acc_dtype)
-            for i in cutlass.range_constexpr(0, chunk, 2):
-                n = c * chunk + i
-                args = cute.arch.fma_packed_f32x2(
-                    (scores[i], scores[i + 1]),
-                    (s_col_scale[n], s_col_scale[n + 1]),
-                    (s_sum[n, wg_warp], s_sum[n + 1, wg_warp]),
-                )
-                for h in cutlass.range_constexpr(2):
-                    p = _exp2(args[h])
-                    if cutlass.const_expr(masked):
-                        visible = X.key_in_window(j, kv_len, s_position[n + h], before, after)
-                        p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
-                    probs32[i + h] = p
-            probs = cute.make_rmem_tensor(chunk_shape, self.mma_dtype)
-            probs.store(probs32.load().to(self.mma_dtype))
-            cute.autovec_copy(probs, tSsP[(None, c, 0, 0, p_stage)])
-            part = _column_sums(
-                [probs32[i] if i < chunk else cutlass.Float32(0.0) for i in range(32)],
-                lane,
-                L.tile_sum_widths(rows),
-            )
-            partials = len(part)
-            if cutlass.const_expr(partials == 1):
-                l_part[c] = l_part[c] + part[0]
-            else:
-                for i in cutlass.range_constexpr(0, partials, 2):
-                    k = c * partials + i
+        for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
+            slot0 = L.thread_slot(lane, c)
+            # The thread's stmatrix row address of this chunk, less an immediate per store.
+            p_row = p_stage + L.p_store_base(wg_tidx, c, rows)
+            for half in cutlass.range_constexpr(2):
+                # The column constants again per half: held across both, they pushed the
+                # 128-row build past ptxas' 168 registers.
+                scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
+                offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+                if cutlass.const_expr(masked):
+                    position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
+                scores = _load_scores(load_s, tStS, c, half, s_stage, score_shape, acc_dtype)
+                probs32 = cute.make_rmem_tensor(score_shape, acc_dtype)
+                for r in cutlass.range_constexpr(0, L.SCORE_REGISTERS // 2, 2):
+                    i = L.score_entry(r)
+                    args = cute.arch.fma_packed_f32x2(
+                        (scores[r], scores[r + 1]),
+                        (scale[i], scale[i + 1]),
+                        (offset[i], offset[i + 1]),
+                    )
+                    for h in cutlass.range_constexpr(2):
+                        p = _exp2(args[h])
+                        if cutlass.const_expr(masked):
+                            key, _ = L.score_key_column(wg_tidx, 16 * half + r + h)
+                            visible = X.key_in_window(
+                                key0 + key, kv_len, position[i + h], before, after
+                            )
+                            p = cutlass.Float32(cutlass.select_(visible, p, cutlass.Float32(0.0)))
+                        probs32[r + h] = p
+                    k = c * L.THREAD_COLUMNS + i
                     l_part[k], l_part[k + 1] = cute.arch.add_packed_f32x2(
-                        (l_part[k], l_part[k + 1]), (part[i], part[i + 1])
+                        (l_part[k], l_part[k + 1]), (probs32[r], probs32[r + 1])
+                    )
+                probs = cute.make_rmem_tensor(score_shape, self.mma_dtype)
+                probs.store(probs32.load().to(self.mma_dtype))
+                words = cute.recast_tensor(probs, cutlass.Int32)
+                for block in cutlass.range_constexpr(2):
+                    _stmatrix_x4(
+                        p_row + L.p_store_step(c, half, block, rows),
+                        [
+                            words[(L.p_store_register(half, block, m) - 16 * half) // 2]
+                            for m in range(4)
+                        ],
                     )

@@ -44,7 +44,8 @@ CONVERT_STAGE_COLUMNS = ITEM_BYTES * 16 // 32
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 8..256, multiple of 8.
+    """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 32..256, a multiple of 32
+    (the softmax reads S in 32-column chunks, layouts.score_key_column).
     The page size is a run-time argument (``page_shift``, layouts.PAGE_SHIFTS: pages of 16..256
     keys), not part of a variant."""
 
@@ -125,10 +126,8 @@ class Variant:
         """Raise ValueError when the variant cannot be built."""
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds {HEAD_DIMS}")
-        if self.rows % 8 or not 8 <= self.rows <= 256:
-            raise ValueError(f"rows {self.rows}: the UMMA N must be a multiple of 8 in 8..256")
-        if self.rows > 32 and self.rows % 32:
-            raise ValueError(f"rows {self.rows}: above 32, whole 32-column softmax chunks")
+        if self.rows % 32 or not 32 <= self.rows <= 256:
+            raise ValueError(f"rows {self.rows}: whole 32-column softmax chunks in 32..256")
         check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.convert_stages < 1:
             raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
