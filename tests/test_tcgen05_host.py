@@ -608,3 +608,39 @@ def test_converter_k_registers_pair_up_and_head_dim_64_converts_dims_below_64(co
         if head_dim == 64:
             full = converter_k_maps[128, t][0]
             assert set(read) == {c for c in full if c[1] < 64}
+
+
+def _correction_exp2_host(x: np.ndarray) -> np.ndarray:
+    """layouts.correction_exp2 in float32 numpy (the kernel's ops, the power of two as ldexp)."""
+
+    def fma(a, b, c):
+        return (np.float32(a) * np.float32(b) + np.float32(c)).astype(np.float32)
+
+    def scale(p, t):
+        n = (t - np.float32(L.ROUNDING_MAGIC)).astype(np.int32)
+        return np.ldexp(p, n).astype(np.float32)
+
+    return L.correction_exp2(x.astype(np.float32), np.maximum, fma, scale)
+
+
+def test_correction_exp2_is_as_accurate_as_mufu_down_to_its_floor():
+    """The exact path's FMA-pipe exp2 (layouts.correction_exp2): within 3e-7 relative of 2^x on
+    [CORRECTION_FLOOR, 0] (MUFU.EX2's approximation is about 2 float32 ulp, 2.4e-7), exactly 1 at
+    0 (a correction of a column whose reference stayed), 2^CORRECTION_FLOOR below the floor and
+    for -inf; a planted coefficient bug fails."""
+    x = np.concatenate([np.linspace(L.CORRECTION_FLOOR, 0.0, 200001), -np.logspace(-8, 0, 1000)])
+    got = _correction_exp2_host(x).astype(np.float64)
+    want = np.exp2(x.astype(np.float32).astype(np.float64))
+    assert np.max(np.abs(got / want - 1)) < 3e-7
+    assert _correction_exp2_host(np.array([0.0]))[0] == 1.0
+    floor = np.exp2(L.CORRECTION_FLOOR)
+    assert np.all(_correction_exp2_host(np.array([-200.0, -np.inf, -3.4e38])) == floor)
+
+
+def test_correction_exp2_test_catches_a_planted_coefficient(monkeypatch):
+    coefficients = list(L.CORRECTION_EXP2)
+    coefficients[2] *= 1.001
+    monkeypatch.setattr(L, "CORRECTION_EXP2", tuple(coefficients))
+    x = np.linspace(-10.0, 0.0, 1001)
+    got = _correction_exp2_host(x).astype(np.float64)
+    assert np.max(np.abs(got / np.exp2(x) - 1)) > 3e-7

@@ -349,3 +349,38 @@ def p_store_step(chunk, half, block, rows):
     width = min(128, 2 * rows)
     atom_chunks = max(1, width // 2 // COLUMN_CHUNK)
     return (16 * half + 8 * block) * width + (chunk // atom_chunks) * KEY_TILE * width
+
+
+# The exact path's corrections, exp2 of an argument <= 0 (old minus new reference), on the FMA
+# pipe: 2^x = 2^n x p(x - n), n = x rounded to an integer (the float32 magic-number rounding),
+# p a degree-6 polynomial fit of 2^f on [-1/2, 1/2] (relative error 2e-8; about 1e-7 with float32
+# Horner steps, as accurate as MUFU.EX2's approximation). A correction multiplies a column's sums
+# and O alike, so its rounding cancels in O / l. The MUFU pipe is then P's alone, and the static
+# SASS model (which follows the path with the most MUFU work per iteration) does not count the
+# exact tiles' block on every tile. Arguments below CORRECTION_FLOOR give 2^CORRECTION_FLOOR
+# (where MUFU.EX2's flush gave 0): the old part is then at most 2^-100 of the new maximum's term.
+CORRECTION_EXP2 = (
+    1.0,
+    0.6931471824645996,
+    0.24022650718688965,
+    0.05550327152013779,
+    0.00961802527308464,
+    0.0013400441966950893,
+    0.0001546974090160802,
+)
+CORRECTION_FLOOR = -125.0
+ROUNDING_MAGIC = 12582912.0  # 1.5 x 2^23: x + it rounds x to an integer in the low mantissa bits
+
+
+def correction_exp2(x, fmax, fma, scale_by_power_of_two):
+    """2^x for x <= 0 (a correction) as the kernel computes it. ``fmax(a, b)``, ``fma(a, b, c)``
+    (float32 ops), ``scale_by_power_of_two(p, t)``: p x 2^n where n is the integer that
+    ``t = x + ROUNDING_MAGIC`` holds in its low mantissa bits (the kernel adds n << 23 to p's
+    bits)."""
+    x = fmax(x, CORRECTION_FLOOR)
+    t = x + ROUNDING_MAGIC
+    f = x - (t - ROUNDING_MAGIC)  # in [-1/2, 1/2]
+    p = CORRECTION_EXP2[-1]
+    for c in CORRECTION_EXP2[-2::-1]:
+        p = fma(p, f, c)
+    return scale_by_power_of_two(p, t)

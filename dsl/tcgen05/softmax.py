@@ -55,6 +55,30 @@ def _stmatrix_x4(address: cutlass.Int32, words, *, loc=None, ip=None):
     )
 
 
+@dsl_user_op
+def _scale_by_power_of_two(p, t, *, loc=None, ip=None) -> cutlass.Float32:
+    """p x 2^n for the integer n that t = x + layouts.ROUNDING_MAGIC holds in its low mantissa
+    bits: n << 23 added to p's bits (layouts.correction_exp2)."""
+    as_int = lambda v: llvm.bitcast(  # noqa: E731
+        cutlass.Int32.mlir_type, cutlass.Float32(v).ir_value(loc=loc, ip=ip), loc=loc, ip=ip
+    )
+    n = cutlass.Int32(as_int(t)) - cutlass.Int32(as_int(L.ROUNDING_MAGIC))
+    bits = cutlass.Int32(as_int(p)) + (n << 23)
+    return cutlass.Float32(
+        llvm.bitcast(cutlass.Float32.mlir_type, bits.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+    )
+
+
+def _correction(x):
+    """2^x (x <= 0) on the FMA pipe (layouts.correction_exp2; traced inline)."""
+    return L.correction_exp2(
+        x,
+        cute.arch.fmax,
+        lambda a, b, c: a * b + c,
+        _scale_by_power_of_two,
+    )
+
+
 def _thread_columns(vector: cute.Pointer, slot0, dtype) -> cute.Tensor:
     """The 8 entries from ``slot0`` (a multiple of 8: layouts.thread_slot, plus a multiple of
     rows for a warp's column of s_sum) of a per-column shared vector, in registers (two 16-byte
@@ -208,6 +232,9 @@ class SoftmaxRole:
         # of a chunk contiguous): log2-domain score scale and the column's query position; the
         # window's (before, after) offsets from it are the same for the whole CTA.
         k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
+        # Every column scale has this sign (the bf16 row factors are powers of two): the lazy
+        # check's monotonic shortcut (check_pass).
+        negative_scale = scale_log2 * k_scale < 0.0
         for k in cutlass.range_constexpr((rows + 127) // 128):
             n = k * 128 + wg_tidx
             if n < rows:
@@ -247,13 +274,19 @@ class SoftmaxRole:
             # per score); only when one outruns them, on masked tiles and on the first tile
             # does it take the exact column maxima and rescale O. A column with no key yet has
             # offset +inf (layouts.exp2_offset): its first visible key always takes that path.
-            # The old side of each correction (layouts.correction_old_reference).
-            old_reference = L.correction_old_reference(m_prev[0], _select_f32)
             exact = cutlass.Int32(1)
             if cutlass.select_(needs_mask, cutlass.Int32(0), s) > 0:
-                highest = self.check_pass(
-                    load_s, tStS, s_handle.index, score_shape, s_col_scale, s_sum, wg_warp, lane
-                )
+                highest = -acc_dtype.inf
+                if negative_scale:
+                    highest = self.check_pass(
+                        load_s, tStS, s_handle.index, score_shape, s_col_scale, s_sum, wg_warp,
+                        lane, True,
+                    )  # fmt: skip
+                else:
+                    highest = self.check_pass(
+                        load_s, tStS, s_handle.index, score_shape, s_col_scale, s_sum, wg_warp,
+                        lane, False,
+                    )  # fmt: skip
                 grew = cute.arch.vote_any_sync(L.rescale_needed(highest))
                 if lane == 0:
                     s_grew[wg_warp, parity] = cutlass.select_(
@@ -266,36 +299,21 @@ class SoftmaxRole:
                 if exact != 0:
                     self.exact_maxima(
                         load_s, tStS, s_handle.index, score_shape, s_position, before, after,
-                        m_prev, own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len,
-                        wg_tidx, wg_warp, lane, False, softmax_bar,
+                        m_prev, own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity,
+                        key0, kv_len, wg_tidx, wg_warp, lane, False, softmax_bar,
                     )  # fmt: skip
             elif needs_mask:
                 self.exact_maxima(
                     load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
-                    own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp,
-                    lane, True, softmax_bar,
+                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0, kv_len,
+                    wg_tidx, wg_warp, lane, True, softmax_bar,
                 )  # fmt: skip
             else:
                 self.exact_maxima(
                     load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
-                    own_slot, s_max, s_col_scale, s_sum, parity, key0, kv_len, wg_tidx, wg_warp,
-                    lane, False, softmax_bar,
+                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0, kv_len,
+                    wg_tidx, wg_warp, lane, False, softmax_bar,
                 )  # fmt: skip
-            # Thread n: column n's correction (exactly 1 where the reference stayed; finite for
-            # a column that had no key: layouts.correction_old_reference).
-            correction = _exp2((old_reference - _reference(m_prev[0])) * s_col_scale[own_slot])
-            # Only on exact tiles (elsewhere every correction is exactly 1): the corrections go
-            # to s_row_scale (spent once the column scales are set; the next exact tile writes
-            # after a softmax_bar that every warp reaches after this tile's O rescale), the
-            # running partial sums follow the new maxima, and so does O after the P pass.
-            if exact != 0:
-                if wg_tidx < rows:
-                    s_row_scale[wg_tidx] = correction
-                softmax_bar.arrive_and_wait()
-                for c in cutlass.range_constexpr(chunks):
-                    for i in cutlass.range_constexpr(L.THREAD_COLUMNS):
-                        factor = s_row_scale[c * L.COLUMN_CHUNK + L.thread_column(lane, i)]
-                        l_part[c * L.THREAD_COLUMNS + i] = l_part[c * L.THREAD_COLUMNS + i] * factor
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
             # memory (converted two at a time, stored by stmatrix), and its fp32 column sums
             # added into this thread's running partial sums.
@@ -423,26 +441,35 @@ class SoftmaxRole:
         s_sum: cute.Tensor,
         wg_warp: cutlass.Int32,
         lane: cutlass.Int32,
+        negative_scale: cutlass.Constexpr,
     ) -> cutlass.Float32:
         """The largest exp2 argument (S x scale + offset, the reference maxima's offsets of the
-        last exact tile) among this thread's scores of an unmasked tile."""
+        last exact tile) among this thread's scores of an unmasked tile. S x scale + offset
+        (one rounded FFMA) is monotonic in S, non-decreasing for a scale >= 0: the argument of
+        each column's largest score (its smallest when ``negative_scale``: the scales' sign is
+        the CTA's, from k_scale and the softmax scale) is the column's largest argument, so a
+        thread takes its 4 keys' extreme per column (FMNMX) and 8 arguments per chunk."""
         rows = self.v.rows
         acc_dtype = self.acc_dtype
+        extreme = cute.arch.fmin if cutlass.const_expr(negative_scale) else cute.arch.fmax
         highest = -acc_dtype.inf
         for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
             slot0 = L.thread_slot(lane, c)
-            scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
-            offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+            columns = [None] * L.THREAD_COLUMNS
             for half in cutlass.range_constexpr(2):
                 scores = _load_scores(load_s, tStS, c, half, stage, score_shape, acc_dtype)
-                for r in cutlass.range_constexpr(0, L.SCORE_REGISTERS // 2, 2):
+                for r in cutlass.range_constexpr(L.SCORE_REGISTERS // 2):
                     i = L.score_entry(r)
-                    args = cute.arch.fma_packed_f32x2(
-                        (scores[r], scores[r + 1]),
-                        (scale[i], scale[i + 1]),
-                        (offset[i], offset[i + 1]),
-                    )
-                    highest = cute.arch.fmax(highest, cute.arch.fmax(args[0], args[1]))
+                    columns[i] = scores[r] if columns[i] is None else extreme(columns[i], scores[r])
+            scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
+            offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+            for i in cutlass.range_constexpr(0, L.THREAD_COLUMNS, 2):
+                args = cute.arch.fma_packed_f32x2(
+                    (columns[i], columns[i + 1]),
+                    (scale[i], scale[i + 1]),
+                    (offset[i], offset[i + 1]),
+                )
+                highest = cute.arch.fmax(highest, cute.arch.fmax(args[0], args[1]))
         return highest
 
     @cute.jit
@@ -457,7 +484,9 @@ class SoftmaxRole:
         after: cutlass.Int32,
         m_prev: cute.Tensor,
         own_slot: cutlass.Int32,
+        l_part: cute.Tensor,
         s_max: cute.Tensor,
+        s_correction: cute.Tensor,
         s_col_scale: cute.Tensor,
         s_sum: cute.Tensor,
         parity: cutlass.Int32,
@@ -474,7 +503,11 @@ class SoftmaxRole:
         atomics); lane c of each warp then writes column 32 k + c's exp2 offset
         (layouts.exp2_offset: -maximum x scale, +inf for a column with nothing visible yet) into
         this warp's column of s_sum, so the P pass is half a packed FFMA2 per score.
-        s_sum[:, warp] is only this warp's (it holds the column sums after the loop)."""
+        s_sum[:, warp] is only this warp's (it holds the column sums after the loop). The
+        columns' corrections scale ``l_part`` here and go to ``s_correction`` (s_row_scale,
+        spent once the column scales are set) for rescale_o after the P pass: every warp writes
+        the same values, and the next exact tile writes only after a softmax_bar of its own,
+        which every warp reaches after this tile's O rescale."""
         rows = self.v.rows
         acc_dtype = self.acc_dtype
         for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
@@ -521,7 +554,21 @@ class SoftmaxRole:
             s_sum[slot, wg_warp] = L.exp2_offset(
                 s_max[slot, parity], s_col_scale[slot], _select_f32
             )
-        m_prev[0] = s_max[own_slot, parity]
+        # Thread n: column n's correction (finite for a column that had no key:
+        # layouts.correction_old_reference; on the FMA pipe: layouts.correction_exp2) to
+        # s_correction, where every thread reads its columns' for the running partial sums and,
+        # after the P pass, rescale_o for O.
+        m_new = s_max[own_slot, parity]
+        old_reference = L.correction_old_reference(m_prev[0], _select_f32)
+        correction = _correction((old_reference - _reference(m_new)) * s_col_scale[own_slot])
+        m_prev[0] = m_new
+        if wg_tidx < rows:
+            s_correction[wg_tidx] = correction
+        softmax_bar.arrive_and_wait()
+        for c in cutlass.range_constexpr(rows // L.COLUMN_CHUNK):
+            for i in cutlass.range_constexpr(L.THREAD_COLUMNS):
+                factor = s_correction[c * L.COLUMN_CHUNK + L.thread_column(lane, i)]
+                l_part[c * L.THREAD_COLUMNS + i] = l_part[c * L.THREAD_COLUMNS + i] * factor
         # Every lane's offsets before any lane reads them (the next tile's writes come after
         # softmax_bar, when no lane reads these any more).
         cute.arch.sync_warp()
@@ -578,13 +625,11 @@ class SoftmaxRole:
             slot0 = L.thread_slot(lane, c)
             # The thread's stmatrix row address of this chunk, less an immediate per store.
             p_row = p_stage + L.p_store_base(wg_tidx, c, rows)
+            scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
+            offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+            if cutlass.const_expr(masked):
+                position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
             for half in cutlass.range_constexpr(2):
-                # The column constants again per half: held across both, they pushed the
-                # 128-row build past ptxas' 168 registers.
-                scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
-                offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
-                if cutlass.const_expr(masked):
-                    position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
                 scores = _load_scores(load_s, tStS, c, half, s_stage, score_shape, acc_dtype)
                 probs32 = cute.make_rmem_tensor(score_shape, acc_dtype)
                 for r in cutlass.range_constexpr(0, L.SCORE_REGISTERS // 2, 2):
