@@ -625,11 +625,14 @@ class SoftmaxRole:
             slot0 = L.thread_slot(lane, c)
             # The thread's stmatrix row address of this chunk, less an immediate per store.
             p_row = p_stage + L.p_store_base(wg_tidx, c, rows)
-            scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
-            offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
-            if cutlass.const_expr(masked):
-                position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
             for half in cutlass.range_constexpr(2):
+                # The column constants once per chunk, or per half where registers are short
+                # (head_dim 256: held across both halves, they spilled at 64 rows).
+                if cutlass.const_expr(half == 0 or self.v.d_tiles > 1):
+                    scale = _thread_columns(s_col_scale.iterator, slot0, acc_dtype)
+                    offset = _thread_columns(s_sum.iterator, wg_warp * rows + slot0, acc_dtype)
+                    if cutlass.const_expr(masked):
+                        position = _thread_columns(s_position.iterator, slot0, cutlass.Int32)
                 scores = _load_scores(load_s, tStS, c, half, s_stage, score_shape, acc_dtype)
                 probs32 = cute.make_rmem_tensor(score_shape, acc_dtype)
                 for r in cutlass.range_constexpr(0, L.SCORE_REGISTERS // 2, 2):
