@@ -473,10 +473,10 @@ def built_extension() -> Path | None:
 
 @pytest.mark.skipif(built_extension() is None, reason="CUDA extension _C not built")
 def test_tool_covers_every_built_arch_and_shape(tmp_path):
-    """CI: the tool over the freshly built _C; one row per modelled arch x shape of head_dim 128
-    and a bf16 query (the other head dims and the fp16 query run other kernels of the same
+    """CI: the tool over the freshly built _C; one row per modelled arch x shape of head_dim 128,
+    a bf16 query and an e4m3 cache (the other head dims and dtypes run other kernels of the same
     code: modelling them all took 150 s of CI's 20 minutes)."""
-    narrowed = ["--head-dim", "128", "--q-dtype", "bfloat16"]
+    narrowed = ["--head-dim", "128", "--q-dtype", "bfloat16", "--kv-dtype", "float8_e4m3fn"]
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.sass_model", "--out", str(tmp_path), "--no-triton",
          *narrowed],
@@ -487,7 +487,7 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     check_schema(document)
     archs = {k.arch for k in cubins.read_library(built_extension()) if rows.gpu_for(k.arch)}
     assert archs, "no cubin for a modelled GPU in the build"
-    shapes = rows.ShapeSet(head_dims=(128,), q_dtypes=("bfloat16",))
+    shapes = rows.ShapeSet(head_dims=(128,), q_dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",))
     expected = {(arch, s.head_dim, s.q_dtype, s.kv_dtype, s.rows) for arch in archs for s in shapes}
     got = [
         (r["arch"], r["head_dim"], r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"])
