@@ -1,5 +1,6 @@
 """What every DSL family's ``Variant`` (dsl/<family>/traits.py) shares: the dtypes built, the
-variant's name, and the page-size and dtype checks. Plain Python (no DSL import).
+variant's name (and that of a kernel serving both query dtypes), and the dtype check. Plain
+Python (no DSL import).
 """
 
 Q_DTYPES = ("bfloat16", "float16")
@@ -34,13 +35,3 @@ def check_dtypes(q_dtype: str, kv_dtype: str, kv_dtypes: tuple[str, ...] = KV_DT
     the family's FP8 cache dtypes)."""
     if q_dtype not in Q_DTYPES or kv_dtype not in kv_dtypes:
         raise ValueError(f"dtypes {q_dtype}/{kv_dtype} not built")
-
-
-def check_page_and_dtypes(
-    page_size: int, q_dtype: str, kv_dtype: str, kv_dtypes: tuple[str, ...] = KV_DTYPES
-) -> None:
-    """Raise ValueError unless the page size is a power of two in 16..256 and the dtypes are
-    built (:func:`check_dtypes`)."""
-    if page_size & (page_size - 1) or not 16 <= page_size <= 256:
-        raise ValueError(f"page_size {page_size}: a power of two in 16..256")
-    check_dtypes(q_dtype, kv_dtype, kv_dtypes)
