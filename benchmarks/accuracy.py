@@ -1,16 +1,34 @@
 """Accuracy study: BF16 query over the FP8 cache (ours) vs the FP8-query route, against float64.
 
 FA3 (SM90) and FA4 (SM100) run attention over an FP8 cache by quantising Q to e4m3 as well and
-feeding P to the second matrix product in e4m3. That route is emulated here on the same cache:
-Q scaled per (sequence, KV head) by its amax and rounded to e4m3 (the granularity of FA3's
-``q_descale``); scores in float32; an online softmax over 128-key tiles, P = exp(S - running
-max) rounded to e4m3 for the PV product, the row sum taken in float32 before rounding. It leaves
-out the FP8 tensor cores' reduced-precision accumulation (vllm#23813), which only adds error.
+feeding P to the second matrix product in e4m3. That route is emulated here on the same cache,
+with Q scaled one of two ways before it is rounded to e4m3 (:data:`FP8_QUERY_ROUTES`):
+
+- ``fp8_query_static``: as vLLM 0.33's attention layer does before FLASH_ATTN runs it
+  (``QuantFP8`` with the layer's static per-tensor ``_q_scale``, 1.0 unless the checkpoint has
+  one; values saturate at the e4m3 finite max);
+- ``fp8_query_amax``: per (sequence, KV head) by its amax, the finest granularity of FA3's
+  ``q_descale`` (the best case of the route).
+
+Then scores in float32; an online softmax over 128-key tiles, P = exp(S - running max) rounded
+to e4m3 for the PV product, the row sum taken in float32 before rounding. It leaves out the FP8
+tensor cores' reduced-precision accumulation (vllm#23813), which only adds error.
+
+Run on its own (a CPU is enough: the Triton kernels then run in Triton's interpreter)::
+
+    python -m benchmarks.accuracy [--preset quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -26,6 +44,9 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = finite_max(torch.float8_e4m3fn)
 # Keys per tile of the emulated kernel's online softmax (the order of FA3's FP8 key tile).
 KEY_TILE = 128
+# The FP8-query routes by their query scale: a static per-tensor value, or None for the
+# per-(sequence, KV head) amax (see the module docstring).
+FP8_QUERY_ROUTES: dict[str, float | None] = {"fp8_query_static": 1.0, "fp8_query_amax": None}
 
 ACCURACY_KV_LENS = {
     "dry-run": (40, 300),
@@ -42,9 +63,10 @@ def accuracy_shapes(preset: str) -> list[Shape]:
     return [replace(base, kv_len=kv_len) for kv_len in ACCURACY_KV_LENS[preset]]
 
 
-def fp8_query_route(case: Case) -> torch.Tensor:
+def fp8_query_route(case: Case, q_scale: float | None = None) -> torch.Tensor:
     """The FP8-query route emulated on the case's FP8 cache: [num_tokens, num_q_heads, head_dim]
-    float32 (see the module docstring)."""
+    float32. ``q_scale``: the static per-tensor query scale, or None to scale Q per (sequence,
+    KV head) by its amax (see the module docstring)."""
     shape = case.shape
     group = shape.num_q_heads // shape.num_kv_heads
     heads = shape.num_kv_heads
@@ -60,9 +82,13 @@ def fp8_query_route(case: Case) -> torch.Tensor:
         value = sequence_kv(case.value_cache, ones, pages, shape.kv_len)
         rows = slice(seq * shape.q_len, (seq + 1) * shape.q_len)
         q = case.query[rows].float().view(shape.q_len, heads, group, shape.head_dim)
-        q_scale = q.abs().amax(dim=(0, 2, 3)).clamp_min(1e-12) / E4M3_MAX
-        q8 = (q / q_scale[None, :, None, None]).to(E4M3).float()
-        score_scale = (q_scale * case.k_scale)[:, None, None, None] * case.softmax_scale
+        if q_scale is None:
+            head_scale = q.abs().amax(dim=(0, 2, 3)).clamp_min(1e-12) / E4M3_MAX
+        else:
+            head_scale = torch.full((heads,), q_scale, device=device)
+        scaled = q / head_scale[None, :, None, None]
+        q8 = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float()
+        score_scale = (head_scale * case.k_scale)[:, None, None, None] * case.softmax_scale
         row_max = torch.full((heads, group, shape.q_len), float("-inf"), device=device)
         row_sum = torch.zeros_like(row_max)
         acc = torch.zeros((heads, group, shape.q_len, shape.head_dim), device=device)
@@ -91,14 +117,15 @@ def run_accuracy(shapes: list[Shape], ours: list[Adapter], device: torch.device)
     for shape in shapes:
         case = make_case(shape, device, seed=shape.kv_len)
         exact = attention_oracle(case, torch.float64)
-        entries.append(
-            {
-                **shape.fields(),
-                "route": "fp8_query_emulated",
-                "backend": "torch emulation",
-                "rel_err": relative_error(fp8_query_route(case), exact),
-            }
-        )
+        for route, q_scale in FP8_QUERY_ROUTES.items():
+            entries.append(
+                {
+                    **shape.fields(),
+                    "route": route,
+                    "backend": "torch emulation",
+                    "rel_err": relative_error(fp8_query_route(case, q_scale), exact),
+                }
+            )
         for adapter in ours:
             entry = {
                 **shape.fields(),
@@ -114,3 +141,96 @@ def run_accuracy(shapes: list[Shape], ours: list[Adapter], device: torch.device)
             entries.append(entry)
         del case, exact
     return entries
+
+
+def best_fp8_query_errors(entries: list[dict]) -> dict[int, float]:
+    """kv_len -> the lower relative error of the FP8-query routes (the yardstick ours is set
+    against: the route at its best)."""
+    best: dict[int, float] = {}
+    for entry in entries:
+        if entry["route"] in FP8_QUERY_ROUTES:
+            kv_len = entry["kv_len"]
+            best[kv_len] = min(best.get(kv_len, float("inf")), entry["rel_err"])
+    return best
+
+
+def write_markdown(path: Path, payload: dict) -> None:
+    """One row per kv_len: each route's relative error, and the worst of ours over the best
+    FP8-query route."""
+    entries = payload["accuracy"]
+    columns = list(FP8_QUERY_ROUTES) + sorted(
+        {e["backend"] for e in entries if e["route"] not in FP8_QUERY_ROUTES}
+    )
+    best = best_fp8_query_errors(entries)
+    shape = {k: v for k, v in entries[0].items() if k not in ("kv_len", "route", "backend")}
+    lines = [
+        f"# Accuracy: relative error against float64 on the same FP8 cache ({payload['date']})",
+        "",
+        f"Command: `{payload['command']}`. Machine: {payload['machine']}.",
+        "",
+        f"Shape: {shape['num_q_heads']}/{shape['num_kv_heads']} heads x head_dim "
+        f"{shape['head_dim']}, one sequence of q_len {shape['q_len']}, "
+        f"{'causal' if shape['causal'] else 'bidirectional'}, {shape['kv_dtype']} cache with "
+        f"per-KV-head scales, {shape['query_dtype']} query. FP8-query routes emulated in torch "
+        "(benchmarks/accuracy.py); ours through `paged_attention(backend=...)`.",
+        "",
+        "| kv_len | " + " | ".join(columns) + " | worst of ours / best FP8 route |",
+        "|---|" + "---|" * (len(columns) + 1),
+    ]
+    for kv_len in sorted(best):
+        errors = {
+            (e["route"] if e["route"] in FP8_QUERY_ROUTES else e["backend"]): e["rel_err"]
+            for e in entries
+            if e["kv_len"] == kv_len
+        }
+        ours = [errors[c] for c in columns[len(FP8_QUERY_ROUTES) :] if errors.get(c) is not None]
+        ratio = f"{max(ours) / best[kv_len]:.3f}" if ours else "-"
+        cells = " | ".join("-" if errors.get(c) is None else f"{errors[c]:.2e}" for c in columns)
+        lines.append(f"| {kv_len} | {cells} | {ratio} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.accuracy",
+        description="BF16 query over the FP8 cache (ours) vs the FP8-query routes, against "
+        "float64; runs on a CPU (Triton in its interpreter) or a GPU.",
+    )
+    parser.add_argument("--preset", choices=sorted(ACCURACY_KV_LENS), default="quick")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--backends", help="comma-separated subset of ours: cuda, triton, reference"
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        # The Triton kernels are defined at import: the interpreter needs a fresh process.
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.accuracy", *sys.argv[1:]])
+    from .peers import Ours, adapters
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    wanted = args.backends.split(",") if args.backends else None
+    ours = [a for a in adapters(device) if isinstance(a, Ours) and not a.unavailable(device)]
+    ours = [a for a in ours if wanted is None or a.name in wanted]
+    if device.type == "cuda":
+        machine = torch.cuda.get_device_name(device)
+    else:
+        machine = f"CPU ({platform.machine()}, {os.cpu_count()} cores; no GPU)"
+    payload = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "command": "python -m benchmarks.accuracy " + " ".join(sys.argv[1:]),
+        "machine": machine,
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "accuracy": run_accuracy(accuracy_shapes(args.preset), ours, device),
+    }
+    stem = f"accuracy-{args.preset}-{device.type}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    write_markdown(args.out / f"{stem}.md", payload)
+    print((args.out / f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -127,13 +127,16 @@ def test_dry_run_speedups_cover_every_peer_on_the_shape(dry_run):
 def test_dry_run_accuracy_study(dry_run):
     payload, _, _ = dry_run
     entries = payload["accuracy"]
-    fp8_route = {e["kv_len"]: e["rel_err"] for e in entries if e["route"] == "fp8_query_emulated"}
-    ours = [e for e in entries if e["route"] != "fp8_query_emulated"]
-    assert fp8_route and ours
+    routes = {(e["route"], e["kv_len"]) for e in entries if e["route"] in accuracy.FP8_QUERY_ROUTES}
+    kv_lens = {e["kv_len"] for e in entries}
+    assert routes == {(r, n) for r in accuracy.FP8_QUERY_ROUTES for n in kv_lens}
+    best = accuracy.best_fp8_query_errors(entries)
+    ours = [e for e in entries if e["route"] not in accuracy.FP8_QUERY_ROUTES]
+    assert ours
     for entry in ours:
         assert entry["rel_err"] < 5e-3, entry
-        # FP8 rounding of Q and P must show in the emulated route, or it emulates nothing.
-        assert fp8_route[entry["kv_len"]] > 10 * entry["rel_err"]
+        # FP8 rounding of Q and P must show in the emulated routes, or they emulate nothing.
+        assert best[entry["kv_len"]] > 10 * entry["rel_err"]
 
 
 def test_dry_run_writes_markdown_and_plots(dry_run):
@@ -217,14 +220,54 @@ def test_oracle_matches_sdpa_on_the_gathered_copy_and_needs_per_head_scales():
     assert relative_error(dropped, expected) > 0.05
 
 
+@pytest.mark.parametrize("q_scale", accuracy.FP8_QUERY_ROUTES.values())
 @pytest.mark.parametrize("index", [1, 2, 3])  # bidirectional, causal, q_len 1
-def test_fp8_query_route_error_comes_from_fp8_rounding_alone(index, monkeypatch):
+def test_fp8_query_route_error_comes_from_fp8_rounding_alone(index, q_scale, monkeypatch):
     shape = dataclasses.replace(shapes.dry_run()[index], kv_len=300)  # three key tiles
     case = make_case(shape, torch.device("cpu"), seed=5)
     exact = attention_oracle(case, torch.float64)
-    assert 1e-3 < relative_error(fp8_query_route(case), exact) < 0.2
+    assert 1e-3 < relative_error(fp8_query_route(case, q_scale), exact) < 0.2
     monkeypatch.setattr(accuracy, "E4M3", torch.float32)  # no FP8 rounding: exact attention
-    assert relative_error(fp8_query_route(case), exact) < 1e-5
+    assert relative_error(fp8_query_route(case, q_scale), exact) < 1e-5
+
+
+def test_static_fp8_query_scale_saturates_like_vllms_quant():
+    # A query scale far below the query's magnitude clamps Q at the e4m3 finite max, as vLLM's
+    # static QuantFP8 does: a large but finite error, never NaN (an unclamped cast gives NaN).
+    case = make_case(shapes.dry_run()[1], torch.device("cpu"), seed=5)
+    exact = attention_oracle(case, torch.float64)
+    saturated = fp8_query_route(case, q_scale=1e-3)
+    assert saturated.isfinite().all()
+    assert relative_error(saturated, exact) > 10 * relative_error(fp8_query_route(case, 1.0), exact)
+
+
+def test_accuracy_command_writes_results_that_match_its_routes(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.accuracy",
+            "--preset",
+            "dry-run",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},  # it re-executes
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads((tmp_path / "accuracy-dry-run-cpu.json").read_text())
+    assert payload["machine"].startswith("CPU") and payload["preset"] == "dry-run"
+    backends = {e["backend"] for e in payload["accuracy"]}
+    assert {"triton", "reference", "torch emulation"} <= backends
+    best = accuracy.best_fp8_query_errors(payload["accuracy"])
+    rows = (tmp_path / "accuracy-dry-run-cpu.md").read_text().splitlines()
+    for kv_len in accuracy.ACCURACY_KV_LENS["dry-run"]:
+        (row,) = [line for line in rows if line.startswith(f"| {kv_len} |")]
+        assert f"{best[kv_len]:.2e}" in row
 
 
 def test_vllm_kernel_loads_without_touching_sys_modules():
