@@ -13,6 +13,7 @@ import cutlass.pipeline as pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
@@ -262,6 +263,7 @@ class ConvertRole:
                 handle = cvt_producer.acquire_and_advance()
                 cute.copy(thr_store_v, cvt, tVtV[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
+                tcgen05_fence("before_thread_sync")  # the stores before the MMA thread's wait
                 handle.commit()
             else:
                 raw = cute.make_rmem_tensor(k_raw_shape, kv_dtype)
@@ -271,6 +273,7 @@ class ConvertRole:
                 handle = cvt_producer.acquire_and_advance()
                 cute.copy(thr_store_k, cvt, tKtK[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
+                tcgen05_fence("before_thread_sync")
                 handle.commit()
         return
 

@@ -34,6 +34,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 
 from dsl.common import indexing as X
 from dsl.common.kernel_reads import read_causal_flag
@@ -58,7 +59,9 @@ def _handoff(kind, stages: int, barrier_storage):
     """(producer, consumer) of a ``stages``-deep mbarrier pipeline between a 128-thread
     warpgroup and the one thread issuing an MMA warp's tcgen05.mma: ``PipelineAsyncUmma`` when
     the warpgroup produces (Q, converted K/V items, P), ``PipelineUmmaAsync`` when the MMA
-    does (S, O). Barriers are initialised with the CTA's first sync (``defer_sync``)."""
+    does (S, O). Barriers are initialised without a fence or sync (``defer_sync``): the kernel
+    fences all of them once (``fence.mbarrier_init``, as tcgen05.commit arrives on them from the
+    async proxy) before the CTA's first sync."""
     one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
     warpgroup = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
     producer, consumer = (
@@ -337,14 +340,23 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         p_producer, p_consumer = _handoff(pipeline.PipelineAsyncUmma, v.s_stages, p_bar)
         o_producer, o_consumer = _handoff(pipeline.PipelineUmmaAsync, 1, o_bar)
         softmax_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+        # The two MMA warps alternate on barriers 2 and 3: each arrival of one warp is waited
+        # for by the other before it arrives again (two arrivals of one warp would complete a
+        # phase alone), and each warp arrives as often as the other waits.
         mma_kq_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=64)
         mma_vp_bar = pipeline.NamedBarrier(barrier_id=3, num_threads=64)
         row_scale_bar = pipeline.NamedBarrier(barrier_id=4, num_threads=256)
         ring_bar = pipeline.NamedBarrier(barrier_id=5, num_threads=128)
+        # Softmax warpgroup -> BMM2 warp, once: the softmax's last TMEM access is done and TMEM
+        # may be freed (it stores O even when the CTA has no key tile).
+        tmem_free_bar = pipeline.NamedBarrier(barrier_id=6, num_threads=128 + 32)
+        cute.arch.mbarrier_init_fence()
 
         if warp_idx == T.MMA_KQ_WARP and not idle:
             cute.arch.alloc_tmem(v.tmem_alloc_columns, tmem_holder)
+            tcgen05_fence("before_thread_sync")
         cute.arch.sync_threads()
+        tcgen05_fence("after_thread_sync")
 
         # ---------------------------------------------------------------- TMEM tensors
         thr_mma_kq = tiled_mma_kq.get_slice(0)
@@ -432,6 +444,9 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 s_handle = s_producer.acquire_and_advance(s_token)
                 for dk in cutlass.range_constexpr(d_tiles):
                     k_handle = cvt_consumer.wait_and_advance(k_token)
+                    # The converter's tcgen05.st (and, for S, the softmax's tcgen05.ld) before
+                    # this MMA: ordered across threads by the mbarrier and the fence pair.
+                    tcgen05_fence("after_thread_sync")
                     if dk == d_tiles - 1:
                         mma_kq_bar.arrive()  # BMM2 of the previous tile may go
                     for kb in cutlass.range_constexpr(k_blocks):
@@ -450,8 +465,12 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 if s > 0:
                     for _ in cutlass.range_constexpr(d_tiles):
                         cvt_consumer.advance()  # V items of tile s - 1 belong to BMM2
-                    mma_vp_bar.arrive_and_wait()
-                    s_token = s_producer.try_acquire()
+                # BMM2 has passed the items before K of tile s + 1 (tile 0's K items, or the V
+                # items of tile s - 1): every iteration, so that this warp's next arrival on
+                # barrier 2 comes after BMM2's wait for the last one.
+                mma_vp_bar.arrive_and_wait()
+                # The S stage of the next tile, whatever the stage count.
+                s_token = s_producer.try_acquire()
         elif warp_idx == T.MMA_VP_WARP:
             tiled_mma_vp.set(tcgen05.Field.ACCUMULATE, True)
             tBsP_nk = cute.local_tile(
@@ -462,6 +481,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 for _ in cutlass.range_constexpr(d_tiles):
                     cvt_consumer.advance()  # K items of tile 0 belong to BMM1
                 mma_kq_bar.arrive_and_wait()
+                mma_vp_bar.arrive()  # BMM1's wait after tile 0
             p_token = False
             o_token = True
             for s in cutlass.range(iters):
@@ -475,8 +495,11 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 o_handle = o_producer.acquire_and_advance(o_token)
                 for dm in cutlass.range_constexpr(d_tiles):
                     v_handle = cvt_consumer.wait_and_advance(v_token)
+                    # The converter's V stores, the softmax's O stores and P hand-off.
+                    tcgen05_fence("after_thread_sync")
                     if dm == d_tiles - 1:
-                        mma_vp_bar.arrive()
+                        if s < iters - 1:
+                            mma_vp_bar.arrive()  # BMM1's wait after tile s + 1
                     for kb in cutlass.range_constexpr(cute.size(tAtV, mode=[2])):
                         cute.gemm(
                             tiled_mma_vp,
@@ -492,6 +515,10 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 o_handle.commit()
                 o_token = o_producer.try_acquire()
             o_producer.tail()
+            # Every MMA has completed (the softmax waited for the last S and O) and the softmax's
+            # last TMEM load or store is done, with or without a key tile.
+            tmem_free_bar.arrive_and_wait()
+            tcgen05_fence("after_thread_sync")
             cute.arch.relinquish_tmem_alloc_permit()
             cute.arch.dealloc_tmem(tmem_ptr, v.tmem_alloc_columns)
         # ================================================================ softmax warpgroup
@@ -541,5 +568,6 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 o_consumer,
                 softmax_bar,
                 row_scale_bar,
+                tmem_free_bar,
             )
         return

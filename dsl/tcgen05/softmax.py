@@ -14,6 +14,7 @@ import cutlass.pipeline as pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 
 from dsl.common import indexing as X
 from dsl.tcgen05 import layouts as L
@@ -174,8 +175,12 @@ class SoftmaxRole:
         o_consumer: pipeline.PipelineConsumer,
         softmax_bar: pipeline.NamedBarrier,
         row_scale_bar: pipeline.NamedBarrier,
+        tmem_free_bar: pipeline.NamedBarrier,
     ):
-        """Online softmax down the key (lane) axis of S^T, one column per query row."""
+        """Online softmax down the key (lane) axis of S^T, one column per query row. Every
+        hand-off of TMEM work to or from an MMA thread (mbarrier arrive / wait) is bracketed by
+        ``tcgen05.fence::before_thread_sync`` / ``after_thread_sync``, and the last TMEM access
+        is announced on ``tmem_free_bar`` (the BMM2 warp frees TMEM after it)."""
         rows = self.v.rows
         d_tiles = self.v.d_tiles
         acc_dtype = self.acc_dtype
@@ -265,6 +270,7 @@ class SoftmaxRole:
         for s in cutlass.range(iters):
             parity = s % 2
             s_handle = s_consumer.wait_and_advance()
+            tcgen05_fence("after_thread_sync")  # BMM1's S before the loads
             key0 = (first_tile + s) * L.KEY_TILE
             needs_mask = X.window_tile_needs_mask(
                 key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
@@ -332,13 +338,18 @@ class SoftmaxRole:
                     False,
                 )  # fmt: skip
             cute.arch.fence_view_async_shared()
+            # This tile's S loads (waited for) and, at tile 0, O's zero stores before the MMAs
+            # that the two arrivals release: BMM2 of this tile, BMM1 two tiles on.
+            tcgen05_fence("before_thread_sync")
             p_handle.commit()
             s_handle.release()  # after the second read of S
 
             if s > 0:
                 o_handle = o_consumer.wait_and_advance()
+                tcgen05_fence("after_thread_sync")
                 if exact != 0:
                     self.rescale_o(load_o, thr_store_o, tStO, tStO_dst, s_row_scale, o_shape)
+                tcgen05_fence("before_thread_sync")  # the rescale before the next BMM2
                 o_handle.release()
 
         # ---- epilogue: column sums across the 8 lanes that share each column
@@ -394,6 +405,7 @@ class SoftmaxRole:
         o_last = o_consumer.current_handle()
         if iters > 0:
             o_consumer.wait()
+            tcgen05_fence("after_thread_sync")
         for dm in cutlass.range_constexpr(d_tiles):
             d = dm * L.KEY_TILE + wg_tidx
             for c in cutlass.range_constexpr(chunks):
@@ -427,8 +439,12 @@ class SoftmaxRole:
                             cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = _output_word(
                                 value, q_is_bf16
                             )
+        # The last TMEM access of this warpgroup is behind it (O's loads here, or O's zero
+        # stores when the CTA has no key tile): TMEM may be freed.
+        tcgen05_fence("before_thread_sync")
         if iters > 0:
             o_last.release()
+        tmem_free_bar.arrive()
 
     @cute.jit
     def check_pass(
