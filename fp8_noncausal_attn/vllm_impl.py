@@ -1,0 +1,452 @@
+"""The classes of the vLLM attention backend ``FP8_NONCAUSAL`` (SPEC §8), vLLM 0.32.x and 0.33.x.
+
+:mod:`fp8_noncausal_attn.vllm_backend` registers the backend and re-exports these classes; vLLM
+imports this module when a layer selects the backend (through ``vllm_backend.CLASS_PATH``).
+
+The backend runs paged attention over vLLM's per-layer cache, logical shape
+``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (K and V side by side in the last dim,
+FP8 stored as uint8), through :class:`fp8_noncausal_attn.PagedAttention`: the metadata builder
+owns one (its split-KV workspace is allocated with the builder, which vLLM also builds inside its
+CUDA-graph memory profiling) and plans each batch once in ``build()``; each layer's ``forward``
+only runs the plan. Causal, bidirectional or mixed per request (``CommonAttentionMetadata.causal``,
+a bool or vLLM's int32 per-request buffer, read in place), with the layer's
+``_k_scale``/``_v_scale`` as dequantisation multipliers, 0-d or one per KV head of this
+tensor-parallel rank. Rows past the last request (vLLM pads ``num_actual_tokens`` under CUDA
+graphs) are written as zeros. A layer's ``sliding_window=w`` runs as the window ``(w - 1, 0)``,
+made ``(w - 1, w - 1)`` when the batch is not all causal, exactly as vLLM's FLASH_ATTN does
+(``_maybe_symmetrize_window``, the same in 0.32 and 0.33); a layer's ``sinks`` (one logit per
+query head of this rank) join each row's softmax denominator. Window and sinks run on every
+backend (the CUDA kernels, Triton, the reference on CPU).
+
+The interfaces used (``AttentionBackend.validate_configuration``,
+``AttentionImpl.do_kv_cache_update``, ``CommonAttentionMetadata.causal``, the registry) are the
+same in vLLM 0.32 and 0.33: 0.33 only adds what this backend does not use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config import get_layers_from_vllm_config
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+
+from . import config
+from .api import reshape_and_cache
+from .dispatch import BACKEND_NAMES
+from .layouts import split_kv_cache
+from .plan import PagedAttention
+from .scales import SIXTEEN_BIT_DTYPES
+from .validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_HEAD_DIMS
+
+BACKEND_NAME = config.BACKEND_NAME
+KERNEL_ENV = "FP8_NONCAUSAL_ATTN_KERNEL"
+"""Environment variable pinning the kernels the impl calls: ``auto`` (default: CUDA, else
+Triton on GPUs; the reference on CPU), ``cuda``, ``triton`` or ``reference``."""
+
+_FP8_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def kernel_backend_from_env() -> str:
+    """The kernels :data:`KERNEL_ENV` pins (default ``auto``); ValueError for an unknown name."""
+    backend = os.environ.get(KERNEL_ENV, "auto")
+    if backend not in ("auto",) + BACKEND_NAMES:
+        raise ValueError(
+            f"{KERNEL_ENV} must be one of {('auto',) + BACKEND_NAMES}, got {backend!r}"
+        )
+    return backend
+
+
+@dataclass
+class Fp8NoncausalMetadata:
+    """Per-batch metadata: views of vLLM's persistent input buffers (never copies) and the
+    batch's plan.
+
+    query_start_loc: [num_reqs + 1] int32; seq_lens: [num_reqs] int32 (KV length including the
+    new tokens); block_table: [num_reqs, max_blocks] int32; slot_mapping: [num_tokens] int64;
+    causal: a bool, or a [num_reqs] int32/bool tensor (per request, nonzero = causal).
+    max_query_len / max_seq_len are host-side upper bounds, so planning reads no device value.
+    num_actual_tokens may exceed query_start_loc[-1] (CUDA-graph padding): those rows get zeros.
+    attention / plan: the builder's :class:`PagedAttention` and this batch's plan of it for the
+    group's first sliding window; plans: one plan per distinct layer window of the group (keyed
+    by the layer's ``(w - 1, 0)`` or ``(-1, -1)``), ``plan`` among them.
+    """
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    causal: bool | torch.Tensor
+    attention: PagedAttention
+    plan: object
+    plans: dict[tuple[int, int], object]
+
+
+def symmetrize_window(window: tuple[int, int], causal: bool | torch.Tensor) -> tuple[int, int]:
+    """vLLM FLASH_ATTN's ``_maybe_symmetrize_window``: a causal window ``(w, 0)`` becomes
+    ``(w, w)`` unless the whole batch is causal (``causal`` True); a per-request tensor counts as
+    not causal, and its causal requests get ``right`` capped at 0 by their mask (SPEC §3)."""
+    non_causal = isinstance(causal, torch.Tensor) or causal is False
+    if window[0] >= 0 and window[1] == 0 and non_causal:
+        return window[0], window[0]
+    return window
+
+
+class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]):
+    """Owns the :class:`PagedAttention` (and its workspace) of its layers; plans every batch.
+
+    Sizes come from the KV-cache spec (KV heads, head size, block size), the layers' impls
+    (query heads of this rank, softmax scale, cache dtype: all layers of the group must agree),
+    the model dtype, and the scheduler's largest batch. vLLM constructs builders in
+    ``initialize_attn_backend``, also during its CUDA-graph memory profiling
+    (``_init_minimal_kv_cache_for_profiling``), so the workspace is part of what it measures.
+
+    CUDA graphs: UNIFORM_BATCH. The plan sizes grids from ``max_query_len`` and ``max_seq_len``;
+    vLLM captures with ``max_seq_len = max_model_len`` and replays a uniform batch only with its
+    captured query length, so both stay upper bounds at every replay, and the kernels derive
+    each program's key range from the real ``seq_lens`` on the device. A mixed prefill/decode
+    replay could exceed the captured ``max_query_len``, hence not ALWAYS.
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    # The plan references vLLM's persistent buffers and derives key ranges on the device, so a
+    # draft step's in-place refresh of those buffers needs nothing from us.
+    supports_draft_decode_metadata_update = True
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+        impls = [
+            layer.impl
+            for layer in layers.values()
+            if isinstance(getattr(layer, "impl", None), Fp8NoncausalAttentionImpl)
+        ]
+        if not impls:
+            raise ValueError(
+                f"{BACKEND_NAME}: none of the layers {layer_names} is an attention layer of this "
+                "backend in vLLM's static forward context"
+            )
+        shared = {(impl.num_heads, impl.scale, impl.cache_dtype(kv_cache_spec)) for impl in impls}
+        if len(shared) != 1:
+            raise ValueError(
+                f"{BACKEND_NAME}: the layers {layer_names} share one plan, so they must agree on "
+                f"(num_heads, softmax scale, cache dtype); got {sorted(shared, key=str)}"
+            )
+        num_heads, self.softmax_scale, cache_dtype = shared.pop()
+        # The window is a layer property; a group normally shares one, but may hold windowed and
+        # global layers (vLLM's FLASH_ATTN notes Gemma-3 without the hybrid KV-cache manager):
+        # build() plans once per distinct window.
+        self.layer_windows = sorted({impl.sliding_window for impl in impls})
+        # vLLM builds the model with the activation dtype as torch's default dtype.
+        model = vllm_config.model_config
+        query_dtype = model.dtype if model is not None else torch.get_default_dtype()
+        if query_dtype not in SIXTEEN_BIT_DTYPES:
+            raise ValueError(
+                f"{BACKEND_NAME} runs bfloat16/float16 activations, got model dtype {query_dtype}"
+            )
+        scheduler = vllm_config.scheduler_config
+        # The most query rows a batch can hand us: a scheduler step, a padded CUDA-graph size,
+        # or a drafter's step (every request with its block of draft tokens).
+        speculative = vllm_config.speculative_config
+        draft_rows = 1 + (getattr(speculative, "num_speculative_tokens", None) or 0)
+        max_tokens = max(
+            scheduler.max_num_batched_tokens,
+            vllm_config.compilation_config.max_cudagraph_capture_size or 0,
+            scheduler.max_num_seqs * draft_rows,
+        )
+        self.kernel_backend = kernel_backend_from_env()
+        self.attention = PagedAttention(
+            num_q_heads=num_heads,
+            num_kv_heads=kv_cache_spec.num_kv_heads,
+            head_dim=kv_cache_spec.head_size,
+            block_size=kv_cache_spec.block_size,
+            query_dtype=query_dtype,
+            cache_dtype=cache_dtype,
+            device=device,
+            max_num_seqs=max(scheduler.max_num_seqs, 1),
+            max_num_tokens=max_tokens,
+        )
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> Fp8NoncausalMetadata:
+        m = common_attn_metadata
+        plans = {
+            window: self._plan(m, symmetrize_window(window, m.causal))
+            for window in self.layer_windows
+        }
+        return Fp8NoncausalMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            query_start_loc=m.query_start_loc,
+            seq_lens=m.seq_lens,
+            block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+            causal=m.causal,
+            attention=self.attention,
+            plan=plans[self.layer_windows[0]],
+            plans=plans,
+        )
+
+    def _plan(self, m: CommonAttentionMetadata, window: tuple[int, int]):
+        return self.attention.plan(
+            m.query_start_loc, m.seq_lens, m.block_table_tensor, causal=m.causal,
+            max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len,
+            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
+            backend=self.kernel_backend, window=window,
+        )  # fmt: skip
+
+    def update_draft_decode_metadata(self, metadata: Fp8NoncausalMetadata) -> None:
+        return None
+
+
+class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
+    """Cache write and paged attention through ``fp8_noncausal_attn``'s kernels."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+        }
+        for feature, used in unsupported.items():
+            if used:
+                raise NotImplementedError(f"{BACKEND_NAME} does not support {feature}")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"{BACKEND_NAME} supports decoder attention only, got attn_type={attn_type!r}"
+            )
+        if kv_cache_dtype not in config.SUPPORTED_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"{BACKEND_NAME} supports kv_cache_dtype in {config.SUPPORTED_KV_CACHE_DTYPES}, "
+                f"got {kv_cache_dtype!r}"
+            )
+        if head_size not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(
+                f"{BACKEND_NAME} supports head sizes {SUPPORTED_HEAD_DIMS}, got {head_size}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+            or sliding_window < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"{BACKEND_NAME}: sliding_window must be None or an int >= 1, "
+                f"got {sliding_window!r}"
+            )
+        # vLLM FLASH_ATTN's convention: a decoder's window of w keys is (w - 1, 0); forward
+        # makes it symmetric when the batch is not all causal (symmetrize_window).
+        self.sliding_window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        if sinks is not None and (
+            not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (num_heads,)
+        ):
+            raise ValueError(
+                f"{BACKEND_NAME}: sinks must be a tensor [num_heads] = [{num_heads}] (this rank's "
+                f"query heads), got {getattr(sinks, 'shape', type(sinks).__name__)}"
+            )
+        # The layer's parameter itself: its values are loaded after construction, in place.
+        self.sinks = sinks
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+        # None keeps the tensor's own dtype (16-bit caches); FP8 caches arrive as uint8.
+        self._cache_view_dtype = _FP8_CACHE_DTYPES.get(kv_cache_dtype)
+        self.kernel_backend = kernel_backend_from_env()
+        # The layer's cache as (tensor, key view, value view): views are made once per tensor.
+        self._cache_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def cache_dtype(self, kv_cache_spec) -> torch.dtype:
+        """The dtype the kernels read: the FP8 format for FP8 caches, else the spec's dtype."""
+        return self._cache_view_dtype or kv_cache_spec.dtype
+
+    def _split_cache(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        views = self._cache_views
+        if views is None or views[0] is not kv_cache:
+            key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+            views = self._cache_views = (kv_cache, key_cache, value_cache)
+        return views[1], views[2]
+
+    def _scales(self, layer: AttentionLayer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The layer's K/V dequantisation multipliers, checked against this rank's KV heads.
+
+        16-bit caches take no scales, as in vLLM's own backends: a per-head checkpoint served
+        with a bfloat16 cache keeps its scales on the layer, but they must not be applied.
+        """
+        if self._cache_view_dtype is None:
+            return None, None
+        scales = (layer._k_scale, layer._v_scale)
+        for name, scale in zip(("_k_scale", "_v_scale"), scales, strict=True):
+            if scale.numel() != 1 and tuple(scale.shape) != (self.num_kv_heads,):
+                raise ValueError(
+                    f"{BACKEND_NAME}: layer.{name} has shape {list(scale.shape)}, but this "
+                    f"rank's attention has {self.num_kv_heads} KV heads. Per-head scales must "
+                    "be this tensor-parallel rank's slice ([num_kv_heads // tp_size] entries), "
+                    "or one scale for all heads."
+                )
+        return scales
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write new K/V into the cache, quantised with the layer's scales.
+
+        key, value: [num_tokens, num_kv_heads, head_size] (may be padded past slot_mapping);
+        kv_cache: [num_blocks, num_kv_heads, block_size, 2 * head_size];
+        slot_mapping: [num_actual_tokens] int64, negative entries skipped.
+        """
+        key_cache, value_cache = self._split_cache(kv_cache)
+        k_scale, v_scale = self._scales(layer)
+        num_tokens = slot_mapping.shape[0]
+        reshape_and_cache(
+            key[:num_tokens], value[:num_tokens], key_cache, value_cache, slot_mapping,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Fp8NoncausalMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Paged attention over the cache (already updated by :meth:`do_kv_cache_update`): runs
+        the batch's plan, made once by the builder.
+
+        query, output: [num_tokens, num_heads, head_size]; the first ``num_actual_tokens`` rows
+        are written, those past the last request as zeros. No device-to-host synchronisation.
+        """
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(f"{BACKEND_NAME} does not fuse output quantization")
+        if attn_metadata is None:
+            # vLLM's memory-profiling run passes no metadata.
+            return output.fill_(0)
+        key_cache, value_cache = self._split_cache(kv_cache)
+        k_scale, v_scale = self._scales(layer)
+        num_tokens = attn_metadata.num_actual_tokens
+        sinks = self.sinks
+        if sinks is not None and sinks.dtype != torch.float32:
+            sinks = sinks.float()  # gpt-oss keeps them in the model dtype; the kernels read fp32
+        attn_metadata.attention.run(
+            query[:num_tokens], key_cache, value_cache, k_scale, v_scale,
+            out=output[:num_tokens], plan=attn_metadata.plans[self.sliding_window], sinks=sinks,
+        )  # fmt: skip
+        return output
+
+
+class Fp8NoncausalAttentionBackend(AttentionBackend):
+    """``FP8_NONCAUSAL``: what ``fp8_noncausal_attn``'s kernels run, declared to vLLM's selector.
+
+    Accepted (``validate_configuration`` returns no reason): decoder attention, bf16/fp16
+    activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
+    64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
+    scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere) or none
+    (vLLM's CPU platform: the reference kernels), sliding windows and attention sinks (Triton:
+    the CUDA kernels do not run them yet).
+    Refused with vLLM's own reasons: MLA, sparse attention, multimodal prefix attention, batch
+    invariance, DCP/PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
+    and the impl refuses ALiBi and logit soft-capping.
+    """
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(config.SUPPORTED_KV_CACHE_DTYPES)
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[Fp8NoncausalAttentionImpl]:
+        return Fp8NoncausalAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[Fp8NoncausalMetadataBuilder]:
+        return Fp8NoncausalMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int]:
+        return [
+            size
+            for size in (1 << shift for shift in range(MAX_BLOCK_SIZE.bit_length()))
+            if size >= MIN_BLOCK_SIZE
+        ]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_DIMS)
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_per_head_quant_scales(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability | None) -> bool:
+        """CUDA: sm_89 and newer. None (a platform without a compute capability, such as vLLM's
+        CPU platform): True, the reference kernels run there."""
+        if capability is None:
+            return True
+        return capability >= DeviceCapability(*config.MIN_DEVICE_CAPABILITY)
