@@ -30,6 +30,14 @@ MMA_KQ_WARP = 8  # issues S^T = K Q^T (tcgen05.mma, A = K from TMEM, B = Q from 
 MMA_VP_WARP = 9  # issues O^T += V^T P (A = V^T from TMEM, B = P from smem)
 THREADS = 320
 REGISTERS_PER_THREAD = 65536 // THREADS // 8 * 8  # ptxas' cap for one CTA per SM: 200
+# The most registers per thread at which two CTAs fit one SM's register file (96). Every kernel
+# allocates all 512 TMEM columns, so a second resident CTA would sleep in tcgen05.alloc until
+# the first exits: kernels must use more (the build test checks it; shared memory does not rule
+# the second CTA out: 93 KiB at head_dim 128 x 32 rows).
+TWO_CTA_REGISTERS = 65536 // (2 * THREADS) // 8 * 8
+# S/P double buffering: BMM1 of tile s + 1 runs under the softmax of tile s. A variant whose
+# TMEM does not hold two S stages is refused (a one-stage S was never compiled).
+S_STAGES = 2
 
 LOAD_STAGES = 4  # FP8 items in flight in shared memory (cp.async ring)
 MAX_CONVERT_STAGES = 4  # fp16 items in TMEM between the converter and the MMA warps
@@ -85,9 +93,8 @@ class Variant:
 
     @property
     def s_stages(self) -> int:
-        """S/P double buffering (BMM1 of tile s+1 runs under the softmax of tile s) where TMEM
-        leaves room for it and one converted item; else one stage (head_dim 256 x 256 rows)."""
-        return 2 if 2 * self.rows + self.o_columns + CONVERT_STAGE_COLUMNS <= TMEM_COLUMNS else 1
+        """S (TMEM) and P (shared memory) stages: :data:`S_STAGES`."""
+        return S_STAGES
 
     @property
     def convert_stages(self) -> int:
@@ -130,8 +137,10 @@ class Variant:
             raise ValueError(f"rows {self.rows}: whole 32-column softmax chunks in 32..256")
         check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
         if self.convert_stages < 1:
-            raise ValueError(f"{self.name}: no TMEM column left for a converted K/V item")
-        if self.tmem_columns > TMEM_COLUMNS:
-            raise ValueError(f"{self.name}: {self.tmem_columns} TMEM columns > 512")
+            need = self.s_stages * self.rows + self.o_columns + CONVERT_STAGE_COLUMNS
+            raise ValueError(
+                f"{self.name}: {self.s_stages} S stages, O and one converted K/V item need {need} "
+                f"TMEM columns > {TMEM_COLUMNS}"
+            )
         if self.smem_bytes > SMEM_BYTES:
             raise ValueError(f"{self.name}: {self.smem_bytes} B of shared memory > {SMEM_BYTES}")
