@@ -261,6 +261,7 @@ class ConvertRole:
                 cvt = cute.make_rmem_tensor(v_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, v_cvt_shape)
                 handle = cvt_producer.acquire_and_advance()
+                tcgen05_fence("after_thread_sync")  # the MMA that read this stage before the stores
                 cute.copy(thr_store_v, cvt, tVtV[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
                 tcgen05_fence("before_thread_sync")  # the stores before the MMA thread's wait
@@ -271,6 +272,7 @@ class ConvertRole:
                 cvt = cute.make_rmem_tensor(k_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, k_cvt_shape)
                 handle = cvt_producer.acquire_and_advance()
+                tcgen05_fence("after_thread_sync")
                 cute.copy(thr_store_k, cvt, tKtK[CPY + (handle.index,)])
                 cute.arch.fence_view_async_tmem_store()
                 tcgen05_fence("before_thread_sync")

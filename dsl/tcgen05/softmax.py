@@ -324,6 +324,9 @@ class SoftmaxRole:
             # memory (converted two at a time, stored by stmatrix), and its fp32 column sums
             # added into this thread's running partial sums.
             p_handle = p_producer.acquire_and_advance()
+            # Every mbarrier wait before tcgen05 work is fenced (this one orders nothing of
+            # TMEM: S was fenced at its own wait; the rule stays checkable on the PTX).
+            tcgen05_fence("after_thread_sync")
             p_stage = p_base + p_handle.index * L.p_stage_bytes(rows)
             if needs_mask:
                 self.p_pass(
