@@ -3,6 +3,7 @@ launch loop and split merge, the extreme-scale case, and the AOT library's varia
 
 import ctypes
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -250,3 +251,74 @@ def window_left_unbounded_forgotten(token, q_len, kv_len, left, select, maximum)
 
 def window_last_key_of_q_len(token, q_len, kv_len, causal, right, select):
     return _WINDOW_LAST_KEY(token, q_len, q_len, causal, right, select)
+
+
+class PtxFlow:
+    """The control flow of a one-kernel PTX file, instruction by instruction, for the
+    synchronisation checks of the DSL kernels' kept PTX (the order the PTX memory model asks for
+    must hold on every path, which no CPU run can show). An inline-asm scope (``{ ... }``, the
+    DSL's mbarrier wait loops) is straight-line code that leaves at its end."""
+
+    def __init__(self, text: str) -> None:
+        body = text[text.index("\n{\n") + 3 : text.rindex("\n}")]
+        self.ops: list[str] = []
+        labels: dict[str, int] = {}
+        jumps: list[tuple[int, str, bool]] = []  # (op index, target label, conditional)
+        depth = 0
+        for raw in body.splitlines():
+            line = raw.split("//")[0].strip()
+            if line in ("{", "}"):
+                depth += 1 if line == "{" else -1
+                continue
+            if not line or line.startswith("."):
+                continue
+            if depth == 0 and line.endswith(":"):
+                labels[line[:-1]] = len(self.ops)
+                continue
+            if depth > 0 and (line.endswith(":") or " bra" in f" {line}"):
+                continue  # the inline scope's own wait loop
+            op = line.rstrip(";").strip()
+            branch = re.fullmatch(r"(@!?%?\w+\s+)?bra(?:\.uni)?\s+(\S+)", op)
+            if branch:
+                jumps.append((len(self.ops), branch.group(2), branch.group(1) is not None))
+            self.ops.append(op)
+        self.successors = [[i + 1] for i in range(len(self.ops))]
+        for i, op in enumerate(self.ops):
+            if op == "ret" or op == "exit":
+                self.successors[i] = []
+        for i, target, conditional in jumps:
+            self.successors[i] = ([i + 1] if conditional else []) + [labels[target]]
+
+    def find(self, pattern: str) -> list[int]:
+        """Indices of the instructions matching the regular expression ``pattern``."""
+        return [i for i, op in enumerate(self.ops) if re.match(pattern, op)]
+
+    def reaches(self, starts: list[int] | None, target: str, avoiding: str) -> bool:
+        """Whether some path from just after an instruction of ``starts`` (None: from the
+        kernel's entry) reaches an instruction matching ``target`` without passing one matching
+        ``avoiding`` (regular expressions; ``"ret"`` as target: the kernel's end)."""
+        seen: set[int] = set()
+        todo = [0] if starts is None else [s for i in starts for s in self.successors[i]]
+        while todo:
+            i = todo.pop()
+            if i in seen or i >= len(self.ops):
+                continue
+            seen.add(i)
+            if re.match(avoiding, self.ops[i]):
+                continue
+            if re.match(target, self.ops[i]):
+                return True
+            todo.extend(self.successors[i])
+        return False
+
+
+def barrier_init_problems(flow: PtxFlow) -> list[str]:
+    """An mbarrier initialisation that can reach the CTA's first sync without
+    ``fence.mbarrier_init`` (the fence that makes the inits visible to the async proxy, which
+    tcgen05.commit and cp.async arrive from); empty when there is none."""
+    inits = flow.find(r"mbarrier\.init")
+    if not inits:
+        return ["no mbarrier.init"]
+    if flow.reaches(inits, r"bar(rier)?\.sync\s+0$", r"fence\.mbarrier_init"):
+        return ["an mbarrier.init reaches bar.sync 0 without fence.mbarrier_init"]
+    return []

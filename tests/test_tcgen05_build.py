@@ -4,9 +4,10 @@ link, load the library on this CPU machine, and check the kept cubins' SASS. NEV
 nothing here launches a kernel."""
 
 import json
+import re
 
 import pytest
-from dsl_helpers import check_library_names_every_variant
+from dsl_helpers import PtxFlow, barrier_init_problems, check_library_names_every_variant
 
 from dsl import build, sass_check
 from dsl.tcgen05 import layouts as L
@@ -54,7 +55,8 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
         mmas = sass_check.count(ops, "UTCHMMA")
         assert mmas > bmm2 and (mmas - bmm2) % bmm1 == 0, (entry["symbol"], mmas)
         usage = sass_check.resource_usage(cubin)
-        assert usage["REG"] <= T.REGISTERS_PER_THREAD
+        # One CTA per SM, by registers: a second would sleep in tcgen05.alloc (all 512 columns).
+        assert T.TWO_CTA_REGISTERS < usage["REG"] <= T.REGISTERS_PER_THREAD, entry["symbol"]
 
 
 def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
@@ -96,3 +98,101 @@ def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
             f2fp, prmt = 2 * (32 - T.INTEGER_CONVERTED_WORDS), 2 * T.INTEGER_CONVERTED_WORDS
             assert counts.opcodes["F2FP.F16.E4M3.UNPACK_B"] == f2fp, b.variant.name
             assert counts.per_pipe[pipes.CONVERSION] == f2fp and ops["PRMT"] == prmt, b.variant.name
+
+
+# The softmax warpgroup's own TMEM accesses: S and O loads, O stores (32x32b; the converter stores
+# K/V with 16x256b).
+SOFTMAX_TMEM = r"tcgen05\.(ld\.|st\.sync\.aligned\.32x32b)"
+AFTER_SYNC = r"tcgen05\.fence::after_thread_sync"
+BEFORE_SYNC = r"tcgen05\.fence::before_thread_sync"
+
+
+def tmem_free_problems(flow: PtxFlow) -> list[str]:
+    """Empty when TMEM is freed only after a named barrier that the softmax warpgroup arrives
+    on after every TMEM access of its own, on every path (a CTA with no key tile included),
+    with the tcgen05 fences on both sides."""
+    dealloc = r"tcgen05\.dealloc"
+    if not flow.find(dealloc):
+        return ["no tcgen05.dealloc"]
+    accesses = flow.find(SOFTMAX_TMEM)
+    for n in sorted({int(m) for op in flow.ops for m in re.findall(r"^bar\.arrive\s+(\d+),", op)}):
+        sync, signal = rf"bar(rier)?\.sync\s+{n},", rf"bar(rier)?\.(arrive|sync)\s+{n},"
+        if flow.reaches(None, dealloc, sync) or flow.reaches(accesses, "ret", signal):
+            continue
+        problems = []
+        if flow.reaches(flow.find(sync), dealloc, AFTER_SYNC):
+            problems.append(f"bar.sync {n} reaches the dealloc without {AFTER_SYNC}")
+        if flow.reaches(accesses, rf"bar\.arrive\s+{n},", BEFORE_SYNC):
+            problems.append(f"a softmax TMEM access reaches bar.arrive {n} without {BEFORE_SYNC}")
+        return problems
+    return ["no named barrier orders every softmax TMEM access before tcgen05.dealloc"]
+
+
+def handoff_fence_problems(flow: PtxFlow) -> list[str]:
+    """Empty when every TMEM hand-off between threads is fenced: an mbarrier wait reaches a
+    tcgen05.ld / st / mma only through ``after_thread_sync``, a tcgen05.ld / st reaches an
+    mbarrier or named-barrier arrival only through ``before_thread_sync``."""
+    problems = []
+    if flow.reaches(flow.find(r"mbarrier\.try_wait"), r"tcgen05\.(ld|st|mma)\.", AFTER_SYNC):
+        problems.append(f"an mbarrier wait reaches a tcgen05 ld/st/mma without {AFTER_SYNC}")
+    if flow.reaches(flow.find(r"tcgen05\.(ld|st)\."), r"(mbarrier|bar)\.arrive", BEFORE_SYNC):
+        problems.append(f"a tcgen05 ld/st reaches an arrival without {BEFORE_SYNC}")
+    return problems
+
+
+def kept_ptx(built) -> dict[str, str]:
+    """{kernel symbol: its kept PTX} of the build."""
+    out, record = built
+    found = {}
+    for entry in record["variants"]:
+        (ptx,) = (out / entry["cubins"][0]).parent.glob("*.ptx")
+        found[entry["symbol"]] = ptx.read_text()
+    return found
+
+
+CHECKS = {
+    "barrier inits": barrier_init_problems,
+    "TMEM free": tmem_free_problems,
+    "hand-off fences": handoff_fence_problems,
+}
+# Per check, planted bugs: (regular expression, replacement) applied once to a kernel's PTX.
+PLANTED = {
+    "barrier inits": [(r"\tfence\.mbarrier_init\.release\.cluster;\n", "")],
+    "TMEM free": [
+        (r"\tbar\.sync \t6, 160;\n", ""),  # the dealloc waits for nothing
+        (r"\tbar\.arrive 6, 160;\n", ""),  # nobody signals
+        # the signal moved to the kernel's start, before the softmax's TMEM accesses
+        (
+            r"\tbar\.sync \t0;\n((?s:.*))\tbar\.arrive 6, 160;\n",
+            "\tbar.sync \t0;\n\tbar.arrive 6, 160;\n\\1",
+        ),
+        (r"\ttcgen05\.fence::after_thread_sync;\n(?=\ttcgen05\.relinquish)", ""),
+    ],
+    "hand-off fences": [
+        # the converter's fence before it hands converted items to the MMA warps
+        (
+            r"\ttcgen05\.fence::before_thread_sync;\n"
+            r"(?=\tmov\.b32\s+%r\d+, 1;\n\tmbarrier\.arrive)",
+            "",
+        ),
+        # BMM1's fence after its waits
+        (r"\ttcgen05\.fence::after_thread_sync;\n(?=\t// begin inline asm\n\tbar\.arrive 2,)", ""),
+    ],
+}
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_ptx_synchronisation_holds_on_every_path(built, check):
+    """Every kernel's kept PTX: barrier inits fenced before the first sync, TMEM freed after the
+    softmax's last access (also for a CTA without key tiles), TMEM hand-offs fenced."""
+    for symbol, text in kept_ptx(built).items():
+        assert CHECKS[check](PtxFlow(text)) == [], symbol
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_ptx_synchronisation_checks_catch_a_planted_bug(built, check):
+    text = kept_ptx(built)[f"fp8nca_{build.VARIANTS[0].kernel_name}_{T.ARCHS[0]}"]
+    for pattern, replacement in PLANTED[check]:
+        planted, found = re.subn(pattern, replacement, text, count=1)
+        assert found == 1, pattern
+        assert CHECKS[check](PtxFlow(planted)) != [], pattern
