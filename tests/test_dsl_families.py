@@ -832,6 +832,55 @@ def test_family_window_and_sinks_match_the_reference_on_its_gpu(
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
 
 
+# Every variant either family builds (wgmma's e5m2 table too, which `dsl.build --kv-dtype` adds):
+# the GPU tests run each one the family's library holds.
+BUILT_VARIANTS = [pytest.param("tcgen05", v, id=v.name) for v in build.VARIANTS] + [
+    pytest.param("wgmma", v, id=v.name) for v in build.wgmma_variants(wgmma_traits.KV_DTYPES)
+]
+ARCH_OF = {"tcgen05": tcgen05_traits.ARCHS[0], "wgmma": wgmma_traits.ARCHS[0]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,variant", BUILT_VARIANTS)
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+def test_every_built_variant_matches_the_reference_on_its_gpu(family, variant, num_splits, window):
+    """Each variant in the family's library (head_dim 64/128/256, every row count, e4m3/e5m2,
+    bf16/fp16 query) is the one its plan picks, and it agrees with the reference on a batch of:
+    a sequence whose R = q_len x group fills the variant's rows over several key tiles; one with
+    fewer rows, causal, and one with a single key tile (with 3 splits the CTAs of the later
+    splits have no key tile: they write zeros or an empty split's state, and free TMEM); padding
+    rows. The window (20, 0) makes every CTA's key range one or two tiles, so whole splits miss
+    it."""
+    gpu_family_or_skip(family)
+    library, _ = dsl_families.load_library(family)
+    name = f"{variant.name}@{ARCH_OF[family]}"
+    if name not in {v.name for v in library.variants}:
+        pytest.skip(f"{name} is not in {library.path}")
+    group = 4  # 8 query heads over 2 KV heads
+    q_len = variant.rows // group
+    case = make_case(
+        [q_len, max(1, q_len // 3), 2], [700, 37, 5], causal=[False, True, False],
+        head_dim=variant.head_dim, query_dtype=getattr(torch, variant.q_dtype),
+        cache_dtype=getattr(torch, variant.kv_dtype), padded_rows=3, device="cuda",
+        seed=variant.rows + variant.head_dim,
+    )  # fmt: skip
+    problem = problem_of(case, window=window)
+    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
+    assert plan.family == family, plan.family_reason
+    assert plan.dsl.variant.name == name
+    out = torch.full_like(problem.query, math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no run-time fallback
+        cuda_backend.run(problem, plan, out)
+    torch.cuda.synchronize()  # a hang or a fault shows here, at this variant
+    expected = fna.paged_attention(*case.args(), **case.kwargs(), window=window,
+                                   backend="reference")  # fmt: skip
+    assert torch.isfinite(out.float()).all()
+    assert torch.all(out[-3:] == 0)  # padding rows
+    assert relative_error(out, expected) <= TOLERANCE[getattr(torch, variant.q_dtype)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", sorted(GPU_FAMILIES))
 def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
