@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -70,9 +71,10 @@ def test_readme_quick_example_runs_and_computes_bidirectional_attention(capsys):
     assert fna.available_backends()["auto"]["choice"] in printed
 
 
-def test_every_python_block_in_the_readme_parses():
-    blocks = python_blocks(README.read_text())
-    assert len(blocks) >= 2
+def test_every_python_block_in_the_docs_parses():
+    api = README.parent / "docs" / "api.md"
+    blocks = python_blocks(README.read_text()) + python_blocks(api.read_text())
+    assert len(blocks) >= 3  # the quick example, and the API and plan/run forms in docs/api.md
     for block in blocks:
         ast.parse(block)
 
@@ -135,3 +137,21 @@ def test_demo_says_when_only_the_reference_ran(monkeypatch, capsys):
     if not torch.cuda.is_available():
         assert "times are CPU times of the PyTorch reference, not GPU timings" in printed
         assert "interpreter" not in printed.split("rel err vs reference")[1]
+
+
+def test_readme_accuracy_table_is_the_committed_result(tmp_path):
+    """The README's accuracy rows are those of the committed results, which are what the
+    results' own JSON renders to (so a re-run that changes a figure must change both)."""
+    from benchmarks import accuracy
+
+    results = README.parent / "benchmarks" / "results"
+    payload = json.loads((results / "accuracy-quick-cpu.json").read_text())
+    committed = (results / "accuracy-quick-cpu.md").read_text()
+    rendered = tmp_path / "accuracy.md"
+    accuracy.write_markdown(rendered, payload)
+    assert rendered.read_text() == committed
+    table = [line for line in committed.splitlines() if line.startswith("|")]
+    readme = README.read_text()
+    assert len(table) == 2 + len(accuracy.ACCURACY_KV_LENS["quick"])
+    for line in table:
+        assert line in readme.splitlines(), line
