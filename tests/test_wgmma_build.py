@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from dsl_helpers import check_library_names_every_variant
+from dsl_helpers import PtxFlow, barrier_init_problems, check_library_names_every_variant
 
 from dsl import build, sass_check
 from dsl.wgmma import sass
@@ -113,3 +113,16 @@ def test_sass_checker_reports_role_registers_above_their_setmaxnreg_limits(built
                 )
                 found = sass.problems(cubin, variant)
             assert f"{role} touches {used[role]} registers > {used[role] - 1}" in found
+
+
+def test_ptx_fences_the_barrier_inits_before_the_first_sync(built):
+    """Every kernel's kept PTX: each mbarrier init reaches the CTA's first sync only through
+    fence.mbarrier_init (the stage barriers are created with ``defer_sync``); without the fence
+    the check fails."""
+    out, record = built
+    for entry in record["variants"]:
+        (ptx,) = (out / entry["cubins"][0]).parent.glob("*.ptx")
+        text = ptx.read_text()
+        assert barrier_init_problems(PtxFlow(text)) == [], entry["symbol"]
+        planted = text.replace("fence.mbarrier_init.release.cluster;", "", 1)
+        assert planted != text and barrier_init_problems(PtxFlow(planted)) != [], entry["symbol"]
