@@ -340,9 +340,11 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         p_producer, p_consumer = _handoff(pipeline.PipelineAsyncUmma, v.s_stages, p_bar)
         o_producer, o_consumer = _handoff(pipeline.PipelineUmmaAsync, 1, o_bar)
         softmax_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
-        # The two MMA warps alternate on barriers 2 and 3: each arrival of one warp is waited
-        # for by the other before it arrives again (two arrivals of one warp would complete a
-        # phase alone), and each warp arrives as often as the other waits.
+        # The two MMA warps alternate on barriers 2 and 3, in pairs that neither warp skips:
+        # BMM1 arrives on 2 and waits on 3 once per tile and once after its last; BMM2 waits on
+        # 2 and arrives on 3 once before tile 0 and once per tile. So each arrival of one warp
+        # is waited for by the other before it arrives again (two arrivals of one warp would
+        # complete a phase alone), and each warp arrives as often as the other waits.
         mma_kq_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=64)
         mma_vp_bar = pipeline.NamedBarrier(barrier_id=3, num_threads=64)
         row_scale_bar = pipeline.NamedBarrier(barrier_id=4, num_threads=256)
@@ -466,11 +468,13 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                     for _ in cutlass.range_constexpr(d_tiles):
                         cvt_consumer.advance()  # V items of tile s - 1 belong to BMM2
                 # BMM2 has passed the items before K of tile s + 1 (tile 0's K items, or the V
-                # items of tile s - 1): every iteration, so that this warp's next arrival on
-                # barrier 2 comes after BMM2's wait for the last one.
+                # items of tile s - 1).
                 mma_vp_bar.arrive_and_wait()
                 # The S stage of the next tile, whatever the stage count.
                 s_token = s_producer.try_acquire()
+            if iters > 0:
+                mma_kq_bar.arrive()  # the pair after the last tile: BMM2 of the last tile may go
+                mma_vp_bar.arrive_and_wait()
         elif warp_idx == T.MMA_VP_WARP:
             tiled_mma_vp.set(tcgen05.Field.ACCUMULATE, True)
             tBsP_nk = cute.local_tile(
@@ -482,14 +486,17 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                     cvt_consumer.advance()  # K items of tile 0 belong to BMM1
                 mma_kq_bar.arrive_and_wait()
                 mma_vp_bar.arrive()  # BMM1's wait after tile 0
-            p_token = False
             o_token = True
             for s in cutlass.range(iters):
                 if s < iters - 1:
                     for _ in cutlass.range_constexpr(d_tiles):
                         cvt_consumer.advance()  # K items of tile s + 1
-                    mma_kq_bar.arrive_and_wait()
-                    p_token = p_consumer.try_wait()
+                # BMM1 has passed the items before V of tile s (K of tile s + 1; after its last
+                # tile, all of its items).
+                mma_kq_bar.arrive_and_wait()
+                # P of this tile, polled every tile (a token left over from the tile before
+                # would skip the wait).
+                p_token = p_consumer.try_wait()
                 v_token = cvt_consumer.try_wait()
                 p_handle = p_consumer.wait_and_advance(p_token)
                 o_handle = o_producer.acquire_and_advance(o_token)
@@ -498,8 +505,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                     # The converter's V stores, the softmax's O stores and P hand-off.
                     tcgen05_fence("after_thread_sync")
                     if dm == d_tiles - 1:
-                        if s < iters - 1:
-                            mma_vp_bar.arrive()  # BMM1's wait after tile s + 1
+                        mma_vp_bar.arrive()  # BMM1's wait after tile s + 1 (after its last)
                     for kb in cutlass.range_constexpr(cute.size(tAtV, mode=[2])):
                         cute.gemm(
                             tiled_mma_vp,
