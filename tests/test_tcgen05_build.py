@@ -140,6 +140,44 @@ def handoff_fence_problems(flow: PtxFlow) -> list[str]:
     return problems
 
 
+def mma_barrier_problems(flow: PtxFlow) -> list[str]:
+    """Empty when, on every path, the two-warp named barriers (64 threads: BMM1's a, BMM2's b,
+    a < b) are used in alternating pairs: arrive a, wait b, arrive a, ... (BMM1) or wait a,
+    arrive b, wait a, ... (BMM2), each warp ending after a whole pair. Then neither warp
+    arrives twice on a barrier before the other has waited (its wait in between needs the
+    other's arrival, which follows the other's wait), and no arrival is left unmatched at the
+    end (the warps' pair counts are then equal, or one of them would hang)."""
+    ops = {}
+    for i, op in enumerate(flow.ops):
+        m = re.match(r"bar(?:rier)?\.(sync|arrive)\s+(\d+),\s*64$", op)
+        if m:
+            ops[i] = (m.group(1), int(m.group(2)))
+    ids = sorted({n for _, n in ops.values()})
+    if len(ids) != 2:
+        return [f"two-warp named barriers {ids}, expected two"]
+    a, b = ids
+    # Automaton: state 0 (start), "A" after BMM1's arrive on a, "B" after BMM2's wait on a;
+    # "A0" / "B0" after a whole pair (accepting, like 0).
+    step = {
+        (0, ("arrive", a)): "A", ("A0", ("arrive", a)): "A", ("A", ("sync", b)): "A0",
+        (0, ("sync", a)): "B", ("B0", ("sync", a)): "B", ("B", ("arrive", b)): "B0",
+    }  # fmt: skip
+    seen, todo = set(), [(0, 0)]
+    while todo:
+        i, state = todo.pop()
+        if (i, state) in seen:
+            continue
+        seen.add((i, state))
+        if i in ops:
+            state = step.get((state, ops[i]))
+            if state is None:
+                return [f"{' '.join(map(str, ops[i]))} out of turn at PTX instruction {i}"]
+        if not flow.successors[i] and state in ("A", "B"):
+            return [f"a path ends inside a pair ({state})"]
+        todo.extend((j, state) for j in flow.successors[i])
+    return []
+
+
 def kept_ptx(built) -> dict[str, str]:
     """{kernel symbol: its kept PTX} of the build."""
     out, record = built
@@ -154,6 +192,7 @@ CHECKS = {
     "barrier inits": barrier_init_problems,
     "TMEM free": tmem_free_problems,
     "hand-off fences": handoff_fence_problems,
+    "MMA barrier order": mma_barrier_problems,
 }
 # Per check, planted bugs: (regular expression, replacement) applied once to a kernel's PTX.
 PLANTED = {
@@ -167,6 +206,11 @@ PLANTED = {
             "\tbar.sync \t0;\n\tbar.arrive 6, 160;\n\\1",
         ),
         (r"\ttcgen05\.fence::after_thread_sync;\n(?=\ttcgen05\.relinquish)", ""),
+    ],
+    "MMA barrier order": [
+        (r"\tbar\.sync \t3, 64;\n", ""),  # BMM1 arrives on 2 twice in a row
+        # BMM2's arrival after its first wait (BMM1 would wait on 3 once more than BMM2 arrives)
+        (r"(\tbar\.sync \t2, 64;\n(?:.*\n){0,4}?)\tbar\.arrive 3, 64;\n", "\\1"),
     ],
     "hand-off fences": [
         # the converter's fence before it hands converted items to the MMA warps
