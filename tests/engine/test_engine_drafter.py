@@ -1,0 +1,76 @@
+"""A non-causal DFlash drafter on FP8_NONCAUSAL inside vLLM's engine (``speculative_config``'s
+``attention_backend``, FP8 e4m3 and e5m2 drafter caches, 4 and 8 speculative tokens, full
+attention and a sliding window), against the reference run: CPU_ATTN on a bf16 cache holding
+the same K/V rounded through the same FP8 format. The target runs on CPU_ATTN in both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8_noncausal_attn.synthetic import relative_error
+
+from .models import SWA_WINDOW
+from .scenarios import DRAFTER_CASES
+
+# Relative error (Frobenius) of a request's drafter attention output in one step, backend vs
+# reference: the two compute on the same rounded values and differ in fp32 accumulation order and
+# bf16 output rounding only. A reference without the FP8 rounding lands an order above.
+ATTENTION_REL_ERROR = 1e-3
+# Drafts equal to the reference's: random drafter logits are flat, so a near-tie may flip one.
+# Only a gross error moves them (a causal reference: 90/96 and 154/192 equal); FP8 rounding
+# alone does not.
+DRAFTS_EQUAL = 0.97
+
+
+def per_request(records: list[dict], field: str) -> dict[int, torch.Tensor]:
+    """Each request's rows of ``field`` per engine step, keyed by its sequence length (which
+    names one request and step: see scenarios.DRAFTER_PROMPTS), whatever the batching."""
+    rows = {}
+    for record in records:
+        starts, seq_lens = record["key"]
+        for i, seq_len in enumerate(seq_lens):
+            if field == "drafts":  # one row of drafts per request
+                rows.setdefault(seq_len, record[field][i])
+            else:
+                rows.setdefault(seq_len, record[field][starts[i] : starts[i + 1]])
+    return rows
+
+
+def matched(backend: list[dict], reference: list[dict], field: str):
+    ours, theirs = per_request(backend, field), per_request(reference, field)
+    common = sorted(ours.keys() & theirs.keys())
+    # Steps after a draft was accepted in one run only are not in both.
+    assert len(common) >= len(ours) // 2, "the runs diverged: too few steps in common"
+    return [(ours[n], theirs[n]) for n in common]
+
+
+@pytest.mark.parametrize("case", list(DRAFTER_CASES))
+def test_drafter_runs_non_causal_on_the_backend_and_matches_the_reference(engine_runs, case):
+    fmt, k, sliding = DRAFTER_CASES[case]
+    run, ref = engine_runs[f"drafter_{case}"], engine_runs[f"drafter_{case}_ref"]
+    assert run.results["generate"] == ref.results["generate"]  # the target: CPU_ATTN in both
+    (select,) = run.kind("select")
+    assert select["selector"]["kv_cache_dtype"] == fmt
+    assert select["selector"]["use_non_causal"] and not select["reference"]
+    calls = run.kind("forward")
+    assert calls and {c["layer"] for c in calls} == {"model.layers.2.self_attn.attn"}
+    assert all(c["causal"] is False and c["kernels"] == "reference" for c in calls)
+    # Each step queries 1 + k rows per request.
+    assert all(c["output"].shape[0] % (k + 1) == 0 for c in calls)
+    if sliding:
+        # vLLM hands the layer (w - 1, 0); the plan of a non-causal batch is symmetric.
+        assert {c["window"] for c in calls} == {(SWA_WINDOW - 1, 0)}
+        assert {p["window"] for p in run.kind("plan", causal=False)} == {
+            (SWA_WINDOW - 1, SWA_WINDOW - 1)
+        }
+    errors = [relative_error(c, r) for c, r in matched(calls, ref.kind("forward"), "output")]
+    pairs = matched(run.kind("drafts"), ref.kind("drafts"), "drafts")
+    equal = sum((d == r).sum().item() for d, r in pairs)
+    total = sum(d.numel() for d, _ in pairs)
+    print(f"{case}: {len(errors)} request steps, attention rel. error max {max(errors):.2e} "
+          f"mean {sum(errors) / len(errors):.2e} (threshold {ATTENTION_REL_ERROR}); drafts "
+          f"equal {equal}/{total} (threshold {DRAFTS_EQUAL:.0%})")  # fmt: skip
+    assert max(errors) <= ATTENTION_REL_ERROR
+    assert all(d.shape == (k,) for d, _ in pairs)
+    assert equal >= DRAFTS_EQUAL * total

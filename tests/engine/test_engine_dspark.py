@@ -1,0 +1,72 @@
+"""DSpark's draft block on FP8_NONCAUSAL over an FP8 e4m3 paged cache, built as vLLM's V2 loader
+builds it (dspark_check.py), against bidirectional attention over the cache's contents."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import torch
+
+from fp8_noncausal_attn.layouts import split_kv_cache
+from fp8_noncausal_attn.synthetic import relative_error
+
+from .models import write_dspark_drafter, write_target
+from .scenarios import HERE, PLUGIN_DIR, ROOT
+
+
+def _bf16_tolerance() -> float:
+    """SPEC §7's bf16 tolerance, from the main suite's conftest (one place)."""
+    spec = importlib.util.spec_from_file_location("main_conftest", ROOT / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TOLERANCE[torch.bfloat16]
+
+
+def attention(query, keys, values, scale, causal_from: int | None) -> torch.Tensor:
+    """float64 attention of query [q, h, d] over keys/values [n, kv_h, d] (GQA); causal_from:
+    the position of the first query row (a causal mask), or None (bidirectional)."""
+    group = query.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(group, 1).double()
+    v = values.repeat_interleave(group, 1).double()
+    scores = torch.einsum("qhd,khd->hqk", query.double(), k) * scale
+    if causal_from is not None:
+        rows = torch.arange(query.shape[0])[:, None] + causal_from
+        scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > rows, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def test_dspark_draft_block_attends_bidirectionally_over_the_fp8_cache(tmp_path):
+    write_target(tmp_path / "target")
+    write_dspark_drafter(tmp_path / "dspark")
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_USE_V2_MODEL_RUNNER": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    result = subprocess.run(
+        [sys.executable, str(HERE / "dspark_check.py"), str(tmp_path), str(tmp_path / "out.pt")],
+        capture_output=True, text=True, env=env, timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    r = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert r["plan_causal"] is False and r["kernels"] == "reference" and r["hidden_finite"]
+    key_cache, value_cache = split_kv_cache(r["kv_cache"], "vllm", torch.float8_e4m3fn)
+    positions = torch.arange(r["seq_len"])
+    page, offset = (
+        r["pages"][positions // key_cache.shape[1]].long(),
+        positions % key_cache.shape[1],
+    )
+    keys = key_cache[page, offset].double() * r["k_scale"].double()
+    values = value_cache[page, offset].double() * r["v_scale"].double()
+    first = r["seq_len"] - r["block"]
+    expected = attention(r["query"], keys, values, r["scale"], None)
+    causal = attention(r["query"], keys, values, r["scale"], first)
+    error, causal_error = relative_error(r["output"], expected), relative_error(r["output"], causal)
+    tolerance = _bf16_tolerance()
+    print(f"DSpark block: rel. error {error:.4f} vs bidirectional (tolerance {tolerance}), "
+          f"{causal_error:.4f} vs causal")  # fmt: skip
+    assert error <= tolerance
+    assert causal_error > 10 * tolerance  # the mask matters: the comparison can tell
