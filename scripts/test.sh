@@ -16,6 +16,7 @@ bash scripts/setup.sh
 if [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
     bash scripts/setup_engine.sh
     start=$SECONDS
-    .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/engine tests/test_vllm_backend.py
+    # The unit tests first: they run while the engine runs (started at collection) go on.
+    .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/test_vllm_backend.py tests/engine
     echo "engine tier passed in $((SECONDS - start)) s"
 fi

@@ -125,9 +125,13 @@ class EngineRuns:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def summary(self) -> str:
+        """Each finished run's wall time."""
+        done = [f.result() for f in self._futures.values() if f.done() and not f.exception()]
+        return ", ".join(f"{run.name} {run.wall_s:.0f} s" for run in done)
 
-@pytest.fixture(scope="session")
-def engine_runs():
+
+def _start_runs() -> EngineRuns:
     import shutil
 
     from .scenarios import engine_specs
@@ -137,8 +141,31 @@ def engine_runs():
     root = ROOT / "build" / "engine-tier"
     shutil.rmtree(root, ignore_errors=True)
     plants = frozenset(filter(None, os.environ.get("FP8NCA_ENGINE_PLANT", "").split(",")))
-    runs = EngineRuns(engine_specs(root / "models", plants), root / "runs")
-    start = time.monotonic()
-    yield runs
-    runs.close()
-    print(f"\nengine runs: {time.monotonic() - start:.0f} s of wall time")
+    return EngineRuns(engine_specs(root / "models", plants), root / "runs")
+
+
+_started: dict[str, object] = {}
+
+
+def pytest_collection_finish(session):
+    """Start the engine runs once the tests that read them are collected, so that the tests
+    before them (tests/test_vllm_backend.py in the tier's command) run meanwhile."""
+    if session.config.option.collectonly or "runs" in _started:
+        return
+    if any("engine_runs" in getattr(item, "fixturenames", ()) for item in session.items):
+        _started["runs"], _started["start"] = _start_runs(), time.monotonic()
+
+
+def pytest_sessionfinish(session):
+    runs = _started.pop("runs", None)
+    if runs is not None:
+        runs.close()
+        print(f"\nengine runs: {runs.summary()}; {time.monotonic() - _started['start']:.0f} s "
+              "from their start to the session's end")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def engine_runs():
+    if "runs" not in _started:
+        _started["runs"], _started["start"] = _start_runs(), time.monotonic()
+    return _started["runs"]
