@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-# --quick must finish inside the 200 s that benchmarks/gpu_check.sh gives it, imports and the
+# --quick must finish inside the 200 s that scripts/gpu_check.sh gives it, imports and the
 # last shape (up to about 30 s with FlexAttention's compilation) included.
 QUICK_BUDGET_S = 140.0
 
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--time-budget",
         type=float,
         help="seconds after which the remaining shapes are skipped (default: "
-        f"{QUICK_BUDGET_S:.0f} for --quick, which benchmarks/gpu_check.sh gives 200 s; none else)",
+        f"{QUICK_BUDGET_S:.0f} for --quick, which scripts/gpu_check.sh gives 200 s; none else)",
     )
     return parser.parse_args(argv)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Downloads the wheels benchmarks/gpu_check.sh needs on the H200, which has no registry access,
+# Downloads the wheels scripts/gpu_check.sh needs on the H200, which has no registry access,
 # into .whl/ (git-ignored; carried to the device machine). Run here, from the repo root:
 #   benchmarks/fetch_gpu_wheels.sh
 # nvidia-cutlass is needed only for its CUTLASS/CuTe headers (the build reads

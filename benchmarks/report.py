@@ -205,7 +205,7 @@ def _prefill_goals(payload: dict, ours: list[str]) -> list[str]:
         if row["frac_of_tensor_peak"] is None:
             lines.append(
                 f"{head}; no dense 16-bit tensor peak on record for {payload['gpu']} "
-                "(benchmarks/sass_model/hardware.py), so no fraction of it"
+                "(tools/sass_model/hardware.py), so no fraction of it"
             )
             continue
         peers = [

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 
 from fp8_noncausal_attn.synthetic import relative_error
+from tools.sass_model.hardware import dense_16bit_peak
 
 from . import report
 from .accuracy import accuracy_shapes, run_accuracy
 from .inputs import Case, make_case
 from .oracle import attention_oracle
 from .peers import Adapter, Unsupported, adapters, failure_reason
-from .sass_model.hardware import dense_16bit_peak
 from .shapes import PRESETS, Shape
 from .timing import copy_bandwidth, rotation_count, time_calls
 

@@ -16,10 +16,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 
+# The static SASS model (tools/sass_model) is a tool, not part of the package: its tests run only
+# when asked for (tools/tests/, and the tests here marked sass_model).
+SASS_MODEL_ENV = "FP8NCA_SASS_MODEL"
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
+    skip_model = pytest.mark.skip(reason=f"a SASS-model test: set {SASS_MODEL_ENV}=1 to run it")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    run_model = os.environ.get(SASS_MODEL_ENV) == "1"
     for item in items:
-        if "gpu" in item.keywords:
+        if "sass_model" in item.keywords and not run_model:
+            item.add_marker(skip_model)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)

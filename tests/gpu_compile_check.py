@@ -6,7 +6,7 @@ launch is captured from the launcher itself (``triton_attention.paged_attention`
 ``triton_cache.reshape_and_cache`` on CPU tensors) and compiled with the specialisation Triton's
 JIT applies at launch (16-byte divisibility of aligned pointers and of integer arguments that are
 multiples of 16, the plan's constexprs, num_warps and num_stages): see
-``benchmarks/sass_model/triton_kernels.py``. A cubin with stack or local memory (register spills)
+``tools/sass_model/triton_kernels.py``. A cubin with stack or local memory (register spills)
 fails the check. Prints one ``... ok`` line per compiled kernel.
 
 The sliding-window and sink variants (the ``WINDOW`` / ``SINKS`` constexprs of the attention
@@ -20,10 +20,10 @@ import sys
 
 import torch
 
-from benchmarks.sass_model.triton_kernels import captured_launches, compile_launch
 from fp8_noncausal_attn import triton_attention, triton_cache
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
+from tools.sass_model.triton_kernels import captured_launches, compile_launch
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 SIXTEEN = (torch.bfloat16, torch.float16)

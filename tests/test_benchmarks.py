@@ -325,7 +325,7 @@ def test_windowed_bytes_scale_with_the_window_not_the_context():
 def test_gpu_check_runs_the_windowed_drafter():
     assert shapes.windowed_drafter() in shapes.quick()
     assert shapes.windowed_drafter(sinks=True) in shapes.full()
-    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
     assert "benchmarks.attention --quick" in script
 
 
@@ -549,7 +549,7 @@ def test_prefill_goal_is_stated_against_the_dense_tensor_peak():
 
 
 def test_dense_tensor_peak_is_the_datasheet_figure_of_that_exact_gpu():
-    from benchmarks.sass_model.hardware import dense_16bit_peak
+    from tools.sass_model.hardware import dense_16bit_peak
 
     assert dense_16bit_peak("NVIDIA H200")[0] == 989.4e12
     assert dense_16bit_peak("NVIDIA B200")[0] == 2.25e15

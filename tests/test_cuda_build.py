@@ -142,11 +142,11 @@ def test_mask_runs_only_on_tiles_that_need_it(arch):
     """The mask (causal or bidirectional bound and sliding window, csrc/mma_sync/mask.cuh) sets
     scores to -inf with FSEL inside the main loop, but in no block that every iteration runs:
     tiles that every row sees whole branch around it, so the unwindowed bidirectional loop pays
-    one comparison per tile for the window (control flow of benchmarks.sass_model)."""
+    one comparison per tile for the window (control flow of tools.sass_model)."""
     require_arch(arch)
-    from benchmarks.sass_model.cfg import ControlFlowGraph
-    from benchmarks.sass_model.pipes import is_tensor
-    from benchmarks.sass_model.sass import parse
+    from tools.sass_model.cfg import ControlFlowGraph
+    from tools.sass_model.pipes import is_tensor
+    from tools.sass_model.sass import parse
 
     def masks(graph, blocks) -> bool:
         return any(

@@ -917,10 +917,10 @@ def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
     ],
 )  # fmt: skip
 def test_gpu_check_runs_each_family_only_on_its_gpu(tmp_path, capability, expected):
-    """benchmarks/gpu_check.sh's DSL block, with nvidia-smi and its step runner stubbed."""
+    """scripts/gpu_check.sh's DSL block, with nvidia-smi and its step runner stubbed."""
     import subprocess
 
-    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     block = script[script.index("# The DSL families on their own GPU") : script.index("step demo")]
     for family in ("wgmma", "tcgen05"):
         (tmp_path / "dsl" / family).mkdir(parents=True)

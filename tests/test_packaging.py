@@ -29,7 +29,7 @@ import fp8_noncausal_attn
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_MESSAGE = "WARNING: fp8-noncausal-attn is being built WITHOUT its CUDA kernels (_C)"
 # Folders a wheel build or the test suite reads, and must therefore travel in the sdist.
-SDIST_FOLDERS = ("csrc", "python", "tests", "docs", "benchmarks", "scripts", "dsl")
+SDIST_FOLDERS = ("csrc", "python", "tests", "docs", "benchmarks", "scripts", "dsl", "tools")
 SDIST_FILES = (
     "CMakeLists.txt", "setup.py", "pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md",
     "fp8_noncausal_attn/py.typed", "requirements-test.txt", "requirements-vllm.txt",

@@ -59,8 +59,9 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
         assert T.TWO_CTA_REGISTERS < usage["REG"] <= T.REGISTERS_PER_THREAD, entry["symbol"]
 
 
+@pytest.mark.sass_model
 def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
-    """The SASS model's converter path (benchmarks/sass_model/dsl_families.py) follows the
+    """The SASS model's converter path (tools/sass_model/dsl_families.py) follows the
     page-16 case of the copies' jump table, and only it. Hand count from the cubins (per warp
     and 128-key x 128-byte item; 128 bytes = 32 words per thread): 8 cp.async (LDGSTS) with 8
     page shuffles (SHFL.IDX: 8 pages of 16 keys per tile), 8 LDSM; e4m3: 2 words on the
@@ -68,9 +69,9 @@ def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
     word: 46 conversion-pipe instructions with 9 integer words);
     e5m2: 2 PRMT per word = 64, none on the conversion pipe. Before, the model counted 16
     LDGSTS for e5m2 (the if-converted page-256 case laid out after the BRX)."""
-    from benchmarks.sass_model import dsl_families, pipes
-    from benchmarks.sass_model.cubins import read_cubin
-    from benchmarks.sass_model.roles import role_counts
+    from tools.sass_model import dsl_families, pipes
+    from tools.sass_model.cubins import read_cubin
+    from tools.sass_model.roles import role_counts
 
     out, _ = built
     # One variant per cache dtype: an item's copies and conversions do not depend on rows or

@@ -341,15 +341,3 @@ def test_bf16_rows_scaled_to_fp16_are_exact_down_to_2_pow_minus_32_of_the_row_ma
         big = np.abs(scaled) >= 2.0**-17
         assert np.array_equal(fp16[big], scaled[big])
         assert np.all(np.abs(fp16 - scaled) <= 2.0**-25)
-
-
-def test_sass_model_counts_k_and_v_per_producer_iteration():
-    """The producer's loop (kernel.producer_role) stages the K and the V item of one key tile
-    per iteration: the SASS model must divide its instructions by both items' FP8 bytes."""
-    from benchmarks.sass_model.dsl_families import family_roles
-
-    v = T.Variant(128, 2, "bfloat16")
-    roles, threads, _ = family_roles("wgmma", v)
-    per_iter = {role.name: role.kv_bytes_per_iter for role in roles}
-    assert per_iter == {"producer": 2 * v.key_tile * 128, "consumer": 2 * v.key_tile * 128}
-    assert threads == v.threads

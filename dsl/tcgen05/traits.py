@@ -43,7 +43,7 @@ LOAD_STAGES = 4  # FP8 items in flight in shared memory (cp.async ring)
 MAX_CONVERT_STAGES = 4  # fp16 items in TMEM between the converter and the MMA warps
 # 32-bit words (4 FP8 bytes) of each converter thread's 32 per item converted on the integer
 # pipe (layouts.e4m3x4_to_f16x2_scaled) rather than by F2FP: the share that balances the
-# conversion pipe against issue slots in the static SASS model (benchmarks/sass_model).
+# conversion pipe against issue slots in the static SASS model (tools/sass_model).
 INTEGER_CONVERTED_WORDS = 9
 MBARRIER_BYTES = 1024  # reserved for mbarriers, the TMEM pointer and row vectors
 # TMEM columns of one converted fp16 item (128 lanes x 128 fp16 = 64 columns of 32 bits).

@@ -134,9 +134,9 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         f"# {TITLE}",
         "",
-        "Every figure below is a PREDICTION of `python -m benchmarks.sass_model` from the compiled",
+        "Every figure below is a PREDICTION of `python -m tools.sass_model` from the compiled",
         "SASS (issue-slot model, assumptions and their sources in `sass-model.json` and",
-        "`benchmarks/sass_model/hardware.py`); nothing here was measured on a GPU.",
+        "`tools/sass_model/hardware.py`); nothing here was measured on a GPU.",
         "`instr/B` is warp-instructions per KV byte, summed over every warp of a CTA.",
         "Drafter rows (`kind` drafter) predict a fraction of HBM bandwidth. Prefill rows (`kind`",
         "prefill: non-causal q = kv, with `q_len`, `kv_len`) are compute-bound and predict",

@@ -4,7 +4,7 @@
 # family, sm_90 code on an H200), run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
 # holds the drafter acceptance shape and the windowed drafter, window 4k over a 128k context), and
 # compute-sanitizer memcheck and racecheck on a few cuda cases.
-#   benchmarks/gpu_check.sh RESULTS_DIR
+#   scripts/gpu_check.sh RESULTS_DIR
 # Needs .whl/nvidia_cutlass-4.2.0.0-*.whl (benchmarks/fetch_gpu_wheels.sh; carry ".whl").
 # Each step has its own time limit, cut to what is left of an 8-minute budget; a failed step is
 # recorded in RESULTS_DIR/summary.txt and the next one still runs. With GPU_CHECK_TARBALL=PATH
@@ -20,7 +20,7 @@
 # other GPU prints "<family>: skipped, needs an sm_XX GPU".
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RESULTS=${1:?usage: benchmarks/gpu_check.sh RESULTS_DIR}
+RESULTS=${1:?usage: scripts/gpu_check.sh RESULTS_DIR}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 SUMMARY="$RESULTS/summary.txt"

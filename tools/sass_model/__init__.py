@@ -6,5 +6,5 @@ warp-instructions per pipe per byte of KV read, adds registers / shared memory /
 predicts the fraction of HBM bandwidth an issue-slot model allows on H200 and B200. Every
 hardware assumption lives in ``hardware.py`` with its public source.
 
-Run ``python -m benchmarks.sass_model --out DIR`` (see ``__main__.py``).
+Run ``python -m tools.sass_model --out DIR`` (see ``__main__.py``).
 """

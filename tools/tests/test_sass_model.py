@@ -1,4 +1,4 @@
-"""The static SASS model (benchmarks/sass_model): loop finder, counts, occupancy, JSON schema.
+"""The static SASS model (tools/sass_model): loop finder, counts, occupancy, JSON schema.
 
 The counts are checked on SASS one can reason about by hand: a hand-written listing, and a tiny
 kernel compiled here with nvcc (skipped without nvcc) whose main loop holds exactly one global
@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.sass_model import cubins, hardware, loop_counts, occupancy, pipes, report, rows
-from benchmarks.sass_model.cfg import ControlFlowGraph
-from benchmarks.sass_model.model import bound, predict, tensor_peak_fraction
-from benchmarks.sass_model.sass import parse
-from benchmarks.sass_model.tiles import TileFacts, TileFactsError, cuda_tiles
+from tools.sass_model import cubins, hardware, loop_counts, occupancy, pipes, report, rows
+from tools.sass_model.cfg import ControlFlowGraph
+from tools.sass_model.model import bound, predict, tensor_peak_fraction
+from tools.sass_model.sass import parse
+from tools.sass_model.tiles import TileFacts, TileFactsError, cuda_tiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc") or (
     "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
 )
@@ -478,7 +478,7 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     code: modelling them all took 150 s of CI's 20 minutes)."""
     narrowed = ["--head-dim", "128", "--q-dtype", "bfloat16", "--kv-dtype", "float8_e4m3fn"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sass_model", "--out", str(tmp_path), "--no-triton",
+        [sys.executable, "-m", "tools.sass_model", "--out", str(tmp_path), "--no-triton",
          *narrowed],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -537,7 +537,7 @@ ROLE_LISTING = [
 
 
 def test_role_loops_and_per_byte_sum():
-    from benchmarks.sass_model import roles
+    from tools.sass_model import roles
 
     spec = (
         roles.Role("convert", 4, "LDGSTS", 0, 1024),
@@ -563,7 +563,7 @@ def test_tool_models_the_triton_drafter_kernel(tmp_path):
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sass_model", "--out", str(tmp_path), "--no-cuda",
+        [sys.executable, "-m", "tools.sass_model", "--out", str(tmp_path), "--no-cuda",
          "--head-dim", "64", "--rows", "32", "--q-dtype", "bfloat16",
          "--kv-dtype", "float8_e4m3fn"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -583,7 +583,7 @@ def test_tool_models_the_triton_drafter_kernel(tmp_path):
 def test_triton_rows_model_the_window_and_sink_variant(monkeypatch):
     """--triton-window / --triton-sinks launch the WINDOW / SINKS variant (no compile here)."""
     pytest.importorskip("triton")
-    from benchmarks.sass_model import triton_kernels
+    from tools.sass_model import triton_kernels
 
     compiled_launches = []
 
@@ -606,7 +606,7 @@ def test_triton_rows_launch_the_prefill_over_as_many_keys(monkeypatch):
     """A prefill shape is launched as one sequence of q = kv tokens (no compile here): its
     tile facts give R / BLOCK_M CTAs per KV head, and the row is a prefill row."""
     pytest.importorskip("triton")
-    from benchmarks.sass_model import triton_kernels
+    from tools.sass_model import triton_kernels
 
     launches = []
 
@@ -668,7 +668,7 @@ JUMP_TABLE_WORDS = [0x3F800000, 0x50, 0xC0, 0x110, 0x150]
 def test_converter_counts_one_page_specialisation_of_a_jump_table():
     """Hand count: each case copies an item with 2 LDGSTS; the plain path picker follows the
     case laid out after the BRX and counts its predicated and checked copies (4)."""
-    from benchmarks.sass_model import dsl_families, roles
+    from tools.sass_model import dsl_families, roles
 
     convert = roles.Role("convert", 4, "LDGSTS", 0, 1024)
     text = sass_listing(JUMP_TABLE_LISTING)
@@ -694,7 +694,7 @@ def test_converter_counts_one_page_specialisation_of_a_jump_table():
 
 
 def test_tcgen05_copy_signature_follows_the_page_size():
-    from benchmarks.sass_model import dsl_families
+    from tools.sass_model import dsl_families
 
     assert dsl_families.PAGE_SIZE == 16
     assert dsl_families.tcgen05_copy_signature(16) == (8, 8)  # 8 pages per 128-key tile
@@ -710,7 +710,7 @@ def test_tcgen05_head_dim_64_work_per_kv_byte():
     """Head_dim 64: a converter item carries 128 keys x 64 bytes, and BMM2 keeps M = 128 (1.5 x
     the useful MACs); head_dim 128 / 256 do exactly 2 x rows x head_dim MACs per 2 x head_dim
     bytes."""
-    from benchmarks.sass_model import dsl_families
+    from tools.sass_model import dsl_families
 
     shapes = ((64, 32, 8192, 48.0), (128, 64, 16384, 64.0), (256, 32, 16384, 32.0))
     for head_dim, per_cta, item, macs in shapes:
@@ -750,7 +750,7 @@ CONVERTER_LISTING = [
 def test_tcgen05_converter_counts_the_mean_of_its_k_and_v_items():
     """The steady-state path alone takes the cheaper K item (1 conversion); the converter's
     item is the mean of it and the V item (2 conversions, the most ring reads)."""
-    from benchmarks.sass_model import dsl_families, roles
+    from tools.sass_model import dsl_families, roles
 
     convert = roles.Role("convert", 4, "LDGSTS", 0, 8192)
     text = sass_listing(CONVERTER_LISTING)
@@ -760,3 +760,16 @@ def test_tcgen05_converter_counts_the_mean_of_its_k_and_v_items():
     assert mean.per_pipe[pipes.CONVERSION] == 1.5
     total = sum(mean.per_pipe.values())
     assert (sum(alone.per_pipe.values()), total) == (9, (9 + 10) / 2)  # K path 9, V path 10
+
+
+def test_sass_model_counts_k_and_v_per_producer_iteration():
+    """The producer's loop (kernel.producer_role) stages the K and the V item of one key tile
+    per iteration: the SASS model must divide its instructions by both items' FP8 bytes."""
+    from dsl.wgmma import traits as wgmma_traits
+    from tools.sass_model.dsl_families import family_roles
+
+    v = wgmma_traits.Variant(128, 2, "bfloat16")
+    roles, threads, _ = family_roles("wgmma", v)
+    per_iter = {role.name: role.kv_bytes_per_iter for role in roles}
+    assert per_iter == {"producer": 2 * v.key_tile * 128, "consumer": 2 * v.key_tile * 128}
+    assert threads == v.threads

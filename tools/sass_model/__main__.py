@@ -1,4 +1,4 @@
-"""``python -m benchmarks.sass_model --out DIR``: PREDICTED HBM-bandwidth fractions from SASS.
+"""``python -m tools.sass_model --out DIR``: PREDICTED HBM-bandwidth fractions from SASS.
 
 Models the attention kernels of the built extension (default: the package's ``_C``) and the
 Triton drafter kernel compiled as launched for sm_90 and sm_100, for the drafter shapes (a
@@ -52,7 +52,7 @@ def default_extension() -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.sass_model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.sass_model", description=__doc__)
     parser.add_argument("--out", required=True, help="directory for sass-model.json / .md")
     parser.add_argument(
         "--build", action="append", default=[], metavar="LABEL=PATH",
