@@ -1,28 +1,22 @@
 // pybind11 module fp8_noncausal_attn._C: the CUDA kernels from raw device pointers, the plan
-// function, version queries, and host hooks that run the kernels' own index maps and cache
-// quantisation on the CPU (tests/test_cuda_kernel_emulation.py). Taking integers (pointers,
-// strides, the stream handle) rather than torch tensors keeps the extension independent of the
-// torch build it runs next to.
+// function, and version queries. Taking integers
+// (pointers, strides, the stream handle) rather than torch tensors keeps the extension
+// independent of the torch build it runs next to. The tests' CPU hooks into the kernels' index
+// maps are a separate module (tests/ext/host_hooks.cpp), not shipped.
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "cache/quantize.h"
 #include "cache/reshape_and_cache.h"
 #include "cascade/merge.h"
-#include "cascade/merge_row.h"
-#include "common/index_tensors.h"
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/plan.h"
-#include "mma_sync/fp8_bits.h"
 #include "mma_sync/index_maps.h"
 
 namespace py = pybind11;
@@ -107,6 +101,9 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   const fp8nca::Plan p = fp8nca::make_plan(plan_input(
       num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype, max_seqlen_q,
       max_seqlen_k, resident_ctas, num_splits, window_left, window_right, causal));
+  namespace m = fp8nca::mma_sync;
+  const int group = num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
+  const int rows_in_tile = std::min(std::max(max_seqlen_q, 1) * group, p.block_m);
   py::dict d;
   d["family"] = "mma_sync";
   // The kernel the launch runs: its demangled name is kernel_name<head_dim, QT, KV>.
@@ -121,6 +118,9 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   d["grid"] = py::make_tuple(p.grid_x, p.grid_y, p.grid_z);
   d["ws_o_elems"] = p.ws_o_elems;
   d["ws_lse_elems"] = p.ws_lse_elems;
+  // Warps sharing one key tile in the longest sequence's CTAs (the key-group split).
+  d["key_groups"] = m::key_groups(
+      m::tile_shape(head_dim, fp8nca::dtype_bytes(kv_dtype), p.block_m), rows_in_tile);
   return d;
 }
 
@@ -129,9 +129,7 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
 int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype, int block_m) {
   const DeviceGuard guard(device);
   int ctas = 0;
-  check(fp8nca::ctas_per_sm(fp8nca::Family::kMmaSync, head_dim, block_m, q_dtype, kv_dtype,
-                            &ctas),
-        "occupancy query");
+  check(fp8nca::ctas_per_sm(head_dim, block_m, q_dtype, kv_dtype, &ctas), "occupancy query");
   return ctas;
 }
 
@@ -301,164 +299,6 @@ int driver_version() {
   return version;
 }
 
-// --- host hooks: the kernels' own maps, compiled for the CPU ----------------------------------
-
-std::vector<uint32_t> quantize_host(const std::vector<float>& values, float scale, int dtype) {
-  std::vector<uint32_t> codes;
-  codes.reserve(values.size());
-  for (const float x : values) codes.push_back(fp8nca::cache::quantize(x, scale, dtype));
-  return codes;
-}
-
-// (q_start, q_len, kv_len, causal) of every sequence and the first padded row, read from host
-// (CPU) copies of the index tensors by the functions the kernels read them with.
-py::tuple sequences_host(std::uintptr_t cu_seqlens_q, int64_t cu_stride, std::uintptr_t seq_lens,
-                         int64_t sl_stride, std::uintptr_t causal_per_seq, int causal_bytes,
-                         int64_t causal_stride, bool causal, int num_seqs) {
-  fp8nca::AttnParams p{};
-  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
-  p.cu_stride = cu_stride;
-  p.seq_lens = ptr<const int32_t>(seq_lens);
-  p.sl_stride = sl_stride;
-  p.causal_per_seq = ptr<const void>(causal_per_seq);
-  p.causal_bytes = causal_bytes;
-  p.causal_stride = causal_stride;
-  p.causal = causal ? 1 : 0;
-  py::list seqs;
-  for (int s = 0; s < num_seqs; ++s) {
-    const int q_start = fp8nca::cu_seqlens_at(p, s);
-    seqs.append(py::make_tuple(q_start, fp8nca::cu_seqlens_at(p, s + 1) - q_start,
-                               fp8nca::seq_len_at(p, s), fp8nca::seq_is_causal(p, s)));
-  }
-  return py::make_tuple(seqs, fp8nca::cu_seqlens_at(p, num_seqs));
-}
-
-// One row of the split-KV merge by merge.cu's own arithmetic (merge_row.h): partials
-// o[split][d], lse[split] (log2), the sink in log2 units (-inf: none).
-std::vector<float> merge_row_host(const std::vector<std::vector<float>>& o,
-                                  const std::vector<float>& lse, float sink) {
-  const int splits = static_cast<int>(lse.size());
-  if (splits < 1 || o.size() != lse.size()) {
-    throw std::invalid_argument("merge_row: one partial row and one lse per split");
-  }
-  const size_t dims = o[0].size();
-  std::vector<float> flat;
-  for (const auto& row : o) {
-    if (row.size() != dims) throw std::invalid_argument("merge_row: rows of unequal length");
-    flat.insert(flat.end(), row.begin(), row.end());
-  }
-  const fp8nca::MergeScale scale = fp8nca::merge_scale(lse.data(), 1, splits, sink);
-  std::vector<float> merged(dims);
-  for (size_t d = 0; d < dims; ++d) {
-    merged[d] = fp8nca::merge_element(flat.data() + d, static_cast<int64_t>(dims), lse.data(), 1,
-                                      splits, scale);
-  }
-  return merged;
-}
-
-// A map sampled at every index of [0, n) x [0, rest)...: nested Python lists, outermost index
-// first (table(f, 2, 4)[i][j] == f(i, j)).
-template <typename F>
-py::list table(const F& f, int n) {
-  py::list out;
-  for (int i = 0; i < n; ++i) out.append(py::cast(f(i)));
-  return out;
-}
-
-template <typename F, typename... Rest>
-py::list table(const F& f, int n, Rest... rest) {
-  py::list out;
-  for (int i = 0; i < n; ++i) {
-    out.append(table([&f, i](auto... inner) { return f(i, inner...); }, rest...));
-  }
-  return out;
-}
-
-py::dict mma_sync_tables(int head_dim, int elt, int block_m) {
-  namespace m = fp8nca::mma_sync;
-  const m::TileShape s = m::tile_shape(head_dim, elt, block_m);
-  const m::TileShape c = m::compute_shape(head_dim, block_m);
-  py::dict d;
-  for (const auto& [name, value] :
-       {std::pair<const char*, int>{"head_dim", s.head_dim}, {"elt", s.elt},
-        {"block_m", s.block_m}, {"warps", s.warps}, {"threads", s.threads},
-        {"block_n", s.block_n}, {"units", s.units}, {"e", s.e},
-        {"steps_per_unit", s.steps_per_unit}, {"groups", s.groups},
-        {"k_row", s.k_row}, {"v_row", s.v_row}, {"nt", s.nt}, {"ot", s.ot},
-        {"max_key_groups", s.max_key_groups}, {"stage_bytes", s.stage_bytes},
-        {"copy_slots", m::copy_slots(s)}, {"copy_row_step", m::copy_row_step(s)},
-        {"stages", s.stages}, {"q_bytes", s.q_bytes}, {"wide_bytes", s.wide_bytes},
-        {"smem", s.smem}}) {
-    d[name] = value;
-  }
-  const int slots = s.block_n * s.units;
-  // Tile copy: slot -> (key row, unit) and the unit's K / V stage offsets.
-  d["copy"] = table([&](int slot) {
-    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    return std::vector<int>{r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)};
-  }, slots);
-  // FP8 tiles: slot -> (K, V unit offsets in the FP8 stage, then the two 16-bit units of the
-  // dequantised tile each lands in: K unit 0, K unit 1, V unit 0, V unit 1).
-  d["dequant"] = table([&](int slot) {
-    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    return std::vector<int>{m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 1)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 1))};
-  }, elt == 1 ? slots : 0);
-  d["qk_dim"] = table([&](int g, int kk, int t) { return m::qk_dim(s, g, kk, t); }, s.groups,
-                      s.steps_per_unit, 4);
-  d["k_frag"] = table([&](int j, int g, int lane) { return m::k_frag_offset(s, j, g, lane); },
-                      s.nt, s.groups, 32);
-  // ldmatrix.x4.trans row addresses of the P V operand, [kk][jp][lane]
-  d["v_ldsm"] = table([&](int kk, int jp, int lane) { return m::v_ldsm_offset(s, kk, jp, lane); },
-                      s.block_n / 16, s.ot / 2, 32);
-  d["out_dim"] = table([](int j, int t) { return m::out_dim(j, t); }, s.ot, 4);
-  return d;
-}
-
-// The key-range maps of index_maps.h (window, mask, tiles, splits) as tuples: KeyRange as
-// (first, n_keys, free_first, free_count), RowKeys as (lo, hi), TileRange as (begin, end).
-using KeyTuple = std::tuple<int, int, int, int>;
-using PairTuple = std::pair<int, int>;
-
-fp8nca::mma_sync::KeyRange key_range(const KeyTuple& k) {
-  return {std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k)};
-}
-
-void def_key_range_hooks(py::module_& host) {
-  namespace ms = fp8nca::mma_sync;
-  host.def("row_keys", [](int left, int right, bool causal, int kv_len, int q_len, int row,
-                          int group) {
-    const ms::RowKeys r = ms::row_keys({left, right}, causal, kv_len, q_len, row, group);
-    return PairTuple{r.lo, r.hi};
-  }, py::arg("left"), py::arg("right"), py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
-     py::arg("row"), py::arg("group"), "Keys [lo, hi] one row sees (mask and window).");
-  host.def("key_visible", [](const PairTuple& r, int key) {
-    return ms::key_visible({r.first, r.second}, key);
-  }, py::arg("row_keys"), py::arg("key"), "The mask's per-element test.");
-  host.def("cta_keys", [](int left, int right, bool causal, int kv_len, int q_len, int row0,
-                          int last_row, int group, int block_n) {
-    const ms::KeyRange k =
-        ms::cta_keys({left, right}, causal, kv_len, q_len, row0, last_row, group, block_n);
-    return KeyTuple{k.first, k.n_keys, k.free_first, k.free_count};
-  }, py::arg("left"), py::arg("right"), py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
-     py::arg("row0"), py::arg("last_row"), py::arg("group"), py::arg("block_n"),
-     "A CTA's keys: (first, n_keys, free_first, free_count).");
-  host.def("tile_needs_mask", [](const KeyTuple& k, int n0) {
-    return ms::tile_needs_mask(key_range(k), n0);
-  }, py::arg("keys"), py::arg("n0"));
-  host.def("cta_tiles", [](const KeyTuple& k, int block_n) {
-    const ms::TileRange r = ms::cta_tiles(key_range(k), block_n);
-    return PairTuple{r.begin, r.end};
-  }, py::arg("keys"), py::arg("block_n"));
-  host.def("split_tiles", [](const PairTuple& tiles, int num_splits, int split) {
-    const ms::TileRange r = ms::split_tiles({tiles.first, tiles.second}, num_splits, split);
-    return PairTuple{r.begin, r.end};
-  }, py::arg("tiles"), py::arg("num_splits"), py::arg("split"));
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -509,41 +349,4 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
-
-  py::module_ host = m.def_submodule(
-      "host", "The kernels' own maps compiled for the CPU, for tests without a GPU.");
-  host.def("quantize", &quantize_host, py::arg("values"), py::arg("scale"), py::arg("dtype"),
-           "Cache-write codes (bit patterns) of fp32 values divided by scale.");
-  host.def("sequences", &sequences_host, py::arg("cu_seqlens_q"), py::arg("cu_stride"),
-           py::arg("seq_lens"), py::arg("sl_stride"), py::arg("causal_per_seq"),
-           py::arg("causal_bytes"), py::arg("causal_stride"), py::arg("causal"),
-           py::arg("num_seqs"),
-           "Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, from CPU "
-           "index tensors read as the kernels read them.");
-  host.def("merge_row", &merge_row_host, py::arg("o"), py::arg("lse"), py::arg("sink"),
-           "One row of the split-KV merge by the merge kernel's arithmetic (merge_row.h): "
-           "partials o[split][dim], log2 lse[split], the log2 sink (-inf: none).");
-  host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
-           py::arg("block_m") = fp8nca::mma_sync::kBlockM,
-           "Tile shape and shared-memory / fragment index maps of the mma.sync family (tile of "
-           "block_m query rows).");
-  namespace ms = fp8nca::mma_sync;
-  host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
-  host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("kv_dtype"));
-  host.def("fp8x4_to_bf16x2_scaled", [](uint32_t w, int kv_dtype) {
-    return py::make_tuple(ms::fp8x4_even_to_bf16x2_scaled(w, kv_dtype),
-                          ms::fp8x4_odd_to_bf16x2_scaled(w, kv_dtype),
-                          ms::fp8_to_bf16_scale(kv_dtype));
-  }, py::arg("word"), py::arg("kv_dtype"));
-  host.def("fp8x4_special_bits", &ms::fp8x4_special_bits, py::arg("word"), py::arg("kv_dtype"));
-  host.def("e5m2x4_to_f16x2", [](uint32_t w) {
-    return py::make_tuple(ms::e5m2x4_low_to_f16x2(w), ms::e5m2x4_high_to_f16x2(w));
-  }, py::arg("word"));
-  host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
-  host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
-  host.def("key_groups", [](int head_dim, int elt, int rows_in_tile, int block_m) {
-    return ms::key_groups(ms::tile_shape(head_dim, elt, block_m), rows_in_tile);
-  }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"),
-     py::arg("block_m") = ms::kBlockM);
-  def_key_range_hooks(host);
 }

@@ -1,25 +1,26 @@
 """Lane-level CPU emulation of the mma.sync CUDA kernels, driven by the kernels' own index maps.
 
-CI has no GPU, so the kernels' data movement is replayed here in float64, one lane at a time. The
-index maps are not copied: ``fp8_noncausal_attn._C.host`` runs csrc/mma_sync/index_maps.h and
-csrc/common/index_tensors.h compiled for the CPU (the same ``__host__ __device__`` functions the
-kernels call), so a wrong map in the kernel source gives a visibly wrong answer here: the paged
-cp.async tile copies (16-byte units, XOR-swizzled K rows, padded V rows, zero-filled keys past
-the range), the once-per-CTA dequantisation of FP8 tiles into 16-bit tiles, the Q fragments,
-the permuted k-dimension of S = Q K^T, the ldmatrix row addresses feeding O = P V, the output
-dims each lane stores, the index tensors read through their strides (int32 or bool causal flags
-included), each row's visible key range (causal or bidirectional, sliding window), the key tiles
-a CTA's window touches and which of them need the mask, the key groups of warps the rows leave
-idle and their merge, the split-KV ranges over the windowed tiles, the attention sink in the
-unsplit epilogue and the log-sum-exp merge (which adds the sink once). Only the mma.sync m16n8k16
-fragment layouts and ldmatrix (the PTX ISA's) and the (exact) FP8 -> 16-bit conversion are
-modelled in Python.
+CI has no GPU, so the kernels' data movement is replayed here in float64, one lane at a time.
+The index maps are not copied: the test extension ``fp8nca_host_hooks`` (tests/host_hooks.py)
+runs csrc/mma_sync/index_maps.h and csrc/common/index_tensors.h compiled for the CPU (the same
+``__host__ __device__`` functions the kernels call), so a wrong map in the kernel source gives a
+visibly wrong answer here: the paged cp.async tile copies (16-byte units, XOR-swizzled K rows,
+padded V rows, zero-filled keys past the range), the once-per-CTA dequantisation of FP8 tiles
+into 16-bit tiles, the Q fragments, the permuted k-dimension of S = Q K^T, the ldmatrix row
+addresses feeding O = P V, the output dims each lane stores, the index tensors read through
+their strides (int32 or bool causal flags included), each row's visible key range (causal or
+bidirectional, sliding window), the key tiles a CTA's window touches and which of them need the
+mask, the key groups of warps the rows leave idle and their merge, the split-KV ranges over the
+windowed tiles, the attention sink in the unsplit epilogue and the log-sum-exp merge (which adds
+the sink once). Only the mma.sync m16n8k16 fragment layouts and ldmatrix (the PTX ISA's) and the
+(exact) FP8 -> 16-bit conversion are modelled in Python.
 """
 
 import dataclasses
 import functools
 import math
 
+import host_hooks
 import numpy as np
 import pytest
 import torch
@@ -34,14 +35,9 @@ from fp8_noncausal_attn.validation import validate_attention
 LOG2E = 1.4426950408889634
 
 
-@functools.cache
 def host():
-    """The kernels' maps compiled for the CPU (skips when the extension is not built)."""
-    try:
-        from fp8_noncausal_attn import _C
-    except ImportError:
-        pytest.skip("fp8_noncausal_attn._C was not built (no nvcc, or FP8NCA_BUILD_CUDA=0)")
-    return _C.host
+    """The kernels' maps compiled for the CPU (the test extension, built on first use)."""
+    return host_hooks.load()
 
 
 @functools.cache

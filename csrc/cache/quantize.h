@@ -1,7 +1,7 @@
 // Store-side conversion of the cache write (SPEC section 4, reshape_and_cache): fp32 -> the
 // cache format, saturating to the format's finite max (16-bit caches too: never inf from a
 // finite input), round to nearest even, subnormals kept, NaN stays NaN. Integer arithmetic on
-// the fp32 bit pattern, the same on host and device, so the CPU test (python/bindings.cpp's
+// the fp32 bit pattern, the same on host and device, so the CPU test (tests/ext/host_hooks.cpp
 // quantize_host) checks the bytes the kernel writes against fp8_noncausal_attn/scales.quantize.
 #pragma once
 

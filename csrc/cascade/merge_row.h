@@ -1,6 +1,6 @@
 // The arithmetic of one output row of the split-KV merge (merge.cu), FP8NCA_HD: the merge kernel
-// runs it on the device and the CPU tests run it on host arrays (python/bindings.cpp
-// _C.host.merge_row), so the tests check the kernel's own formula.
+// runs it on the device and the CPU tests run it on host arrays (tests/ext/host_hooks.cpp
+// merge_row), so the tests check the kernel's own formula.
 //   out[d] = sum_s w_s O_s[d] / (sum_s w_s + 2^(sink - top)),  w_s = 2^(lse_s - top),
 //   top = max(max_s lse_s, sink)
 // Each split's O_s is already normalised and scaled by v_scale; lse and sink are in log2 units.

@@ -25,7 +25,7 @@
 
 // Cache dtype under query type QT -> constant KV: FP8 (e4m3, e5m2), or the query's own 16-bit
 // dtype. Converting bf16 keys to fp16 could overflow, so a 16-bit cache of the other dtype is
-// not compiled (cuda_backend sends it to Triton's fp32 dots).
+// not compiled (the CUDA backend refuses it; Triton runs it with fp32 dots).
 #define FP8NCA_DISPATCH_CACHE(kv_dtype, QT, KV, ...)                                        \
   {                                                                                        \
     constexpr int kOwn16 = std::is_same_v<QT, __half> ? ::fp8nca::kFP16 : ::fp8nca::kBF16; \

@@ -1,7 +1,7 @@
 // Reading the per-sequence index tensors where they lie, through their strides (vLLM passes
 // slices of persistent buffers and rewrites them in place between CUDA-graph replays, so no
-// backend may convert or copy them). FP8NCA_HD: the kernels of every family use these, and the
-// CPU emulation test runs them on host tensors through python/bindings.cpp.
+// backend may convert or copy them). FP8NCA_HD: the mma.sync kernels use these, and the CPU
+// emulation test runs them on host tensors through tests/ext/host_hooks.cpp.
 #pragma once
 
 #include <cstdint>

@@ -17,32 +17,21 @@ cudaError_t launch_mma_sync(const AttnParams& p, dim3 grid, int head_dim, int bl
   }
 }
 
-cudaError_t launch_family(Family family, const AttnParams& p, dim3 grid, int head_dim,
-                          int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                          int* ctas) {
-  switch (family) {
-    case Family::kMmaSync:
-      return launch_mma_sync(p, grid, head_dim, block_m, q_dtype, kv_dtype, stream, ctas);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
                              cudaStream_t stream) {
   if (p.num_splits != plan.num_splits) return cudaErrorInvalidValue;
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
-  cudaError_t err = launch_family(plan.family, p, grid, p.head_dim, plan.block_m, q_dtype,
-                                  kv_dtype, stream, nullptr);
+  cudaError_t err =
+      launch_mma_sync(p, grid, p.head_dim, plan.block_m, q_dtype, kv_dtype, stream, nullptr);
   if (err == cudaSuccess && plan.num_splits > 1) err = launch_merge(p, q_dtype, stream);
   return err;
 }
 
-cudaError_t ctas_per_sm(Family family, int head_dim, int block_m, int q_dtype, int kv_dtype,
-                        int* ctas) {
-  return launch_family(family, AttnParams{}, dim3(1), head_dim, block_m, q_dtype, kv_dtype,
-                       nullptr, ctas);
+cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int kv_dtype, int* ctas) {
+  return launch_mma_sync(AttnParams{}, dim3(1), head_dim, block_m, q_dtype, kv_dtype, nullptr,
+                         ctas);
 }
 
 }  // namespace fp8nca

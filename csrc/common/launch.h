@@ -1,5 +1,6 @@
-// Family dispatch (the Arch axis): one plan -> the family's kernel for the head dim, then the
-// split-KV merge. Host C++.
+// The mma.sync launch: one plan -> the kernel for the head dim, then the split-KV merge. Host
+// C++. (The CUTLASS-DSL families launch through their own libraries, see
+// fp8_noncausal_attn/backends/cuda/dsl.py.)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,9 +15,8 @@ namespace fp8nca {
 cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
                              cudaStream_t stream);
 
-// CTAs of a family's kernel for (head_dim, tile of block_m rows, dtypes) resident on one SM of
-// the current device.
-cudaError_t ctas_per_sm(Family family, int head_dim, int block_m, int q_dtype, int kv_dtype,
-                        int* ctas);
+// CTAs of the kernel for (head_dim, tile of block_m rows, dtypes) resident on one SM of the
+// current device.
+cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int kv_dtype, int* ctas);
 
 }  // namespace fp8nca

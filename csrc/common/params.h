@@ -1,12 +1,13 @@
-// Launch parameters shared by every kernel family, the cascade merge and the cache write, and by
-// the pybind11 binding (python/bindings.cpp). Host-only C++ may include this header.
+// Launch parameters of the mma.sync kernels, the split-KV merge and the cache write, filled by the
+// pybind11 binding (python/bindings.cpp). Host-only C++ may include this header.
 #pragma once
 
 #include <cstdint>
 
 namespace fp8nca {
 
-// Element type codes, mirrored in fp8_noncausal_attn/cuda_backend.py.
+// Element type codes (_C.DTYPE_CODES; fp8_noncausal_attn/backends/cuda/extension.py maps torch
+// dtypes to them, and a test ties the two).
 enum DType : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3 };
 
 constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ? 1 : 2; }
@@ -14,10 +15,6 @@ constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ?
 // log2(e): the kernels run the softmax in log2 units (2^x is one instruction), so natural-log
 // quantities such as the attention-sink logits are multiplied by it.
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Kernel families (the Arch axis of the dispatch). Only the portable mma.sync family exists
-// today; the wgmma (sm_90a) and tcgen05 (sm_100a) families plug in next to it.
-enum class Family : int { kMmaSync = 0 };
 
 // One paged attention launch. Strides are in elements of the tensor they index. Index tensors
 // (block_table, cu_seqlens_q, seq_lens, causal) are read where they lie, through their strides:

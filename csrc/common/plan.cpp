@@ -53,7 +53,6 @@ Plan make_plan(const PlanInput& in) {
   const mma_sync::TileShape shape =
       mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype), block_m);
   Plan plan{};
-  plan.family = in.family;
   plan.block_m = shape.block_m;
   plan.block_n = shape.block_n;
   plan.threads = shape.threads;

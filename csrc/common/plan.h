@@ -1,8 +1,8 @@
 // The plan: tiles, split-KV count, grid and workspace of one batch, decided on the host from
 // host-side sizes only (no device read), like FlashAttention-3's get_scheduler_metadata. The
-// CUDA backend (fp8_noncausal_attn/cuda_backend.py) calls it through python/bindings.cpp and
-// passes its num_splits back to the launch; each CTA still derives its own key range from the
-// device-side seq_lens, so a plan made for max_seqlen_k holds for any shorter real lengths.
+// CUDA backend calls it through python/bindings.cpp and passes its num_splits back to the
+// launch; each CTA still derives its own key range from the device-side seq_lens, so a plan made
+// for max_seqlen_k holds for any shorter real lengths.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,6 @@ constexpr int kMinTilesPerSplit = 4;
 constexpr double kWaveFill = 0.9;
 
 struct PlanInput {
-  Family family = Family::kMmaSync;
   int num_seqs = 0, num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   int kv_dtype = kE4M3;
   int max_seqlen_q = 0, max_seqlen_k = 0;
@@ -36,7 +35,6 @@ struct PlanInput {
 };
 
 struct Plan {
-  Family family;
   int block_m, block_n;       // query rows and keys per tile
   int threads, smem_bytes;    // per CTA
   int m_tiles, num_splits;

@@ -2,7 +2,7 @@
 // under a bf16 query: the hardware path (FP8 -> f16x2, two f16 -> f32, f32x2 -> bf16x2) issues
 // two conversion-pipe instructions per pair, the slowest pipe on sm_90 / sm_100 (16 results per
 // clock per SM). FP8NCA_HD functions: the kernels call them and so does the host test
-// (tests/test_cuda_kernel_emulation.py, through python/bindings.cpp), which checks every byte.
+// (tests/test_cuda_kernel_emulation.py, through tests/ext/host_hooks.cpp), which checks every byte.
 #pragma once
 
 #include <cstdint>

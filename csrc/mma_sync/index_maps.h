@@ -1,5 +1,5 @@
 // Tile shapes and index maps of the mma.sync family, as FP8NCA_HD functions: the kernels call
-// them, and so do the plan function and the CPU emulation test (through python/bindings.cpp),
+// them, and so do the plan function and the CPU emulation test (through tests/ext/host_hooks.cpp),
 // so the host replays the kernels' own data movement rather than a copy of it.
 //
 // Layout (see kernel.cuh): one CTA = (M tile of query rows, KV head, sequence x KV split); row r

@@ -1,8 +1,8 @@
 """How one main-loop iteration maps to KV bytes, and R rows to CTAs and warps, per kernel.
 
 One source per family: the extension's own plan, ``_C.sass_tiles`` when it exports it, else
-``_C.plan`` (tiles, threads, shared memory; ``_C.host.key_groups`` for the key-group split unless
-the plan reports it), the function the plan/run API launches with, so the model follows the
+``_C.plan`` (tiles, threads, shared memory, key groups; ``_C.host.key_groups`` for builds whose plan
+does not report them), the function the plan/run API launches with, so the model follows the
 kernel as it changes. The Triton family's facts come from ``triton_attention.launch_plan`` (see
 ``rows.triton_facts``).
 
