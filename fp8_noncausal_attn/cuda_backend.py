@@ -216,25 +216,34 @@ def kernel_plan(
     ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
     sizes the splits from the keys one query tile's window spans, not from the context.
     """
-    window_left, window_right = window_sides(problem)
     ext, why = _load()
     if ext is None:
         raise RuntimeError(why)
     return ext.plan(
-        num_seqs=problem.num_seqs,
+        **plan_sizes(problem),
         num_tokens=problem.num_tokens,
-        num_q_heads=problem.num_q_heads,
-        num_kv_heads=problem.num_kv_heads,
         head_dim=problem.head_dim,
         kv_dtype=DTYPE_CODES[problem.key_cache.dtype],
-        max_seqlen_q=problem.max_seqlen_q,
-        max_seqlen_k=problem.max_seqlen_k,
         resident_ctas=resident,
         num_splits=num_splits or 0,
-        window_left=window_left,
-        window_right=window_right,
-        causal=problem.causal_per_seq is None and bool(problem.causal),
     )
+
+
+def plan_sizes(problem: AttentionProblem) -> dict[str, int | bool]:
+    """The host sizes the split-KV planner reads (``_C.plan`` and ``_C.plan_splits`` keywords):
+    sequences, heads, ``max_seqlen_q/k``, the window as the kernels take it and whether every
+    sequence is causal (per-sequence flags live on the device: planned as bidirectional)."""
+    window_left, window_right = window_sides(problem)
+    return {
+        "num_seqs": problem.num_seqs,
+        "num_q_heads": problem.num_q_heads,
+        "num_kv_heads": problem.num_kv_heads,
+        "max_seqlen_q": problem.max_seqlen_q,
+        "max_seqlen_k": problem.max_seqlen_k,
+        "window_left": window_left,
+        "window_right": window_right,
+        "causal": problem.causal_per_seq is None and bool(problem.causal),
+    }
 
 
 def num_splits_for(problem: AttentionProblem, resident: int) -> int:

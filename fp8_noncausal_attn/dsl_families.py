@@ -97,12 +97,7 @@ LAUNCH_ARGUMENTS = (
     ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
 )  # fmt: skip
 
-# Split-KV planning, as the mma.sync family's C++ plan does it (csrc/common/plan.h): at most 32
-# splits, at least 4 key tiles each, the fewest that fill whole waves to 90%, and
-# sequences x splits within the grid's z limit.
-MAX_SPLITS = 32
-MIN_TILES_PER_SPLIT = 4
-WAVE_FILL = 0.9
+# Sequences x splits is the grid's z.
 MAX_GRID_Z = 65535
 # The producers' page arithmetic is 32 x 32 -> 64 bits with 32-bit in-page offsets.
 MAX_PAGE_ELEMENTS = 2**31
@@ -249,23 +244,6 @@ def choose_variant(
     return max(fits, key=lambda v: v.rows), ""
 
 
-def choose_splits(ctas: int, key_tiles: int, num_seqs: int, resident: int) -> int:
-    """Split-KV count: 1 while the grid fills the GPU, else the fewest splits whose CTAs fill
-    whole waves to 90% (the best fill when none does); the mma.sync plan's rule."""
-    most = min(key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS, MAX_GRID_Z // max(num_seqs, 1))
-    if ctas == 0 or ctas >= resident or most <= 1:
-        return 1
-    best, best_fill = 1, 0.0
-    for splits in range(1, most + 1):
-        total = ctas * splits
-        fill = total / (math.ceil(total / resident) * resident)
-        if fill >= WAVE_FILL:
-            return splits
-        if fill > best_fill:
-            best, best_fill = splits, fill
-    return best
-
-
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], elements: int) -> bool:
     """Base 16-byte aligned and each stride a multiple of ``elements``."""
     return t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in strides)
@@ -342,6 +320,11 @@ def plan(
 def _plan(
     family: Family, problem: AttentionProblem, workspace, num_splits: int | None
 ) -> tuple[DslPlan | None, str]:
+    from .cuda_backend import _load  # cuda_backend imports this module
+
+    extension, why = _load()
+    if extension is None:
+        return None, why
     library, why = load_library(family.name)
     if library is None:
         return None, why
@@ -361,32 +344,20 @@ def _plan(
     if status != 0:
         return None, f"{variant.name} did not load (CUDA error {status})"
     row_tiles = -(-rows // variant.rows)
-    if num_splits is None:
-        key_tiles = -(-window_keys(problem, variant.rows) // family.key_tile(problem.head_dim))
-        ctas = row_tiles * problem.num_kv_heads * problem.num_seqs
-        num_splits = choose_splits(ctas, key_tiles, problem.num_seqs, resident_ctas(
-            problem.query.device))  # fmt: skip
-    num_splits = max(1, min(num_splits, MAX_GRID_Z // max(problem.num_seqs, 1)))
+    # The one split-KV planner (csrc/common/plan.h), with this variant's tiles.
+    from .cuda_backend import plan_sizes  # cuda_backend imports this module
+
+    num_splits = extension.plan_splits(
+        **plan_sizes(problem), resident_ctas=resident_ctas(problem.query.device),
+        block_m=variant.rows, block_n=family.key_tile(problem.head_dim),
+        num_splits=num_splits or 0,
+    )  # fmt: skip
     ws_o = ws_lse = None
     if workspace is not None and num_splits > 1:
         num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
         if num_splits > 1:
             ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
     return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse), ""
-
-
-def window_keys(problem: AttentionProblem, rows: int) -> int:
-    """The most keys one CTA of ``rows`` query rows can load: ``max_seqlen_k``, or with a
-    two-sided window its span over the CTA's tokens plus a tile of alignment (the kernel loads
-    the tiles from its first row's first key to its last row's last)."""
-    from .cuda_backend import window_sides  # cuda_backend imports this module
-
-    keys = max(problem.max_seqlen_k, 1)
-    left, right = window_sides(problem)
-    if left >= 0 and right >= 0:
-        tokens = -(-rows // problem.group_size)
-        keys = min(keys, left + tokens + right + 128)
-    return keys
 
 
 _warned: set[str] = set()

@@ -1,5 +1,5 @@
 // pybind11 module fp8_noncausal_attn._C: the CUDA kernels from raw device pointers, the plan
-// function, and version queries. Taking integers
+// and the split-KV planner every CUDA kernel family uses, and version queries. Taking integers
 // (pointers, strides, the stream handle) rather than torch tensors keeps the extension
 // independent of the torch build it runs next to. The tests' CPU hooks into the kernels' index
 // maps are a separate module (tests/ext/host_hooks.cpp), not shipped.
@@ -122,6 +122,21 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   d["key_groups"] = m::key_groups(
       m::tile_shape(head_dim, fp8nca::dtype_bytes(kv_dtype), p.block_m), rows_in_tile);
   return d;
+}
+
+// The split-KV count of a kernel family whose CTAs hold block_m query rows of one KV head and
+// stream keys in tiles of block_n (the CUTLASS-DSL families' own tiles; make_plan uses the same
+// rule with the mma.sync tiles).
+int plan_splits(int num_seqs, int num_q_heads, int num_kv_heads, int max_seqlen_q,
+                int max_seqlen_k, int64_t resident_ctas, int block_m, int block_n,
+                int num_splits, int window_left, int window_right, bool causal) {
+  if (block_m < 1 || block_n < 1) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: plan_splits needs tiles of >= 1");
+  }
+  return fp8nca::plan_splits(
+      plan_input(num_seqs, 0, num_q_heads, num_kv_heads, 0, fp8nca::kE4M3, max_seqlen_q,
+                 max_seqlen_k, resident_ctas, num_splits, window_left, window_right, causal),
+      block_m, block_n);
 }
 
 // CTAs of the attention kernel for (head_dim, tile of block_m rows, dtypes) that fit on one SM
@@ -335,6 +350,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("causal") = false,
         "Tiles, split-KV count, grid and workspace sizes of one batch (host only, no GPU); "
         "causal: every sequence is causal (sizes splits from a windowed key span).");
+  m.def("plan_splits", &plan_splits, py::arg("num_seqs"), py::arg("num_q_heads"),
+        py::arg("num_kv_heads"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
+        py::arg("resident_ctas"), py::arg("block_m"), py::arg("block_n"),
+        py::arg("num_splits") = 0, py::arg("window_left") = -1, py::arg("window_right") = -1,
+        py::arg("causal") = false,
+        "The split-KV count of CTAs of block_m query rows streaming block_n-key tiles, by the "
+        "plan's rule (num_splits > 0 forces it, clamped to the grid).");
   m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
         py::arg("kv_dtype"), py::arg("block_m") = fp8nca::mma_sync::kBlockM,
         "CTAs of the attention kernel (tile of block_m query rows) resident per SM (occupancy).");
@@ -349,4 +371,10 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
+  py::dict codes;
+  codes["bfloat16"] = static_cast<int>(fp8nca::kBF16);
+  codes["float16"] = static_cast<int>(fp8nca::kFP16);
+  codes["float8_e4m3fn"] = static_cast<int>(fp8nca::kE4M3);
+  codes["float8_e5m2"] = static_cast<int>(fp8nca::kE5M2);
+  m.attr("DTYPE_CODES") = codes;  // element type codes of csrc/common/params.h
 }

@@ -219,6 +219,40 @@ def test_windowed_plan_sizes_splits_from_the_window(batch, window, causal, expec
     assert cuda_backend.num_splits_for(problem, 396) == expected
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_split_planner_is_the_plans_rule_for_any_tiles(seed):
+    """_C.plan_splits (the DSL families' planner) with the mma.sync plan's own tiles gives the
+    plan's split count, and a longer key tile never gives more splits than a shorter one."""
+    _extension_path()
+    from fp8_noncausal_attn import _C
+
+    rng = torch.Generator().manual_seed(seed)
+    for _ in range(50):
+        pick = lambda *options: options[int(torch.randint(len(options), (1,), generator=rng))]  # noqa: E731
+        sizes = dict(
+            num_seqs=pick(1, 2, 7, 64), num_q_heads=pick(8, 32), num_kv_heads=8,
+            max_seqlen_q=pick(1, 8, 40), max_seqlen_k=pick(100, 4096, 70000),
+            window_left=pick(-1, 127, 2000), window_right=pick(-1, 0, 64), causal=pick(False, True),
+        )  # fmt: skip
+        resident = pick(132, 396)
+        plan = _C.plan(**sizes, num_tokens=sizes["num_seqs"] * sizes["max_seqlen_q"],
+                       head_dim=128, kv_dtype=2, resident_ctas=resident)  # fmt: skip
+        tiles = {"block_m": plan["block_m"], "resident_ctas": resident}
+        assert _C.plan_splits(**sizes, **tiles, block_n=plan["block_n"]) == plan["num_splits"]
+        wide = _C.plan_splits(**sizes, **tiles, block_n=4 * plan["block_n"])
+        assert 1 <= wide <= plan["num_splits"], sizes
+        assert _C.plan_splits(**sizes, **tiles, block_n=64, num_splits=5) == 5
+
+
+def test_dtype_codes_are_the_extensions():
+    _extension_path()
+    from fp8_noncausal_attn import _C
+
+    assert {str(k).removeprefix("torch."): v for k, v in cuda_backend.DTYPE_CODES.items()} == (
+        _C.DTYPE_CODES
+    )
+
+
 @pytest.mark.parametrize("forced", [None, 1, 5])
 def test_plan_reports_grid_and_workspace(forced):
     """Grid (M tiles, KV heads, seqs x splits [+ the padded-rows slice when unsplit]) and the

@@ -87,11 +87,18 @@ def merge_reference(ws_o, ws_lse, out, sinks=None):
     out.copy_(torch.where(total > 0, merged / total, 0.0))
 
 
-def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None):
-    """A GPU of ``capability`` with ``_C`` (its split merge by :func:`merge_reference`) and the
+def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, split_calls=None):
+    """A GPU of ``capability`` with ``_C`` (its split merge by :func:`merge_reference`; its
+    split planner takes a forced count, else 1, and records its calls in ``split_calls``) and the
     families' libraries (``{family: library}``) mocked; CPU tensors stand for device ones."""
+
+    def plan_splits(num_splits, **kwargs):
+        (split_calls if split_calls is not None else []).append(kwargs)
+        return max(num_splits, 1)
+
     ext = SimpleNamespace(
         plan=lambda **kwargs: {"num_splits": 1},
+        plan_splits=plan_splits,
         paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
             kwargs
         ),
@@ -339,12 +346,24 @@ def test_no_built_variant_is_refused_with_the_field(family, change, reason):
     assert name is None and reason in why
 
 
-def test_split_count_follows_the_mma_sync_plan_rule():
-    assert dsl_families.choose_splits(132, 100, 4, 132) == 1  # the grid fills the GPU
-    assert dsl_families.choose_splits(8, 100, 2, 132) == 15  # 120 of 132 slots >= 90%
-    assert dsl_families.choose_splits(8, 8, 2, 132) == 2  # at least 4 key tiles per split
-    assert dsl_families.choose_splits(1, 1000, 1, 132) == 32  # at most 32 splits
-    assert dsl_families.choose_splits(1, 1000, 65535, 132) == 1  # the grid's z limit
+@pytest.mark.parametrize("family,capability", [("wgmma", (9, 0)), ("tcgen05", (10, 0))])
+def test_split_count_comes_from_the_one_planner_with_the_variants_tiles(
+    monkeypatch, family, capability
+):
+    """The DSL plan asks _C's split planner (the mma.sync plan's rule, tests/test_cuda_build.py)
+    with the chosen variant's rows per CTA and its family's key tile, and the batch's sizes."""
+    calls = []
+    library = FakeLibrary(DEFAULT_TABLES[family])
+    mock_gpu(monkeypatch, capability, libraries={family: library}, split_calls=calls)
+    case = make_case([3, 5], [300, 21], seed=4, head_dim=128)
+    problem = problem_of(case, window=(64, 0))
+    plan = dsl_families.plan(problem, None, family)[0]
+    (call,) = calls
+    assert call["block_m"] == plan.variant.rows
+    assert call["block_n"] == dsl_families.FAMILIES[family].key_tile(128)
+    assert call["resident_ctas"] == 132
+    assert (call["window_left"], call["window_right"]) == (64, 0)
+    assert (call["num_seqs"], call["max_seqlen_q"], call["max_seqlen_k"]) == (2, 5, 300)
 
 
 # ---- host preconditions ------------------------------------------------------------------

@@ -46,10 +46,32 @@ int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n) {
   return static_cast<int>(std::min(context_tiles, (keys + block_n - 2) / block_n + 1));
 }
 
-Plan make_plan(const PlanInput& in) {
+namespace {
+
+// Query rows per KV head of the batch's longest sequence (R = max_seqlen_q x group).
+int64_t rows_per_kv_head(const PlanInput& in) {
   const int group = in.num_kv_heads > 0 ? in.num_q_heads / in.num_kv_heads : 0;
-  const int64_t rows = static_cast<int64_t>(std::max(in.max_seqlen_q, 1)) * group;
-  const int block_m = block_m_for(in.head_dim, in.kv_dtype, rows);
+  return static_cast<int64_t>(std::max(in.max_seqlen_q, 1)) * group;
+}
+
+int64_t row_tiles(const PlanInput& in, int block_m) {
+  return (rows_per_kv_head(in) + block_m - 1) / block_m;
+}
+
+}  // namespace
+
+int plan_splits(const PlanInput& in, int block_m, int block_n) {
+  const int key_tiles = key_tiles_per_cta(in, block_m, block_n);
+  const int64_t ctas =
+      static_cast<int64_t>(in.num_seqs) * in.num_kv_heads * row_tiles(in, block_m);
+  const int splits = in.num_splits > 0
+                         ? in.num_splits
+                         : choose_splits(ctas, key_tiles, in.num_seqs, in.resident_ctas);
+  return std::max(1, std::min(splits, kMaxGridZ / std::max(in.num_seqs, 1)));
+}
+
+Plan make_plan(const PlanInput& in) {
+  const int block_m = block_m_for(in.head_dim, in.kv_dtype, rows_per_kv_head(in));
   const mma_sync::TileShape shape =
       mma_sync::tile_shape(in.head_dim, dtype_bytes(in.kv_dtype), block_m);
   Plan plan{};
@@ -57,12 +79,8 @@ Plan make_plan(const PlanInput& in) {
   plan.block_n = shape.block_n;
   plan.threads = shape.threads;
   plan.smem_bytes = shape.smem;
-  plan.m_tiles = static_cast<int>((rows + plan.block_m - 1) / plan.block_m);
-  const int key_tiles = key_tiles_per_cta(in, plan.block_m, plan.block_n);
-  const int64_t ctas = static_cast<int64_t>(in.num_seqs) * in.num_kv_heads * plan.m_tiles;
-  int splits = in.num_splits > 0 ? in.num_splits
-                                 : choose_splits(ctas, key_tiles, in.num_seqs, in.resident_ctas);
-  splits = std::max(1, std::min(splits, kMaxGridZ / std::max(in.num_seqs, 1)));
+  plan.m_tiles = static_cast<int>(row_tiles(in, plan.block_m));
+  const int splits = plan_splits(in, plan.block_m, plan.block_n);
   plan.num_splits = splits;
   plan.grid_x = static_cast<unsigned>(plan.m_tiles);
   plan.grid_y = static_cast<unsigned>(in.num_kv_heads);

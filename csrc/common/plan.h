@@ -2,7 +2,9 @@
 // host-side sizes only (no device read), like FlashAttention-3's get_scheduler_metadata. The
 // CUDA backend calls it through python/bindings.cpp and passes its num_splits back to the
 // launch; each CTA still derives its own key range from the device-side seq_lens, so a plan made
-// for max_seqlen_k holds for any shorter real lengths.
+// for max_seqlen_k holds for any shorter real lengths. The split-KV rule (key_tiles_per_cta,
+// choose_splits) is the one planner of every CUDA kernel family: the CUTLASS-DSL families call
+// it through _C too, with their own tile sizes.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,11 @@ int choose_splits(int64_t ctas, int key_tiles, int num_seqs, int64_t resident_ct
 // Key tiles one CTA streams at most: those of max_seqlen_k, or, under a window bounded on the
 // left, those of left + the CTA's tokens + right (the right side capped by the context's end).
 int key_tiles_per_cta(const PlanInput& in, int block_m, int block_n);
+
+// The split-KV count of CTAs holding block_m query rows of one KV head that stream keys in
+// tiles of block_n: in.num_splits when forced, else choose_splits over the batch's CTAs and the
+// key tiles one CTA streams; never more than the grid's z holds.
+int plan_splits(const PlanInput& in, int block_m, int block_n);
 
 // The whole plan. Needs no GPU.
 Plan make_plan(const PlanInput& in);
