@@ -1,8 +1,8 @@
 """Command line: ``python -m benchmarks.attention [--quick|--full|--dry-run] --out DIR``.
 
-``--quick`` (the default) runs the drafter shapes within its time budget, the CUDA issue's
+``--quick`` (the default) runs the drafter shapes within its time budget, the drafter
 acceptance shape included (batch 32, q_len 8, 32 q / 8 kv heads, head_dim 128, 8k context, FP8,
-bidirectional), and the windowed drafter (window 4k over a 128k context, issue 13); ``--full``
+bidirectional), and the windowed drafter (window 4k over a 128k context); ``--full``
 is the whole sweep; ``--dry-run`` runs tiny shapes on the CPU (Triton through its interpreter)
 to exercise every path and writer, with no timing claims.
 Peers that need files (vLLM's kernel) read them from ``.peers/``: run
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         (
             "--quick",
             "quick",
-            "the default: the drafter shapes, including the CUDA issue's acceptance shape "
+            "the default: the drafter shapes, including the drafter acceptance shape "
             "(batch 32, q_len 8, 32/8 heads, d128, 8k context, FP8, bidirectional), within "
             "--time-budget; needs a CUDA GPU",
         ),

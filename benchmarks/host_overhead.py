@@ -14,7 +14,7 @@ Prints a table and writes ``DIR/host-overhead.json`` = ``{"torch_add_us", "run_u
 all in one process, with only the kernel launch (the chosen backend's ``run``) replaced by a
 no-op, so the figures are the library's own host path. The drafter batch: 8 sequences x 8 query
 tokens over 520 keys, 32 query / 8 KV heads, head_dim 128, FP8 e4m3 cache, per-head scales,
-bidirectional. Goals (issue 8): ``run_us <= 10 x torch_add_us``, ``paged_attention_us <= 40 x
+bidirectional. Goals: ``run_us <= 10 x torch_add_us``, ``paged_attention_us <= 40 x
 torch_add_us``. Tensors live on the GPU when one is visible, else on the CPU (where ``auto`` is
 the reference backend and a one-shot call also checks the lengths it can read on the host).
 This is a benchmark, not a test: nothing here asserts a time.

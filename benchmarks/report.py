@@ -29,7 +29,7 @@ SHAPE_KEYS = (
     "sinks",
 )
 MAX_PANELS = 4
-# Issue 11's prefill line: >= 60% of the dense 16-bit tensor peak (stated for the SASS model's
+# The prefill goal: >= 60% of the dense 16-bit tensor peak (stated for the SASS model's
 # prediction; a measured row is reported against the same figure).
 PREFILL_PEAK_GOAL = 0.6
 
@@ -175,7 +175,7 @@ def goals(payload: dict) -> list[str]:
 
 
 def _window_goals(payload: dict, ours: list[str]) -> list[str]:
-    """Issue 13: a windowed row's time must follow the window, not the context. Its time is
+    """A windowed row's time must follow the window, not the context. Its time is
     set against the least time reading the whole context could take at copy bandwidth."""
     copy_bw = payload["copy_bw_gbps"]
     lines = []
@@ -194,7 +194,7 @@ def _window_goals(payload: dict, ours: list[str]) -> list[str]:
 
 
 def _prefill_goals(payload: dict, ours: list[str]) -> list[str]:
-    """Issue 11: a long non-causal prefill is compute-bound, so each prefill row of ours is
+    """A long non-causal prefill is compute-bound, so each prefill row of ours is
     set against the GPU's dense 16-bit tensor peak (FLOPs from the mask), with the best peer's
     fraction on the same shape beside it."""
     lines = []

@@ -167,7 +167,7 @@ def windowed_drafter(**overrides: object) -> Shape:
 
 
 def prefill(length: int, **overrides: object) -> Shape:
-    """A non-causal prefill of ``length`` query tokens over as many keys (issue 11), by default
+    """A non-causal prefill of ``length`` query tokens over as many keys, by default
     BF16 query over an e4m3 cache with the drafter's Qwen3-8B-style heads: 32 query / 8 KV heads
     (GQA 4, the common Llama-3 / Qwen3 8B ratio), head_dim 128, page 16 (vLLM's default block
     size), one sequence. Compute-bound (4 x q x kv x head_dim x heads FLOPs over 2 x kv x

@@ -1,12 +1,12 @@
-"""Ahead-of-time build of the tcgen05 family: CUTLASS Python DSL -> export_to_c -> shared library.
+"""Ahead-of-time build of one DSL family (wgmma or tcgen05): export_to_c -> one shared library.
 
 NEVER RUN ON A GPU: the library this writes has been built and loaded on CPU machines only.
 
-``python -m dsl.build --out DIR [--arch sm_100f] [--variant NAME] [--ci]`` compiles the kernel of
-each variant for each architecture with fake pointers (no driver needed; a tcgen05 kernel serves
-the bf16 and the fp16 variant of its shape), keeps its PTX and cubin under
+``python -m dsl.build --out DIR [--family F] [--arch ARCH] [--variant NAME] [--ci]`` compiles
+the kernel of each variant for each architecture with fake pointers (no driver needed; a tcgen05
+kernel serves the bf16 and the fp16 variant of its shape), keeps its PTX and cubin under
 ``DIR/<arch>/<kernel>/`` (for the SASS checks), exports a header and an object per kernel, and
-links every object with the DSL's static runtime and cudart into ``DIR/libfp8nca_tcgen05.so``
+links every object with the DSL's static runtime and cudart into ``DIR/libfp8nca_<family>.so``
 (only libc and libdl needed at load time; the cubins ride inside as data and load on first
 call). ``DIR/build.json`` records each variant's kernel and its compile time. Needs
 ``nvidia-cutlass-dsl[cu13]`` 4.8.x and a host C compiler; the CUDA toolkit only for
@@ -29,13 +29,13 @@ from dsl.wgmma import traits as wgmma_traits
 LIBRARY = "libfp8nca_tcgen05.so"
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
-# The variants the family builds today (the page size, 16..256, is a run-time argument): head_dim
+# The tcgen05 variants built (the page size, 16..256, is a run-time argument): head_dim
 # 64 and 128 with 32, 64 or 128 query rows per CTA (R = q_len x group: one CTA per KV head up to
 # R = 128), head_dim 256 with 32 or 64; both query dtypes (one kernel for both: ``kernel_name``);
 # e4m3 and e5m2 caches; for sm_100f (B200 and B300). CI compiles every kernel. See
 # docs/tcgen05.md for what is left (head_dim 256 x 128 rows).
-# head_dim 256 x 64 rows with an e5m2 cache spills 32-40 bytes at ptxas' 168-register cap (30 Nov):
-# not built, so R > 32 there runs as several 32-row CTAs.
+# head_dim 256 x 64 rows with an e5m2 cache spills 32-40 bytes at ptxas' 168-register cap: not
+# built, so R > 32 there runs as several 32-row CTAs.
 NOT_BUILT = {(256, 64, "float8_e5m2")}
 VARIANTS = tuple(
     Variant(head_dim, rows, q, kv)

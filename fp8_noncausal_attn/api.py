@@ -35,7 +35,7 @@ def cache_writer(device: torch.device):
     else Triton's (imported only then: Triton is an optional dependency); PyTorch on the CPU."""
     if device.type != "cuda":
         return reference.reshape_and_cache
-    if dispatch.availability("cuda")[0] and hasattr(cuda_backend, "reshape_and_cache"):
+    if dispatch.availability("cuda")[0]:
         return cuda_backend.reshape_and_cache
     from .triton_cache import reshape_and_cache
 

@@ -352,9 +352,8 @@ class PagedAttention:
             out: written in place when given (``query``'s shape and dtype).
             plan: a plan this object returned; default the latest.
             sinks: float32 ``[num_q_heads]`` attention-sink logits of this layer (a layer
-                property, hence here and not in :meth:`plan`), or None. Reference and Triton
-                run them; a plan on the CUDA kernels refuses them (plan with ``auto`` and the
-                run goes to Triton).
+                property, hence here and not in :meth:`plan`), or None. Every backend runs
+                them.
         Returns:
             ``out``, or a new tensor like ``query``.
         """

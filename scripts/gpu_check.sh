@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One run on the H200 (python3 3.12 + torch/CUDA 13 image, no registry): build the CUDA
-# extension for this GPU's arch (every kernel family compiled for it: today the portable mma.sync
+# extension for this GPU's arch (every kernel family compiled for it: the portable mma.sync
 # family, sm_90 code on an H200), run the GPU tests (cuda and triton) and the demo, the quick benchmark (it
 # holds the drafter acceptance shape and the windowed drafter, window 4k over a 128k context), and
 # compute-sanitizer memcheck and racecheck on a few cuda cases.

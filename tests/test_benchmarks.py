@@ -475,8 +475,9 @@ PREFILL_LENGTHS = (4096, 8192, 16384)
 
 
 def test_presets_hold_the_noncausal_prefill_shapes():
-    """Issue 11: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 cache beside it),
-    32 query / 8 KV heads, head_dim 128, page 16, non-causal; --quick holds the 4k one."""
+    """The prefill shapes: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 cache
+    beside it), 32 query / 8 KV heads, head_dim 128, page 16, non-causal; --quick holds the 4k
+    one."""
     expected = {
         shapes.Shape("prefill", 1, n, n, 32, 8, 128, False, kv, "bfloat16", 16)
         for n in PREFILL_LENGTHS

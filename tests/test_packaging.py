@@ -1,4 +1,4 @@
-"""Packaging: the sdist, the build hook in setup.py, the version and the metadata (issue 12).
+"""Packaging: the sdist, the build hook in setup.py, the version and the metadata.
 
 The sdist is built from a copy of the source tree (never in it), and wheels are built from that
 sdist, so these tests also show that the sdist is complete. The CUDA wheel itself (built once,

@@ -50,7 +50,7 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     assert {re.search(r"block_m=(\d+)", line).group(1) for line in lines if "block_m" in line} == {
         "16", "32", "64", "128",
     }  # fmt: skip
-    # Every combination of the window and sink flags of both kernels (issue 13).
+    # Every combination of the window and sink flags of both kernels.
     kernel_flags = {
         re.search(r"WINDOW=(\d) SINKS=(\d)", line).groups()
         for line in lines

@@ -1,4 +1,4 @@
-"""Sliding window ``(left, right)`` and attention sinks (SPEC §3, issue 13) outside the CUDA
+"""Sliding window ``(left, right)`` and attention sinks (SPEC §3) outside the CUDA
 families: the Triton kernels (interpreter here) against the reference, the key tiles a windowed
 launch reads, bad input, the plan/run API, the CUDA backend's contract, the benchmark accounting.
 

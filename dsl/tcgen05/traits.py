@@ -13,7 +13,7 @@ TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
 SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)
 # The family-specific target: one cubin runs on sm_100 (B200) and sm_103 (B300), where an
 # arch-specific sm_100a cubin runs on sm_100 only. Its SASS is the same as sm_100a's (checked on
-# the d128 x 32-row kernel, 30 Nov), and it halves the compiles.
+# the d128 x 32-row kernel), and it halves the compiles.
 ARCHS = ("sm_100f",)
 HEAD_DIMS = (64, 128, 256)
 # FP8 caches: e4m3 (F2FP and an integer-pipe share) and e5m2 (byte moves: the high byte of an fp16),

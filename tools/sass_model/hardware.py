@@ -73,7 +73,7 @@ _COMMON_SOURCES = {
     "227 KB per CTA, 1 KB reserved per CTA)",
     "mma.sync rate": "1024 MAC/clk/SM, the A100 per-SM rate (A100 whitepaper: 1024 dense FP16 "
     "FMA/clk/SM): half of Hopper's wgmma peak (FlashAttention-3 paper, Shah et al. 2024: "
-    "FlashAttention-2 on mma.sync reaches ~35% of H100 peak; issue 11); on sm_100 no public "
+    "FlashAttention-2 on mma.sync reaches ~35% of H100 peak); on sm_100 no public "
     "figure, assumed the same per SM clock (a quarter of tcgen05's peak)",
 }
 

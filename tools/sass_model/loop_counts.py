@@ -75,7 +75,7 @@ def key_group_loop(graph: ControlFlowGraph, key_groups: int) -> tuple[Loop, int]
     A kernel that compiles one key loop per key-group count (the mma.sync family's
     ``stream_keys<..., kNG>``) has a loop holding 1 / key_groups of the MMAs of its largest
     one: that loop is the warp's own share, counted as it is (divisor 1). A kernel with one
-    loop whose MMA blocks are guarded at run time (the morning's build) has none: its largest
+    loop whose MMA blocks are guarded at run time (the pre-plan build) has none: its largest
     loop is counted with those blocks weighted by 1 / key_groups."""
     main = graph.main_loop(pipes.is_tensor)
     if key_groups == 1:

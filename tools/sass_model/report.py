@@ -1,4 +1,4 @@
-"""Writing sass-model.json (the schema of issue 9) and sass-model.md (Markdown tables).
+"""Writing sass-model.json and sass-model.md (Markdown tables).
 
 Rows of kind "prefill" (predicted_tensor_fraction, the fraction of the dense 16-bit tensor
 peak) get tables of their own; rows without a kind (files written before prefill rows existed,

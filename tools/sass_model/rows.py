@@ -23,7 +23,7 @@ HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = ("bfloat16", "float16")
 KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 ROWS_PER_KV_HEAD = (32, 64, 128)  # R = q_len x GQA group of the drafters
-# Non-causal prefill, q = kv tokens (issue 11), modelled for one configuration: head_dim 128,
+# Non-causal prefill, q = kv tokens, modelled for one configuration: head_dim 128,
 # BF16 query, e4m3 cache, 32 query / 8 KV heads (the drafter's Qwen3-8B-style GQA 4), so
 # R = 4 x tokens query rows per KV head.
 PREFILL_LENS = (4096, 8192, 16384)
@@ -114,7 +114,7 @@ def make_row(
     gpu: hardware.Gpu, kernel: Kernel, facts: TileFacts, shape: Shape, label: str,
     counts: LoopCounts | None = None,
 ) -> dict:  # fmt: skip
-    """One row of the JSON schema of issue 9 (values are PREDICTIONS)."""
+    """One row of the JSON schema (values are PREDICTIONS)."""
     counts = counts or count_main_loop(kernel.sass, facts.key_groups)
     prediction = predict(gpu, counts, facts, shape.head_dim, shape.kv_bytes)
     # cuobjdump's static SHARED includes the 1 KB the system reserves per CTA on sm_80+.

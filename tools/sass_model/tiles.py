@@ -6,13 +6,13 @@ does not report them), the function the plan/run API launches with, so the model
 kernel as it changes. The Triton family's facts come from ``triton_attention.launch_plan`` (see
 ``rows.triton_facts``).
 
-The one exception is the morning's build (commit b66bef0, e.g. /work/team/before), which predates
+The one exception is the pre-plan build (commit b66bef0), which predates
 ``_C.plan``: its dynamic shared memory is a launch argument, recorded nowhere in its cubins, so its
 constants (csrc/params.h and csrc/attention.cuh AttnConfig at b66bef0) are copied below. That
-fallback is taken only for a build that exports that morning's API (``BLOCK_M`` and ``block_n``,
+fallback is taken only for a build that exports that pre-plan API (``BLOCK_M`` and ``block_n``,
 no ``plan``), and only after the tile sizes it does export agree with the copy. Any other build
 without ``_C.plan`` (or one that cannot be imported) is an error, never silently modelled with
-the morning's formula: a copied formula goes stale as soon as the kernel changes (it reported
+the pre-plan formula: a copied formula goes stale as soon as the kernel changes (it reported
 68,608 B for the d128 FP8 kernel whose plan says 84,992 B).
 """
 
@@ -65,13 +65,13 @@ class TileFacts:
         return 2 * self.keys_per_iter * head_dim * kv_bytes_per_element
 
 
-def _morning_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> TileFacts:
-    """The morning's mma.sync kernel (commit b66bef0): csrc/params.h kBlockM = 64 and
+def _pre_plan_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> TileFacts:
+    """The pre-plan mma.sync kernel (commit b66bef0): csrc/params.h kBlockM = 64 and
     block_n_for; csrc/attention.cuh AttnConfig (4 warps, kStageBytes, kStages, kQBytes, kSmem)
     and the runtime key-group split (row_warps -> n_groups). Only for that build (see the
     module docstring; :func:`cuda_tiles` checks its exported BLOCK_M / block_n first)."""
     block_m, warps = 64, 4
-    block_n = _morning_block_n(head_dim)
+    block_n = _pre_plan_block_n(head_dim)
     elt = 1 if kv_dtype.startswith("float8") else 2
     row_bytes = head_dim * elt
     stage = block_n * (row_bytes + row_bytes + 16)  # K swizzled, V padded by 16 bytes
@@ -96,18 +96,18 @@ def _morning_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> 
     )
 
 
-def _morning_block_n(head_dim: int) -> int:
+def _pre_plan_block_n(head_dim: int) -> int:
     return 32 if head_dim == 256 else 64  # csrc/params.h block_n_for at b66bef0
 
 
-def _is_morning_build(ext: ModuleType) -> bool:
+def _is_pre_plan_build(ext: ModuleType) -> bool:
     """The pre-plan API of commit b66bef0: module constants BLOCK_M and block_n(head_dim)."""
     return not hasattr(ext, "plan") and hasattr(ext, "BLOCK_M") and hasattr(ext, "block_n")
 
 
-def _check_morning_build(ext: ModuleType, head_dim: int) -> None:
+def _check_pre_plan_build(ext: ModuleType, head_dim: int) -> None:
     exported = (int(ext.BLOCK_M), int(ext.block_n(head_dim)))
-    copied = (64, _morning_block_n(head_dim))
+    copied = (64, _pre_plan_block_n(head_dim))
     if exported != copied:
         raise TileFactsError(
             f"{ext.__file__} exports the pre-plan API but BLOCK_M, block_n({head_dim}) = "
@@ -173,7 +173,7 @@ def cuda_tiles(
 ) -> TileFacts:  # fmt: skip
     """Tile facts of the CUDA kernel the extension's plan launches for this shape (R = rows
     query rows per KV head over ``kv_len`` keys): from ``_C.sass_tiles`` if exported, else
-    ``_C.plan``, else (the pre-plan build of b66bef0 only) that morning's constants. Raises
+    ``_C.plan``, else (the pre-plan build of b66bef0 only) that build's constants. Raises
     TileFactsError when the build gives none of them."""
     if ext is None:
         raise TileFactsError(
@@ -184,9 +184,9 @@ def cuda_tiles(
     if export is None:
         if hasattr(ext, "plan"):
             return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows, kv_len)
-        if _is_morning_build(ext):
-            _check_morning_build(ext, head_dim)
-            return _morning_mma_sync(head_dim, q_dtype, kv_dtype, rows)
+        if _is_pre_plan_build(ext):
+            _check_pre_plan_build(ext, head_dim)
+            return _pre_plan_mma_sync(head_dim, q_dtype, kv_dtype, rows)
         raise TileFactsError(
             f"{getattr(ext, '__file__', ext)} exports neither _C.plan nor _C.sass_tiles (nor "
             "the pre-plan API of b66bef0): its tile facts (smem bytes, block sizes, threads) "

@@ -232,8 +232,8 @@ def test_model_arithmetic_on_tiny_kernel(tiny_kernel):
 @pytest.mark.parametrize(
     "threads, regs, smem, expected",
     [
-        (128, 168, 68608, 3),  # the morning's d128 kernel on sm_90a (issue 9: 3 CTAs per SM)
-        (128, 192, 68608, 2),  # the same on sm_100a (issue 9: 2)
+        (128, 168, 68608, 3),  # the pre-plan d128 kernel on sm_90a (3 CTAs per SM)
+        (128, 192, 68608, 2),  # the same on sm_100a (2)
         (128, 64, 117760, 1),  # 16-bit cache d128, 3 stages: shared memory allows one
         (1024, 32, 0, 2),  # 64 warps per SM
         (128, 32, 0, 16),  # registers 16, warps 16
@@ -247,18 +247,18 @@ def test_occupancy_arithmetic(threads, regs, smem, expected):
     assert occupancy.ctas_per_sm(limits, threads, regs, smem) == expected
 
 
-def morning_build(block_m: int = 64) -> SimpleNamespace:
-    """The pre-plan API of b66bef0's _C (what /work/team/before exports): no plan."""
+def pre_plan_build(block_m: int = 64) -> SimpleNamespace:
+    """The pre-plan API of b66bef0's _C: no plan."""
     return SimpleNamespace(
         __file__="before/_C.so", BLOCK_M=block_m, block_n=lambda d: 32 if d == 256 else 64
     )
 
 
-def test_morning_tile_facts_match_issue_9():
-    ext = morning_build()
+def test_pre_plan_tile_facts_match_issue_9():
+    ext = pre_plan_build()
     facts = cuda_tiles(ext, 128, "bfloat16", "float8_e4m3fn", 128)
     assert (facts.rows_per_cta, facts.ctas_per_kv_head, facts.keys_per_iter) == (64, 2, 64)
-    assert facts.smem_bytes == 68608  # issue 9: 68.6 KB
+    assert facts.smem_bytes == 68608  # 68.6 KB
     assert "b66bef0" in facts.source
     assert cuda_tiles(ext, 128, "bfloat16", "bfloat16", 64).smem_bytes == 117760
     assert cuda_tiles(ext, 256, "float16", "float16", 64).smem_bytes == 132608
@@ -266,14 +266,14 @@ def test_morning_tile_facts_match_issue_9():
     assert groups == [4, 2, 1]
 
 
-def test_tile_facts_without_a_plan_are_an_error_not_the_morning_formula():
+def test_tile_facts_without_a_plan_are_an_error_not_the_pre_plan_formula():
     with pytest.raises(TileFactsError, match="could not be imported"):
         cuda_tiles(None, 128, "bfloat16", "float8_e4m3fn", 64)
     with pytest.raises(TileFactsError, match="exports neither _C.plan"):
         cuda_tiles(SimpleNamespace(__file__="x.so"), 128, "bfloat16", "float8_e4m3fn", 64)
     # A pre-plan build whose exported tiles differ from b66bef0's is not that build.
     with pytest.raises(TileFactsError, match="BLOCK_M, block_n"):
-        cuda_tiles(morning_build(block_m=128), 128, "bfloat16", "float8_e4m3fn", 64)
+        cuda_tiles(pre_plan_build(block_m=128), 128, "bfloat16", "float8_e4m3fn", 64)
 
 
 def planning_build(drop: tuple[str, ...] = (), **extra: object) -> SimpleNamespace:
@@ -397,7 +397,7 @@ def test_json_and_markdown_schema(tiny_kernel, tmp_path):
     "gpu, opcode, expected",
     [
         (hardware.H200, "HGMMA", 1.0),  # wgmma at its full rate is the dense peak
-        (hardware.H200, "HMMA", 0.5),  # mma.sync: half of it (issue 11)
+        (hardware.H200, "HMMA", 0.5),  # mma.sync: half of it
         (hardware.B200, "UTCHMMA", 1.0),
         (hardware.B200, "HMMA", 0.25),  # mma.sync on B200: a quarter of tcgen05
     ],
@@ -496,7 +496,7 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     assert sorted(got) == sorted(expected)
     assert {r["family"] for r in document["rows"]} >= {"mma_sync"}
     assert all(r["ctas_per_sm"] >= 1 for r in document["rows"])
-    # Tile facts come from the build's own plan (issue 9), not a copied formula: each row's
+    # Tile facts come from the build's own plan, not a copied formula: each row's
     # shared memory is the plan's dynamic bytes plus the cubin's static bytes.
     (source,) = document["assumptions"]["tile_facts"].values()
     assert "_C.plan" in source
