@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.backends import cuda as cuda_backend
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 

@@ -3,7 +3,7 @@
 Times the CUDA kernels (CUDA-graph replays over L2-rotated inputs, benchmarks/timing.py) at
 several forced split counts and at the backend's own choice, and writes
 ``OUT/cuda_splits.json`` with the achieved KV bandwidth next to the device copy bandwidth, so the
-split heuristic of fp8_noncausal_attn/cuda_backend.py can be checked against measurements.
+split heuristic of fp8_noncausal_attn/backends/cuda/mma_sync.py can be checked against measurements.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.cuda import mma_sync
 from fp8_noncausal_attn.validation import validate_attention
 
 from .inputs import make_case
@@ -54,7 +55,7 @@ def sweep(out_dir: Path) -> list[dict[str, object]]:
             for c in copies
         ]
         outs = [torch.empty_like(c.query) for c in copies]
-        chosen = cuda_backend.num_splits_for(problems[0], cuda_backend.resident_ctas(problems[0]))
+        chosen = mma_sync.num_splits_for(problems[0], mma_sync.resident_ctas(problems[0]))
         for splits in SPLITS:
             calls = [
                 lambda p=p, o=o, n=splits: cuda_backend.paged_attention(p, o, num_splits=n)

@@ -13,10 +13,11 @@ from typing import Optional
 
 import torch
 
-from . import cuda_backend, dispatch, reference
+from . import dispatch
+from .backends import cuda, reference
 from .problem import AttentionProblem
-from .scales import ScaleArg, compute_kv_scales
-from .validation import validate_attention, validate_cache_write
+from .scales import FP8_DTYPES, ScaleArg, finite_max
+from .validation import check_kv_tokens, validate_attention, validate_cache_write
 
 __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "available_backends"]
 
@@ -36,8 +37,8 @@ def cache_writer(device: torch.device):
     if device.type != "cuda":
         return reference.reshape_and_cache
     if dispatch.availability("cuda")[0]:
-        return cuda_backend.reshape_and_cache
-    from .triton_cache import reshape_and_cache
+        return cuda.reshape_and_cache
+    from .backends.triton.cache import reshape_and_cache
 
     return reshape_and_cache
 
@@ -226,3 +227,37 @@ def reshape_and_cache(
     else:
         writer = cache_writer(key.device)
         writer(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
+
+
+def compute_kv_scales(
+    key: torch.Tensor, value: torch.Tensor, *, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-KV-head scales that map each head's absolute maximum onto the FP8 format's maximum.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, bf16/fp16/fp32.
+        fp8_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
+    Returns:
+        ``(k_scale, v_scale)``, float32 ``[num_kv_heads]``; a head that is all zeros gets 1.0,
+        so a scale is never zero.
+    Raises:
+        ValueError naming ``key`` or ``value`` when it holds NaN or inf (a scale made from them
+        would be meaningless). This reads the per-head maxima on the host (a sync).
+    """
+    check_kv_tokens(key, value)
+    if fp8_dtype not in FP8_DTYPES:
+        raise TypeError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    fmax = finite_max(fp8_dtype)
+
+    def per_head(x: torch.Tensor, name: str) -> torch.Tensor:
+        amax = x.float().abs().amax(dim=(0, 2))
+        # NaN propagates through amax, so one host check covers NaN and inf.
+        bad = ~torch.isfinite(amax)
+        if bool(bad.any()):
+            heads = bad.nonzero().flatten().tolist()
+            raise ValueError(
+                f"{name} must be finite to compute scales, got NaN or inf in KV heads {heads}"
+            )
+        return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+
+    return per_head(key, "key"), per_head(value, "value")

@@ -15,23 +15,25 @@ from typing import Any, Protocol
 
 import torch
 
-from . import cuda_backend, dsl_families, reference, triton_attention
+from .backends import cuda, reference
+from .backends.triton import attention as triton_attention
 from .problem import AttentionProblem
 
 # Imported eagerly (each imports its compiled kernels lazily) so that torch.compile can trace
 # the choice without stepping into importlib.
 BACKENDS: dict[str, ModuleType] = {
-    "cuda": cuda_backend,
+    "cuda": cuda,
     "triton": triton_attention,
     "reference": reference,
 }
+# The public names of the backends (``backend=`` takes these and ``"auto"``).
 BACKEND_NAMES = tuple(BACKENDS)
 
 
 class Backend(Protocol):
-    """The contract every backend module (``reference``, ``triton_attention``, ``cuda_backend``)
-    implements. The plan is the seam: everything host-side is decided once per batch in
-    :meth:`plan`; :meth:`run` only launches.
+    """The contract every backend module (``backends.reference``, ``backends.triton.attention``,
+    ``backends.cuda``) implements. The plan is the seam: everything host-side is decided once
+    per batch in :meth:`plan`; :meth:`run` only launches.
 
     Plan time (once per batch, host only, never a device value, never under tracing): the
     ``problem`` has the real index tensors (any strides, never copied), sizes, causal flags,
@@ -59,8 +61,14 @@ class Backend(Protocol):
         head_dim] is written in place, rows past ``cu_seqlens_q[-1]`` as zeros. ``problem``'s
         scales are float32 ``[num_kv_heads]`` and its ``num_tokens`` at most the plan's."""
 
-    # Optional: ``run_unsupported_reason(problem, out) -> str | None``, run-time needs of the
-    # layer's own tensors (e.g. pointer alignment), checked before every run.
+    # Optional:
+    # - ``run_unsupported_reason(problem, out) -> str | None``: run-time needs of the layer's own
+    #   tensors (e.g. pointer alignment), checked before every run;
+    # - ``PLAN_OPTIONS``: keywords of ``plan`` beyond the contract's, which
+    #   ``PagedAttention.plan`` passes through, with ``check_plan_options(**options)`` (raises
+    #   for a value no plan takes) and ``unused_options_reason(**options) -> str`` (why they
+    #   go unused when another backend runs; "" for defaults);
+    # - ``report_details(available, reason) -> dict``: more entries for available_backends().
 
 
 # Each backend's availability() answer, asked once per process: it describes the machine (the
@@ -126,7 +134,9 @@ def available_backends() -> dict[str, dict[str, object]]:
     for name in BACKEND_NAMES:
         runs, why = _availability[name] = backend_module(name).availability()
         report[name] = {"available": runs, "reason": why}
-    report["cuda"]["families"] = dsl_families.report(*_availability["cuda"])
+        details = getattr(backend_module(name), "report_details", None)
+        if details is not None:
+            report[name].update(details(runs, why))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     choice, why = auto_choice(device)
     report["auto"] = {"choice": choice, "reason": why}
@@ -151,3 +161,30 @@ def resolve_backend(backend: str, problem: AttentionProblem) -> str:
     if reason is not None:
         raise RuntimeError(f"backend {backend!r} does not support this call: {reason}")
     return backend
+
+
+def check_plan_options(options: dict[str, Any]) -> None:
+    """Raise ValueError, by name, for an option no backend takes or a value none accepts."""
+    for key, value in options.items():
+        owners = [m for m in BACKENDS.values() if key in getattr(m, "PLAN_OPTIONS", ())]
+        if not owners:
+            raise ValueError(f"no backend takes the plan option {key}=")
+        for module in owners:
+            module.check_plan_options(**{key: value})
+
+
+def plan_options(backend: str, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The options ``backend``'s plan takes, and why the others go unused ("" if none)."""
+    module = BACKENDS[backend]
+    taken = getattr(module, "PLAN_OPTIONS", ())
+    used = {key: value for key, value in options.items() if key in taken}
+    reasons = []
+    for key, value in options.items():
+        if key in taken:
+            continue
+        for owner in BACKENDS.values():
+            if key in getattr(owner, "PLAN_OPTIONS", ()):
+                why = owner.unused_options_reason(**{key: value})
+                if why:
+                    reasons.append(f"{why}, {backend} runs")
+    return used, "; ".join(reasons)

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from . import dispatch, dsl_families
+from . import dispatch
 from .api import paged_attention, run_one_shot
 from .masking import normalize_causal
 from .problem import AttentionProblem
@@ -257,12 +257,14 @@ class PagedAttention:
         max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
         max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
         num_tokens = optional_host_int(num_tokens, "num_tokens")
-        if family is not None:
+        # Backend options (each named by the backend that takes it) pass through to its plan.
+        options = {} if family is None else {"family": family}
+        if options:
             if torch.compiler.is_compiling():
                 raise ValueError(
                     "family= is not carried through torch.compile: set FP8NCA_CUDA_FAMILY"
                 )
-            dsl_families.requested_family(family)  # an unknown name fails here, by name
+            dispatch.check_plan_options(options)  # an unknown value fails here, by name
         if backend != "auto" and backend not in dispatch.BACKENDS:
             raise ValueError(
                 f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
@@ -309,14 +311,10 @@ class PagedAttention:
             plan.backend = dispatch.resolve_backend(backend, problem)
             module: ModuleType = dispatch.backend_module(plan.backend)
             plan.module = module
-            if plan.backend == "cuda" and family is not None:
-                plan.backend_plan = module.plan(problem, self.workspace, family=family)
-            else:
-                plan.backend_plan = module.plan(problem, self.workspace)
+            used, unused_why = dispatch.plan_options(plan.backend, options)
+            plan.backend_plan = module.plan(problem, self.workspace, **used)
             plan.family = getattr(plan.backend_plan, "family", None)
-            plan.family_reason = getattr(plan.backend_plan, "family_reason", "")
-            if family not in (None, dsl_families.DEFAULT_FAMILY) and plan.family is None:
-                plan.family_reason = f"family {family!r} is a CUDA family, {plan.backend} runs"
+            plan.family_reason = getattr(plan.backend_plan, "family_reason", "") or unused_why
             plan.run_check = getattr(module, "run_unsupported_reason", None)
         self._plan = plan
         return plan

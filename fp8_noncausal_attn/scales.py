@@ -122,42 +122,6 @@ def check_score_scale(
         )
 
 
-def compute_kv_scales(
-    key: torch.Tensor, value: torch.Tensor, *, fp8_dtype: torch.dtype = torch.float8_e4m3fn
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-KV-head scales that map each head's absolute maximum onto the FP8 format's maximum.
-
-    Args:
-        key, value: ``[num_tokens, num_kv_heads, head_dim]``, bf16/fp16/fp32.
-        fp8_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
-    Returns:
-        ``(k_scale, v_scale)``, float32 ``[num_kv_heads]``; a head that is all zeros gets 1.0,
-        so a scale is never zero.
-    Raises:
-        ValueError naming ``key`` or ``value`` when it holds NaN or inf (a scale made from them
-        would be meaningless). This reads the per-head maxima on the host (a sync).
-    """
-    from .validation import check_kv_tokens
-
-    check_kv_tokens(key, value)
-    if fp8_dtype not in FP8_DTYPES:
-        raise TypeError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-    fmax = finite_max(fp8_dtype)
-
-    def per_head(x: torch.Tensor, name: str) -> torch.Tensor:
-        amax = x.float().abs().amax(dim=(0, 2))
-        # NaN propagates through amax, so one host check covers NaN and inf.
-        bad = ~torch.isfinite(amax)
-        if bool(bad.any()):
-            heads = bad.nonzero().flatten().tolist()
-            raise ValueError(
-                f"{name} must be finite to compute scales, got NaN or inf in KV heads {heads}"
-            )
-        return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
-
-    return per_head(key, "key"), per_head(value, "value")
-
-
 def quantize(x: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
     """Store-side conversion: ``x / scale[head]``, saturated to the format's finite max, RNE
     (16-bit formats too).

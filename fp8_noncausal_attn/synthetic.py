@@ -108,8 +108,7 @@ def make_case(
     (:func:`strided_view`); ``padded_rows`` appends that many random query rows past the last
     sequence, as vLLM pads a batch under CUDA graphs.
     """
-    from .api import reshape_and_cache
-    from .scales import compute_kv_scales
+    from .api import compute_kv_scales, reshape_and_cache
 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)

@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-from fp8_noncausal_attn import triton_attention, triton_cache
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
+from fp8_noncausal_attn.backends.triton import cache as triton_cache
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
 from tools.sass_model.triton_kernels import captured_launches, compile_launch

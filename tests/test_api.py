@@ -150,13 +150,17 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
     opaque op, whether _C is built, missing, or the GPU backends report available (mocked):
     the backend is resolved inside the op when the graph runs, so no extension import,
     exception handling or data_ptr() arithmetic is ever traced."""
-    from fp8_noncausal_attn import cuda_backend, dispatch, triton_attention
+    from fp8_noncausal_attn import dispatch
+    from fp8_noncausal_attn.backends import cuda as cuda_backend
+    from fp8_noncausal_attn.backends.cuda import extension as cuda_extension
+    from fp8_noncausal_attn.backends.cuda import mma_sync
+    from fp8_noncausal_attn.backends.triton import attention as triton_attention
 
-    if extension == "built" and cuda_backend._load()[0] is None:
+    if extension == "built" and cuda_extension.load()[0] is None:
         pytest.skip("the CUDA extension is not built here")
     monkeypatch.setattr(dispatch, "_availability", {})  # the mocks below are asked afresh
     if extension == "missing":
-        monkeypatch.setattr(cuda_backend, "_load", lambda: (None, "not built (test)"))
+        monkeypatch.setattr(cuda_extension, "load", lambda: (None, "not built (test)"))
     if extension == "gpu_mocked":
         # Our backends report a GPU (torch.cuda itself stays real: Dynamo consults it).
         for module in (cuda_backend, triton_attention):
@@ -165,7 +169,7 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
         (dispatch, "resolve_backend"),
         (dispatch, "auto_choice"),
         (cuda_backend, "unsupported_reason"),
-        (cuda_backend, "_aligned"),
+        (mma_sync, "_aligned"),
     ]:
         refuse_while_tracing(monkeypatch, module, name)  # fmt: skip
     case = make_case([3, 8], [40, 8], causal=[True, False], causal_dtype=torch.int32, seed=21)
@@ -244,12 +248,13 @@ def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
     with the extension's availability mocked."""
     code = (
         "import sys, torch\n"
-        "from fp8_noncausal_attn import api, cuda_backend, dispatch\n"
+        "from fp8_noncausal_attn import api, dispatch\n"
+        "from fp8_noncausal_attn.backends import cuda\n"
         "dispatch._availability['cuda'] = (True, 'mocked')\n"
-        "assert api.cache_writer(torch.device('cuda')) is cuda_backend.reshape_and_cache\n"
-        "assert 'fp8_noncausal_attn.triton_cache' not in sys.modules\n"
+        "assert api.cache_writer(torch.device('cuda')) is cuda.reshape_and_cache\n"
+        "assert 'fp8_noncausal_attn.backends.triton.cache' not in sys.modules\n"
         "dispatch._availability['cuda'] = (False, 'mocked')\n"
-        "from fp8_noncausal_attn import triton_cache\n"
+        "from fp8_noncausal_attn.backends.triton import cache as triton_cache\n"
         "assert api.cache_writer(torch.device('cuda')) is triton_cache.reshape_and_cache\n"
         "assert api.cache_writer(torch.device('cpu')) is api.reference.reshape_and_cache\n"
     )

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 
 DEFAULT_ARCHS = ("89", "90", "100f", "120")
 DEFAULT_PTX = "120"
@@ -189,7 +190,7 @@ def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
     _extension_path()
     from fp8_noncausal_attn import _C
 
-    splits = cuda_backend.num_splits_for(drafter_problem(batch, kv_len), resident)
+    splits = mma_sync.num_splits_for(drafter_problem(batch, kv_len), resident)
     assert splits == expected
     ctas = batch * 8 * splits
     if 1 < splits < _C.MAX_SPLITS:
@@ -216,7 +217,7 @@ def test_windowed_plan_sizes_splits_from_the_window(batch, window, causal, expec
     context (batch x 8 tokens x 32/8 heads, d128), not from the context."""
     _extension_path()
     problem = dataclasses.replace(drafter_problem(batch, 131072), window=window, causal=causal)
-    assert cuda_backend.num_splits_for(problem, 396) == expected
+    assert mma_sync.num_splits_for(problem, 396) == expected
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -248,7 +249,7 @@ def test_dtype_codes_are_the_extensions():
     _extension_path()
     from fp8_noncausal_attn import _C
 
-    assert {str(k).removeprefix("torch."): v for k, v in cuda_backend.DTYPE_CODES.items()} == (
+    assert {str(k).removeprefix("torch."): v for k, v in extension.DTYPE_CODES.items()} == (
         _C.DTYPE_CODES
     )
 
@@ -259,7 +260,7 @@ def test_plan_reports_grid_and_workspace(forced):
     split-KV workspace (fp32 partial O and LSE) that run() needs."""
     _extension_path()
     problem = drafter_problem(batch=3, kv_len=9000, q_len=24)
-    plan = cuda_backend.kernel_plan(problem, resident=396, num_splits=forced)
+    plan = mma_sync.kernel_plan(problem, resident=396, num_splits=forced)
     splits = plan["num_splits"]
     assert splits == (forced or splits) and splits >= 1
     m_tiles = -(-24 * 4 // plan["block_m"])
@@ -289,7 +290,7 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
     ext = types.SimpleNamespace(
         plan=plan, paged_attention=lambda **kwargs: calls.setdefault("launch", kwargs)
     )
-    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
         cuda_stream=0))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
@@ -299,16 +300,17 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
         window=(2**40, -1), sinks=sinks,
     )  # fmt: skip
-    cuda_backend.kernel_plan(problem, resident=100)
+    mma_sync.kernel_plan(problem, resident=100)
     assert calls["plan"]["window_left"] == 2**31 - 1 and calls["plan"]["window_right"] == -1
     assert calls["plan"]["causal"] is True
-    cuda_backend.run(problem, cuda_backend.CudaPlan(1, None, None), torch.empty_like(case.query))
+    unsplit = cuda_backend.CudaPlan("mma_sync", mma_sync.MmaSyncPlan(1, None, None))
+    cuda_backend.run(problem, unsplit, torch.empty_like(case.query))
     launch = calls["launch"]
     assert launch["sinks"] == sinks.data_ptr()
     assert (launch["window_left"], launch["window_right"]) == (2**31 - 1, -1)
     calls.clear()
     plain = dataclasses.replace(problem, window=(-1, -1), sinks=None)
-    cuda_backend.run(plain, cuda_backend.CudaPlan(1, None, None), torch.empty_like(case.query))
+    cuda_backend.run(plain, unsplit, torch.empty_like(case.query))
     assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
 
 
@@ -323,7 +325,7 @@ def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):
 
     calls = []
     ext = types.SimpleNamespace(merge_splits=lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
         cuda_stream=7))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
@@ -377,7 +379,7 @@ def fake_extension(archs: str, ptx: str, driver: int, runtime: int = 13000):
 )
 def test_availability_accepts_every_gpu_the_binary_runs_on(monkeypatch, capability, runs):
     ext = fake_extension("89,90,100f,120", "120", driver=13000)
-    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -388,18 +390,18 @@ def test_availability_accepts_every_gpu_the_binary_runs_on(monkeypatch, capabili
 
 
 def test_arch_specific_cubins_run_only_on_their_gpu():
-    assert cuda_backend.runs_on((9, 0), ["90a"], None)
-    assert not cuda_backend.runs_on((10, 3), ["100a"], None)  # the old build on a B300
-    assert cuda_backend.runs_on((10, 3), ["100f"], None)
-    assert not cuda_backend.runs_on((11, 0), ["100f"], None)
-    assert not cuda_backend.runs_on((9, 0), ["89"], None)
-    assert cuda_backend.runs_on((9, 0), ["89"], "89")
+    assert extension.runs_on((9, 0), ["90a"], None)
+    assert not extension.runs_on((10, 3), ["100a"], None)  # the old build on a B300
+    assert extension.runs_on((10, 3), ["100f"], None)
+    assert not extension.runs_on((11, 0), ["100f"], None)
+    assert not extension.runs_on((9, 0), ["89"], None)
+    assert extension.runs_on((9, 0), ["89"], "89")
 
 
 def test_old_driver_makes_the_backend_unavailable(monkeypatch):
     """The extension links the CUDA 13 runtime statically: an older driver cannot run it."""
     ext = fake_extension("89,90,100f,120", "120", driver=12040, runtime=13000)
-    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))

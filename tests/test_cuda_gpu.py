@@ -8,7 +8,9 @@ from conftest import TOLERANCE
 from matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import cuda_backend, dispatch
+from fp8_noncausal_attn import dispatch
+from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.cuda import mma_sync
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -154,7 +156,7 @@ def test_drafter_shape_uses_split_kv():
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    assert cuda_backend.num_splits_for(problem, cuda_backend.resident_ctas(problem)) > 1
+    assert mma_sync.num_splits_for(problem, mma_sync.resident_ctas(problem)) > 1
     check(case, torch.bfloat16)
 
 
@@ -309,7 +311,7 @@ def test_unaligned_out_is_written_in_place(cache_dtype):
 def test_cuda_cache_write_is_bit_exact(cache_dtype):
     """The extension's reshape_and_cache writes the reference's bytes (values past the format's
     max saturate), into strided caches, skipping slots < 0, through a strided slot_mapping."""
-    from fp8_noncausal_attn import reference
+    from fp8_noncausal_attn.backends import reference
     from fp8_noncausal_attn.scales import finite_max
 
     gen = torch.Generator(device="cuda").manual_seed(3)

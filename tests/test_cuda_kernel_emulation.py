@@ -27,7 +27,7 @@ import torch
 from conftest import TOLERANCE
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import cuda_backend
+from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
@@ -138,7 +138,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
     # dequantises K by bit moves its 16-bit K rows (and so the Q fragments) hold the dims of each
     # group of 4 in bf16_k_dim order.
     bit_k = elt == 1 and hk.bit_dequant_k(
-        cuda_backend.DTYPE_CODES[pb["q_dtype"]], cuda_backend.DTYPE_CODES[pb["kv_dtype"]]
+        extension.DTYPE_CODES[pb["q_dtype"]], extension.DTYPE_CODES[pb["kv_dtype"]]
     )
     order = [hk.bf16_k_dim(p) for p in range(16)] if bit_k else list(range(16))
 
@@ -335,7 +335,7 @@ def emulate(problem, num_splits):
     """The whole launch (attention kernel grid, then merge.cu when split) on the CPU, on the C++
     plan's tile (64 or 128 query rows) and grid. Every output row starts as NaN, so a row no CTA
     writes shows up."""
-    plan = cuda_backend.kernel_plan(problem, resident=1, num_splits=num_splits)
+    plan = mma_sync.kernel_plan(problem, resident=1, num_splits=num_splits)
     assert plan["num_splits"] == num_splits
     T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
     assert (plan["threads"], plan["smem_bytes"]) == (T["threads"], T["smem"])
@@ -355,7 +355,7 @@ def emulate(problem, num_splits):
         "softmax_scale": problem.softmax_scale,
         "k_scale": problem.k_scale.double().numpy(),
         "v_scale": problem.v_scale.double().numpy(),
-        "window": cuda_backend.window_sides(problem),
+        "window": extension.window_sides(problem),
         "sinks": None if problem.sinks is None else problem.sinks.double().numpy(),
     }
     shape = (problem.num_tokens, problem.num_q_heads, problem.head_dim)
@@ -444,7 +444,7 @@ def test_fp8_bit_dequantisation_is_exact_for_every_byte(kv_dtype):
     every finite FP8 value exactly, in bf16_k_dim order; the special test flags exactly the
     Inf / NaN bytes."""
     hk = host()
-    codes = cuda_backend.DTYPE_CODES
+    codes = extension.DTYPE_CODES
     kv = codes[kv_dtype]
     assert hk.bit_dequant_k(codes[torch.bfloat16], kv)
     assert not hk.bit_dequant_k(codes[torch.float16], kv)
@@ -540,7 +540,7 @@ def test_emulated_128_row_tile_matches_reference(cache, query, causal, window, s
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
     )
-    plan = cuda_backend.kernel_plan(problem, resident=1, num_splits=splits)
+    plan = mma_sync.kernel_plan(problem, resident=1, num_splits=splits)
     assert (plan["block_m"], plan["threads"], plan["m_tiles"]) == (128, 256, 2)
     assert plan["kernel_name"] == "paged_attention_kernel_m128"
     out = emulate(problem, splits).to(query)
@@ -557,7 +557,7 @@ def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():
     memory (sm_89 / sm_120)."""
     from fp8_noncausal_attn import _C
 
-    codes = cuda_backend.DTYPE_CODES
+    codes = extension.DTYPE_CODES
     for head_dim in (64, 128, 256):
         for dtype, code in codes.items():
             fp8 = dtype.itemsize == 1

@@ -27,10 +27,14 @@ from dsl import build
 from dsl.tcgen05 import layouts as tcgen05_layouts
 from dsl.tcgen05 import traits as tcgen05_traits
 from dsl.wgmma import traits as wgmma_traits
-from fp8_noncausal_attn import cuda_backend, dispatch, dsl_families
+from fp8_noncausal_attn import dispatch
+from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.cuda import dsl as dsl_families
+from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+from fp8_noncausal_attn.backends.cuda import family as kernel_family
+from fp8_noncausal_attn.backends.reference import gather_sequence_kv
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.plan import Workspace
-from fp8_noncausal_attn.reference import gather_sequence_kv
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -69,7 +73,7 @@ class FakeLibrary:
 
 def merge_reference(ws_o, ws_lse, out, sinks=None):
     """The split-KV merge formula of csrc/cascade/merge_row.h in PyTorch (the ``_C`` merge
-    kernel cuda_backend.merge_splits runs, which a mocked GPU cannot): weights 2^(lse - top)
+    kernel extension.merge_splits runs, which a mocked GPU cannot): weights 2^(lse - top)
     over log2 LSEs with top = max(LSE, sink), each split's O already normalised; natural-log
     sinks join the denominator once; a split with LSE -inf is never read (a NaN one is); a row
     no split saw gets zeros."""
@@ -106,10 +110,10 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
     libraries = libraries or {}
     monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
     monkeypatch.setattr(cuda_backend, "unsupported_reason", lambda problem: None)
-    monkeypatch.setattr(cuda_backend, "_load", lambda: (ext, ""))
-    monkeypatch.setattr(cuda_backend, "merge_splits", lambda problem, ws_o, ws_lse, out: (
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "merge_splits", lambda problem, ws_o, ws_lse, out: (
         merge_reference(ws_o, ws_lse, out, problem.sinks)))  # fmt: skip
-    monkeypatch.setattr(cuda_backend, "resident_ctas", lambda problem: 132)
+    monkeypatch.setattr(mma_sync, "resident_ctas", lambda problem: 132)
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: capability)
     monkeypatch.setattr(dsl_families, "resident_ctas", lambda device: 132)
     monkeypatch.setattr(
@@ -117,11 +121,11 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
         "load_library",
         lambda family: (libraries[family], "") if family in libraries else (None, "not built"),
     )
-    monkeypatch.setattr(dsl_families, "_warned", set())
+    monkeypatch.setattr(kernel_family, "_warned", set())
     monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
         cuda_stream=0))  # fmt: skip
-    monkeypatch.delenv(dsl_families.FAMILY_ENV, raising=False)
+    monkeypatch.delenv(cuda_backend.FAMILY_ENV, raising=False)
 
 
 def problem_of(case, **overrides):
@@ -357,7 +361,7 @@ def test_split_count_comes_from_the_one_planner_with_the_variants_tiles(
     mock_gpu(monkeypatch, capability, libraries={family: library}, split_calls=calls)
     case = make_case([3, 5], [300, 21], seed=4, head_dim=128)
     problem = problem_of(case, window=(64, 0))
-    plan = dsl_families.plan(problem, None, family)[0]
+    plan = dsl_families.plan(dsl_families.FAMILIES[family], problem, None, None)
     (call,) = calls
     assert call["block_m"] == plan.variant.rows
     assert call["block_n"] == dsl_families.FAMILIES[family].key_tile(128)
@@ -431,7 +435,7 @@ def test_mma_sync_stays_the_default(monkeypatch):
     attn = attention(case)
     plan = plan_case(attn, case)
     assert (plan.backend, plan.family, plan.family_reason) == ("cuda", "mma_sync", "")
-    assert plan.backend_plan.dsl is None
+    assert plan.backend_plan.fallback is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         attn.run(*layer_args(case), plan=plan)
@@ -445,13 +449,13 @@ def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
     case = make_case([3, 5], [40, 21], seed=4)  # R = 5 x 4 = 20 rows per KV head
     attn = attention(case)
     if how == "environment":
-        monkeypatch.setenv(dsl_families.FAMILY_ENV, "wgmma")
+        monkeypatch.setenv(cuda_backend.FAMILY_ENV, "wgmma")
         plan = plan_case(attn, case)
     else:
-        monkeypatch.setenv(dsl_families.FAMILY_ENV, "tcgen05")  # the argument wins
+        monkeypatch.setenv(cuda_backend.FAMILY_ENV, "tcgen05")  # the argument wins
         plan = plan_case(attn, case, family="wgmma")
     assert (plan.family, plan.family_reason) == ("wgmma", "")
-    dsl = plan.backend_plan.dsl
+    dsl = plan.backend_plan.family_plan
     assert dsl.variant.name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
     assert (dsl.row_tiles, dsl.num_splits) == (1, 1)
     assert wgmma.loads == [dsl.variant.index]  # loaded at plan time, before any launch
@@ -488,7 +492,7 @@ def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
 ):
     tables = {name: FakeLibrary(DEFAULT_TABLES[name]) for name in libraries}
     mock_gpu(monkeypatch, capability=capability, libraries=tables)
-    monkeypatch.setenv(dsl_families.FAMILY_ENV, family)
+    monkeypatch.setenv(cuda_backend.FAMILY_ENV, family)
     # a page size the family builds, unless the reason is the page size (head_dim 64: both)
     block_size = 8 if "page_size" in reason else 16
     case = make_case([3, 5], [40, 21], head_dim=64, block_size=block_size, seed=5)
@@ -507,7 +511,7 @@ def test_unknown_family_names_fail_by_name(monkeypatch):
     attn = attention(case)
     with pytest.raises(ValueError, match=r"family must be one of \('mma_sync', 'wgmma'"):
         plan_case(attn, case, family="hopper")
-    monkeypatch.setenv(dsl_families.FAMILY_ENV, "wgmma2")
+    monkeypatch.setenv(cuda_backend.FAMILY_ENV, "wgmma2")
     with pytest.raises(ValueError, match="FP8NCA_CUDA_FAMILY must be one of .* got 'wgmma2'"):
         plan_case(attn, case)
 
@@ -521,7 +525,7 @@ def test_family_off_the_cuda_backend_says_so():
 
 
 def test_available_backends_reports_each_family(monkeypatch):
-    monkeypatch.setenv(dsl_families.FAMILY_ENV, "tcgen05")
+    monkeypatch.setenv(cuda_backend.FAMILY_ENV, "tcgen05")
     families = fna.available_backends()["cuda"]["families"]
     assert set(families) == {"mma_sync", "wgmma", "tcgen05"}
     for name in ("wgmma", "tcgen05"):
@@ -649,7 +653,7 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
 
         monkeypatch.setattr(torch, "empty", empty)
     plan = cuda_backend.plan(planned, workspace, num_splits=num_splits, family=family)
-    assert plan.family == family and plan.dsl.num_splits == num_splits
+    assert plan.family == family and plan.family_plan.num_splits == num_splits
     cuda_backend.run(problem, plan, out)
     ((index, arguments),) = library.calls
     assert library.variants[index].name == variant
@@ -718,7 +722,7 @@ def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
     library = FakeLibrary(DEFAULT_TABLES[family], checked)
     mock_gpu(monkeypatch, capability, libraries={family: library})
     plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family and plan.dsl.num_splits == num_splits
+    assert plan.family == family and plan.family_plan.num_splits == num_splits
     cuda_backend.run(problem, plan, out)
     assert seen["window"] == window
     expected_sinks = sinks if with_sinks else torch.full((8,), -math.inf)

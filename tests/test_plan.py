@@ -5,7 +5,9 @@ import torch
 from conftest import DEVICE, TOLERANCE
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import api, dispatch, plan, reference, triton_attention
+from fp8_noncausal_attn import api, dispatch, plan
+from fp8_noncausal_attn.backends import reference
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.plan import PagedAttention, Workspace
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention

@@ -8,8 +8,8 @@ from conftest import DEVICE, TOLERANCE
 from matrix import build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import reference as reference_backend
-from fp8_noncausal_attn import triton_attention
+from fp8_noncausal_attn.backends import reference as reference_backend
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.synthetic import make_case, relative_error, strided_view
 from fp8_noncausal_attn.validation import validate_attention
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from fp8_noncausal_attn import reference, triton_cache
+from fp8_noncausal_attn.backends import reference
+from fp8_noncausal_attn.backends.triton import cache as triton_cache
 from fp8_noncausal_attn.synthetic import allocate_cache
 
 

@@ -22,7 +22,7 @@ def expected_kernels() -> int:
         import gpu_compile_check as check
     finally:
         sys.path.remove(str(TESTS))
-    from fp8_noncausal_attn import triton_cache
+    from fp8_noncausal_attn.backends.triton import cache as triton_cache
 
     attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
     return attention + 2 * len(triton_cache._FORMATS)

@@ -11,7 +11,8 @@ from conftest import DEVICE, TOLERANCE
 
 import fp8_noncausal_attn as fna
 from benchmarks import shapes
-from fp8_noncausal_attn import cuda_backend, triton_attention
+from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention

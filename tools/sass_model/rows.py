@@ -218,7 +218,7 @@ def triton_rows(
     the compiled kernel; label its rows apart, e.g. ``label="window"``)."""
     import torch
 
-    from fp8_noncausal_attn import triton_attention
+    from fp8_noncausal_attn.backends.triton import attention as triton_attention
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
 

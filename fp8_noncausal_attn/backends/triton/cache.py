@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scales import finite_max
+from ...scales import finite_max
 
 # Cache format codes shared by the kernel and its launcher.
 _FORMATS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.bfloat16: 2, torch.float16: 3}

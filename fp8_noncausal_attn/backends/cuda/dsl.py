@@ -1,6 +1,7 @@
 """The CUTLASS-DSL kernel families of the CUDA backend: ``wgmma`` (Hopper, sm_90a) and
-``tcgen05`` (Blackwell, sm_100f: B200 and B300), compiled ahead of time into one shared library per
-family (``libfp8nca_<family>.so``, libc only, the cubins inside) and called here through ctypes.
+``tcgen05`` (Blackwell, sm_100f), compiled ahead of time into one shared library per family
+(``libfp8nca_<family>.so``, libc only, the cubins inside) and called here through ctypes. Each
+:class:`Family` is a :class:`~fp8_noncausal_attn.backends.cuda.family.KernelFamily`.
 
 NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU machines
 (dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They are therefore opt-in only
@@ -34,17 +35,16 @@ import functools
 import math
 import os
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .problem import AttentionProblem
+from ...problem import AttentionProblem
+from . import extension
+from .family import Refused
 
-FAMILY_ENV = "FP8NCA_CUDA_FAMILY"
 LIBRARY_DIR_ENV = "FP8NCA_DSL_LIBRARY_DIR"
-DEFAULT_FAMILY = "mma_sync"
 STATUS = "compiled and SASS-checked, NEVER RUN ON HARDWARE; opt-in"
 
 
@@ -61,6 +61,20 @@ class Family:
         are whole tiles."""
         return 64 if self.name == "wgmma" and head_dim > 128 else 128
 
+    # The KernelFamily contract (family.py).
+    def unsupported_reason(self, problem: AttentionProblem) -> str | None:
+        library, why = load_library(self.name)
+        return why if library is None else plan_unsupported_reason(self, problem)
+
+    def plan(self, problem: AttentionProblem, workspace, num_splits: int | None) -> DslPlan:
+        return plan(self, problem, workspace, num_splits)
+
+    def run_unsupported_reason(self, problem: AttentionProblem, out: torch.Tensor) -> str | None:
+        return run_unsupported_reason(problem, out)
+
+    def run(self, problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
+        run(problem, plan, out)
+
 
 # An arch-specific cubin (sm_90a) runs only on that exact GPU; a family-specific one (sm_100f)
 # on every GPU of its family from that minor up: sm_100 (B200) and sm_103 (B300).
@@ -70,7 +84,6 @@ FAMILIES = {
         "tcgen05", {(10, 0): "sm_100f", (10, 3): "sm_100f"}, "sm_100/sm_103 (B200, B300)"
     ),
 }
-FAMILY_NAMES = (DEFAULT_FAMILY, *FAMILIES)
 
 
 # The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
@@ -168,7 +181,7 @@ def library_dirs(family: str) -> list[Path]:
     """Where ``libfp8nca_<family>.so`` is looked for: ``$FP8NCA_DSL_LIBRARY_DIR``'s folders,
     then the package's ``_<family>/``."""
     local = [Path(p) for p in os.environ.get(LIBRARY_DIR_ENV, "").split(os.pathsep) if p]
-    return [*local, Path(__file__).resolve().parent / f"_{family}"]
+    return [*local, Path(__file__).resolve().parents[2] / f"_{family}"]
 
 
 @functools.cache
@@ -185,16 +198,6 @@ def load_library(family: str) -> tuple[Library | None, str]:
         f"{file} is not in this package (build it with FP8NCA_BUILD_DSL=1, or point "
         f"{LIBRARY_DIR_ENV} at a folder built by python -m dsl.build --family {family} --out DIR)"
     )
-
-
-def requested_family(family: str | None = None) -> str:
-    """The family asked for: ``family``, else ``$FP8NCA_CUDA_FAMILY``, else mma_sync."""
-    chosen = family if family is not None else os.environ.get(FAMILY_ENV, "").strip()
-    chosen = chosen or DEFAULT_FAMILY
-    if chosen not in FAMILY_NAMES:
-        source = "family" if family is not None else FAMILY_ENV
-        raise ValueError(f"{source} must be one of {FAMILY_NAMES}, got {chosen!r}")
-    return chosen
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
@@ -297,40 +300,16 @@ class DslPlan:
     ws_lse: torch.Tensor | None  # float32 [splits, tokens, q_heads] (log2), or None
 
 
-def plan(
-    problem: AttentionProblem,
-    workspace=None,
-    family: str | None = None,
-    num_splits: int | None = None,
-) -> tuple[DslPlan | None, str]:
-    """Plan time (host sizes only): the DSL plan for the requested family (``family``, else
-    ``$FP8NCA_CUDA_FAMILY``), or None with why not (``""`` when mma_sync was asked for; a refusal
-    also warns, once per reason). ``num_splits`` forces the split count; ``workspace``
-    (``fp8_noncausal_attn.plan.Workspace``) bounds it and holds the partials."""
-    name = requested_family(family)
-    if name == DEFAULT_FAMILY:
-        return None, ""
-    chosen, why = _plan(FAMILIES[name], problem, workspace, num_splits)
-    if chosen is None:
-        why = f"{name} refused, mma_sync runs: {why}"
-        warn_once(why)
-    return chosen, why
-
-
-def _plan(
-    family: Family, problem: AttentionProblem, workspace, num_splits: int | None
-) -> tuple[DslPlan | None, str]:
-    from .cuda_backend import _load  # cuda_backend imports this module
-
-    extension, why = _load()
-    if extension is None:
-        return None, why
-    library, why = load_library(family.name)
-    if library is None:
-        return None, why
-    why = plan_unsupported_reason(family, problem)
+def plan(family: Family, problem: AttentionProblem, workspace, num_splits: int | None) -> DslPlan:
+    """Plan time (host sizes only): the variant, its row tiles and the split count from _C's
+    planner (``num_splits`` forces it; ``workspace``, ``fp8_noncausal_attn.plan.Workspace`` or
+    None, bounds it and holds the partials). The variant's cubin is loaded here, so that a
+    failure refuses the family now and the first launch may be inside a CUDA-graph capture.
+    Raises :class:`Refused` with why not."""
+    why = family.unsupported_reason(problem)
     if why is not None:
-        return None, why
+        raise Refused(why)
+    library, _ = load_library(family.name)
     arch = family.archs[device_capability(problem.query.device)]
     rows = max(problem.max_seqlen_q, 1) * problem.group_size
     variant, why = choose_variant(
@@ -338,17 +317,14 @@ def _plan(
         problem.block_size, rows,
     )  # fmt: skip
     if variant is None:
-        return None, why
-    # Load the cubin now, not at the first launch (which may be inside a CUDA-graph capture).
+        raise Refused(why)
     status = library.load(variant.index)
     if status != 0:
-        return None, f"{variant.name} did not load (CUDA error {status})"
+        raise Refused(f"{variant.name} did not load (CUDA error {status})")
     row_tiles = -(-rows // variant.rows)
     # The one split-KV planner (csrc/common/plan.h), with this variant's tiles.
-    from .cuda_backend import plan_sizes  # cuda_backend imports this module
-
-    num_splits = extension.plan_splits(
-        **plan_sizes(problem), resident_ctas=resident_ctas(problem.query.device),
+    num_splits = extension.loaded().plan_splits(
+        **extension.plan_sizes(problem), resident_ctas=resident_ctas(problem.query.device),
         block_m=variant.rows, block_n=family.key_tile(problem.head_dim),
         num_splits=num_splits or 0,
     )  # fmt: skip
@@ -357,17 +333,7 @@ def _plan(
         num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
         if num_splits > 1:
             ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
-    return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse), ""
-
-
-_warned: set[str] = set()
-
-
-def warn_once(why: str) -> None:
-    """A RuntimeWarning the first time ``why`` comes up in this process."""
-    if why not in _warned:
-        _warned.add(why)
-        warnings.warn(why, RuntimeWarning, stacklevel=3)
+    return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse)
 
 
 def launch_arguments(
@@ -381,9 +347,7 @@ def launch_arguments(
 ) -> dict[str, int | float]:
     """The C arguments (names and order of :data:`LAUNCH_ARGUMENTS`) for one launch.
     ``sinks``: float32 [num_q_heads] natural-log logits, -inf where the problem has none (the
-    kernel always reads them); the window goes as ``cuda_backend.window_sides`` caps it."""
-    from .cuda_backend import window_sides  # cuda_backend imports this module
-
+    kernel always reads them); the window goes as ``extension.window_sides`` caps it."""
     q, k, v, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
     flags = problem.causal_per_seq
     # The per-sequence flags are read in place as bytes (vLLM rewrites them between replays).
@@ -396,7 +360,7 @@ def launch_arguments(
         problem.k_scale.data_ptr(), problem.v_scale.data_ptr(), causal_ptr, sinks.data_ptr(),
         0 if ws_o is None else ws_o.data_ptr(), 0 if ws_lse is None else ws_lse.data_ptr(),
         *q.stride()[:2], *out.stride()[:2], *k.stride()[:3], *v.stride()[:3], *bt.stride(),
-        causal_stride, causal_width, int(bool(problem.causal)), *window_sides(problem),
+        causal_stride, causal_width, int(bool(problem.causal)), *extension.window_sides(problem),
         problem.block_size.bit_length() - 1, problem.num_tokens,
         problem.num_seqs, problem.num_q_heads, problem.num_kv_heads, plan.row_tiles,
         plan.num_splits, float(problem.softmax_scale), stream,
@@ -440,22 +404,13 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
             f"{STATUS})"
         )
     if plan.num_splits > 1:
-        from .cuda_backend import merge_splits  # cuda_backend imports this module
-
-        merge_splits(problem, ws_o, ws_lse, out)
+        extension.merge_splits(problem, ws_o, ws_lse, out)
 
 
-def report(cuda_available: bool, cuda_reason: str) -> dict[str, dict[str, object]]:
-    """Each CUDA kernel family for ``available_backends()``: ``{"available", "status",
-    "reason"}``; the DSL families with whether their library is here and suits this GPU."""
-    requested = os.environ.get(FAMILY_ENV, "").strip() or DEFAULT_FAMILY
-    families: dict[str, dict[str, object]] = {
-        DEFAULT_FAMILY: {
-            "available": cuda_available,
-            "status": "the default (portable mma.sync, cp.async; sm_89 and newer)",
-            "reason": cuda_reason,
-        }
-    }
+def report(cuda_available: bool) -> dict[str, dict[str, object]]:
+    """Each DSL family for ``available_backends()``: ``{"available", "status", "reason"}``,
+    with whether its library is here and suits this GPU."""
+    families: dict[str, dict[str, object]] = {}
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     for name, family in FAMILIES.items():
         library, why = load_library(name)
@@ -470,9 +425,8 @@ def report(cuda_available: bool, cuda_reason: str) -> dict[str, dict[str, object
         available = library is not None and cuda_available and capability in family.archs
         families[name] = {
             "available": available,
-            "status": f"{STATUS} ({FAMILY_ENV}={name} or PagedAttention.plan(family={name!r}); "
-            "auto never picks it)",
+            "status": f"{STATUS} (FP8NCA_CUDA_FAMILY={name} or PagedAttention.plan(family="
+            f"{name!r}); auto never picks it)",
             "reason": why,
         }
-    families[requested if requested in families else DEFAULT_FAMILY]["requested"] = True
     return families

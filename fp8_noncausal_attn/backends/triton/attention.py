@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .problem import AttentionProblem
-from .scales import LOG2E
+from ...problem import AttentionProblem
+from ...scales import LOG2E
 
 try:
     import triton

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .masking import visible_range
-from .problem import AttentionProblem
-from .scales import dequantize, quantize
+from ..masking import visible_range
+from ..problem import AttentionProblem
+from ..scales import dequantize, quantize
 
 
 def availability() -> tuple[bool, str]:

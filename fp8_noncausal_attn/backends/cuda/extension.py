@@ -1,0 +1,222 @@
+"""The CUDA extension ``fp8_noncausal_attn._C``: loading it, whether its code runs on a GPU, its
+element codes, and the calls every kernel family shares (the split planner's sizes, the split-KV
+merge, the cache write).
+
+``_C`` (csrc/ + python/bindings.cpp, built by CMake from setup.py) takes raw device pointers,
+strides and the stream, so it works with any torch build. Nothing here synchronises with the
+host.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+
+from ...problem import AttentionProblem
+
+# Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
+DTYPE_CODES = {
+    torch.bfloat16: 0,
+    torch.float16: 1,
+    torch.float8_e4m3fn: 2,
+    torch.float8_e5m2: 3,
+}
+# Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
+# workspaces are sized with it.
+MAX_SPLITS = 32
+# The kernels take window sides as C ints; a side this long reaches past any context, so larger
+# ones (validation admits any int) are passed as this.
+_INT32_MAX = 2**31 - 1
+
+
+@functools.cache
+def load() -> tuple[ModuleType | None, str]:
+    """``_C`` (imported once per process), or None and why it is not there."""
+    try:
+        from ... import _C
+    except ImportError as err:
+        return None, (
+            f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it where nvcc "
+            "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e ."
+        )
+    return _C, ""
+
+
+def loaded() -> ModuleType:
+    """``_C``, or RuntimeError with the reason it is not there."""
+    ext, why = load()
+    if ext is None:
+        raise RuntimeError(why)
+    return ext
+
+
+def _version(code: int) -> str:
+    """CUDA version code (e.g. 13000) as "13.0"."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def driver_reason(ext: ModuleType) -> str | None:
+    """None when the installed driver runs the extension's (statically linked) CUDA runtime."""
+    found, needed = ext.driver_version(), ext.CUDA_RUNTIME_VERSION
+    if found >= needed:
+        return None
+    return (
+        f"the CUDA extension's runtime needs a newer NVIDIA driver: driver {_version(found)} "
+        f"found, {_version(needed)} needed (CUDA {_version(needed)} requires driver >= "
+        "580 on Linux)"
+    )
+
+
+def _parse_arch(arch: str) -> tuple[int, int, str]:
+    """ "100f" -> (10, 0, "f"): compute capability and suffix ("", "a" or "f")."""
+    suffix = arch[-1] if arch[-1] in "af" else ""
+    digits = arch.removesuffix(suffix)
+    return int(digits[:-1]), int(digits[-1]), suffix
+
+
+def runs_on(capability: tuple[int, int], cubins: list[str], ptx: str | None) -> bool:
+    """Whether a binary with machine code for ``cubins`` and PTX for ``ptx`` runs on a GPU of
+    ``capability``: a plain cubin (sm_89) runs on its major version from its minor up, a family
+    cubin (sm_100f) on every member of its family (sm_100, sm_103, ...), an arch-specific one
+    (sm_90a) only on that exact GPU; PTX is JIT-compiled by the driver for any newer GPU."""
+    major, minor = capability
+    for arch in cubins:
+        c_major, c_minor, suffix = _parse_arch(arch)
+        if suffix == "a" and (major, minor) == (c_major, c_minor):
+            return True
+        if suffix != "a" and major == c_major and minor >= c_minor:
+            return True
+    return ptx is not None and capability >= _parse_arch(ptx)[:2]
+
+
+def built_archs() -> list[str]:
+    """The architectures ``_C`` holds machine code for (``_C`` must be loaded)."""
+    return loaded().CUDA_ARCHS.split(",")
+
+
+def arch_reason(device: torch.device) -> str | None:
+    """None when ``_C`` holds code (machine code or PTX) that runs on ``device``, else why not."""
+    ext = loaded()
+    built = built_archs()
+    capability = torch.cuda.get_device_capability(device)
+    if runs_on(capability, built, ext.PTX_ARCH or None):
+        return None
+    return (
+        f"the CUDA extension was built for sm_{', sm_'.join(built)} (PTX: "
+        f"{ext.PTX_ARCH or 'none'}), this GPU is sm_{capability[0]}{capability[1]} (rebuild "
+        "with FP8NCA_CUDA_ARCHS including it)"
+    )
+
+
+def window_sides(problem: AttentionProblem) -> tuple[int, int]:
+    """The problem's ``(left, right)`` window as the kernels take it: -1 = unbounded, others
+    capped at INT32_MAX (already past any position)."""
+    left, right = problem.window
+    return min(left, _INT32_MAX), min(right, _INT32_MAX)
+
+
+def plan_sizes(problem: AttentionProblem) -> dict[str, int | bool]:
+    """The host sizes the split-KV planner reads (``_C.plan`` and ``_C.plan_splits`` keywords):
+    sequences, heads, ``max_seqlen_q/k``, the window as the kernels take it and whether every
+    sequence is causal (per-sequence flags live on the device: planned as bidirectional)."""
+    window_left, window_right = window_sides(problem)
+    return {
+        "num_seqs": problem.num_seqs,
+        "num_q_heads": problem.num_q_heads,
+        "num_kv_heads": problem.num_kv_heads,
+        "max_seqlen_q": problem.max_seqlen_q,
+        "max_seqlen_k": problem.max_seqlen_k,
+        "window_left": window_left,
+        "window_right": window_right,
+        "causal": problem.causal_per_seq is None and bool(problem.causal),
+    }
+
+
+def merge_splits(
+    problem: AttentionProblem, ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor
+) -> None:
+    """``out`` [num_tokens, num_q_heads, head_dim] (the query dtype; token and head strides
+    free, head dims at unit stride) = the split-KV merge kernel (csrc/cascade/merge.cu) of
+    partials a kernel family wrote: ``ws_o`` float32 [splits, num_tokens, num_q_heads,
+    head_dim], each split's O normalised and times v_scale, and ``ws_lse`` float32 [splits,
+    num_tokens, num_q_heads] in log2 units (-inf: the split saw no key; its O is never read),
+    both contiguous. The problem's sinks join the denominator here, once; rows past
+    ``cu_seqlens_q[-1]`` are written as zeros. Asynchronous on the current stream."""
+    ext = loaded()
+    rows = (ws_lse.shape[0], problem.num_tokens, problem.num_q_heads)
+    layouts = (("ws_o", ws_o, (*rows, problem.head_dim)), ("ws_lse", ws_lse, rows))
+    for name, tensor, shape in layouts:
+        if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
+            )
+        if not tensor.is_contiguous() or tensor.device != out.device:
+            raise ValueError(f"{name} must be contiguous on {out.device}")
+    if out.stride(2) != 1:
+        raise ValueError("out must hold each row's head dims at unit stride")
+    if problem.num_tokens == 0:
+        return
+    device = out.device
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with torch.cuda.device(device):
+        ext.merge_splits(
+            device=device.index,
+            stream=stream,
+            ws_o=ws_o.data_ptr(),
+            ws_lse=ws_lse.data_ptr(),
+            out=out.data_ptr(),
+            o_strides=tuple(out.stride()[:2]),
+            sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
+            cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
+            cu_stride=problem.cu_seqlens_q.stride(0),
+            num_seqs=problem.num_seqs,
+            num_splits=rows[0],
+            num_tokens=problem.num_tokens,
+            num_q_heads=problem.num_q_heads,
+            head_dim=problem.head_dim,
+            q_dtype=DTYPE_CODES[out.dtype],
+        )
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Same contract as ``reference.reshape_and_cache``, on the CUDA extension's kernel (bytes
+    identical to ``scales.quantize``). ``key``/``value`` bf16/fp16 ``[num_tokens, num_kv_heads,
+    head_dim]``; scales float32 ``[num_kv_heads]``, contiguous; ``slot_mapping`` int64
+    ``[num_tokens]``, any stride. Asynchronous on the current stream."""
+    ext = loaded()
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    device = key.device
+    ext.reshape_and_cache(
+        device=device.index,
+        stream=torch.cuda.current_stream(device).cuda_stream,
+        key=key.data_ptr(),
+        value=value.data_ptr(),
+        key_cache=key_cache.data_ptr(),
+        value_cache=value_cache.data_ptr(),
+        slot_mapping=slot_mapping.data_ptr(),
+        k_scale=k_scale.data_ptr(),
+        v_scale=v_scale.data_ptr(),
+        key_strides=tuple(key.stride()[:2]),
+        value_strides=tuple(value.stride()[:2]),
+        kc_strides=tuple(key_cache.stride()[:3]),
+        vc_strides=tuple(value_cache.stride()[:3]),
+        slot_stride=slot_mapping.stride(0),
+        num_tokens=num_tokens,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=key_cache.shape[1],
+        in_dtype=DTYPE_CODES[key.dtype],
+        cache_dtype=DTYPE_CODES[key_cache.dtype],
+    )

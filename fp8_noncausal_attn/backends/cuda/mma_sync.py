@@ -1,0 +1,198 @@
+"""The portable mma.sync kernel family (csrc/mma_sync: cp.async multi-stage KV loads), compiled
+into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for the newest: the
+CUDA backend's default and its fallback. Its plan comes from the C++ plan function
+(csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
+allocator (graph-safe). Nothing here synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ...problem import AttentionProblem
+from . import extension
+
+# This module is a KernelFamily (family.py): name, unsupported_reason, plan, run_unsupported_reason
+# and run.
+name = "mma_sync"
+
+
+def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
+    size = t.element_size()
+    return t.data_ptr() % nbytes == 0 and all((s * size) % nbytes == 0 for s in strides)
+
+
+def unsupported_reason(problem: AttentionProblem) -> str | None:
+    """None when the kernels can run ``problem`` (``_C`` must be loaded and run on its
+    device)."""
+    q, k = problem.query, problem.key_cache
+    # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
+    if k.dtype.itemsize == 2 and k.dtype != q.dtype:
+        return (
+            f"a {k.dtype} cache under a {q.dtype} query runs on Triton (fp32 dots): converting "
+            "bf16 keys to fp16 could overflow"
+        )
+    why_not = run_unsupported_reason(problem, None)
+    if why_not is not None:
+        return why_not
+    most = extension.loaded().MAX_SEQS
+    if problem.num_seqs > most:
+        return f"at most {most} sequences per launch, got {problem.num_seqs}"
+    return None
+
+
+def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
+    """None when the layer's own tensors suit the kernels' loads (checked on every run: pointers
+    differ per layer). ``out`` is never a reason: the kernels pick their store width from its
+    alignment and write it in place."""
+    # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
+    for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
+        if not _aligned(cache, cache.stride()[:3], 16):
+            return f"{name} pointer and strides must be multiples of 16 bytes"
+    if not _aligned(problem.query, problem.query.stride()[:2], 8):
+        return "query pointer and strides must be multiples of 8 bytes"
+    return None
+
+
+@functools.cache
+def _resident_ctas(
+    device_index: int, head_dim: int, q_dtype: int, kv_dtype: int, block_m: int
+) -> int:
+    ext = extension.loaded()
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype, block_m), 1)
+
+
+def resident_ctas(problem: AttentionProblem) -> int:
+    """CTAs of this problem's kernel (the tile the plan picks for its rows per KV head) the whole
+    GPU holds at once (occupancy x SMs)."""
+    codes = extension.DTYPE_CODES
+    kv_dtype = codes[problem.key_cache.dtype]
+    rows = max(problem.max_seqlen_q, 1) * problem.group_size
+    return _resident_ctas(
+        problem.query.device.index,
+        problem.head_dim,
+        codes[problem.query.dtype],
+        kv_dtype,
+        extension.loaded().block_m_for(problem.head_dim, kv_dtype, rows),
+    )
+
+
+def kernel_plan(
+    problem: AttentionProblem, resident: int, num_splits: int | None = None
+) -> dict[str, object]:
+    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
+    for more than 64 rows per KV head on an FP8 cache at head_dim 128), ``block_n``,
+    ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
+    split-KV workspace sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when
+    unsplit) for ``resident`` CTA slots on the GPU. ``num_splits`` forces the count (clamped to
+    what the grid holds).
+
+    Uses host-side sizes only (``max_seqlen_q/k``, the window, the launch-wide causal flag), so a
+    captured graph keeps its plan; each CTA derives its own key range from the device-side
+    ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
+    sizes the splits from the keys one query tile's window spans, not from the context.
+    """
+    return extension.loaded().plan(
+        **extension.plan_sizes(problem),
+        num_tokens=problem.num_tokens,
+        head_dim=problem.head_dim,
+        kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
+        resident_ctas=resident,
+        num_splits=num_splits or 0,
+    )
+
+
+def num_splits_for(problem: AttentionProblem, resident: int) -> int:
+    """Split-KV count for ``resident`` CTA slots: 1 unless (seqs x KV heads x M tiles) CTAs
+    leave the GPU underused, else the fewest splits that fill whole waves (the C++ plan)."""
+    return int(kernel_plan(problem, resident)["num_splits"])
+
+
+@dataclass(frozen=True)
+class MmaSyncPlan:
+    """A batch's split-KV count and, when it splits, the partial buffers: views of the kept
+    workspace (``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` [splits, tokens,
+    q_heads]), or None to allocate them per launch (the one-shot path)."""
+
+    num_splits: int
+    ws_o: torch.Tensor | None
+    ws_lse: torch.Tensor | None
+
+
+def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
+    """By default :func:`num_splits_for` chooses the split count, capped by what ``workspace``
+    (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
+    num_splits = int(kernel_plan(problem, resident_ctas(problem), num_splits)["num_splits"])
+    if workspace is None or num_splits == 1:
+        return MmaSyncPlan(num_splits, None, None)
+    num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
+    if num_splits == 1:
+        return MmaSyncPlan(1, None, None)
+    ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
+    return MmaSyncPlan(num_splits, ws_o, ws_lse)
+
+
+def run(problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor) -> None:
+    """Launch attention (and the split-KV merge when the plan splits), writing ``out``
+    [num_tokens, num_q_heads, head_dim] in place. Asynchronous on the current stream."""
+    q = problem.query
+    device = q.device
+    num_splits, ws_o, ws_lse = plan.num_splits, plan.ws_o, plan.ws_lse
+    if num_splits > 1 and ws_o is None:
+        rows = (num_splits, problem.num_tokens, problem.num_q_heads)
+        ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
+        ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
+    window_left, window_right = extension.window_sides(problem)
+    causal_per_seq = problem.causal_per_seq
+    # Read in place by the kernel (bool or int32, any stride): vLLM rewrites it between replays.
+    causal_ptr, causal_bytes, causal_stride = (
+        (0, 1, 0)
+        if causal_per_seq is None
+        else (causal_per_seq.data_ptr(), causal_per_seq.element_size(), causal_per_seq.stride(0))
+    )
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with torch.cuda.device(device):
+        extension.loaded().paged_attention(
+            device=device.index,
+            stream=stream,
+            q=q.data_ptr(),
+            k=problem.key_cache.data_ptr(),
+            v=problem.value_cache.data_ptr(),
+            out=out.data_ptr(),
+            block_table=problem.block_table.data_ptr(),
+            cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
+            seq_lens=problem.seq_lens.data_ptr(),
+            k_scale=problem.k_scale.data_ptr(),
+            v_scale=problem.v_scale.data_ptr(),
+            causal_per_seq=causal_ptr,
+            causal_bytes=causal_bytes,
+            causal_stride=causal_stride,
+            causal=bool(problem.causal),
+            sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
+            window_left=window_left,
+            window_right=window_right,
+            ws_o=0 if ws_o is None else ws_o.data_ptr(),
+            ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
+            q_dtype=extension.DTYPE_CODES[q.dtype],
+            kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
+            q_strides=tuple(q.stride()[:2]),
+            o_strides=tuple(out.stride()[:2]),
+            k_strides=tuple(problem.key_cache.stride()[:3]),
+            v_strides=tuple(problem.value_cache.stride()[:3]),
+            bt_strides=tuple(problem.block_table.stride()),
+            cu_stride=problem.cu_seqlens_q.stride(0),
+            sl_stride=problem.seq_lens.stride(0),
+            num_tokens=problem.num_tokens,
+            num_seqs=problem.num_seqs,
+            num_q_heads=problem.num_q_heads,
+            num_kv_heads=problem.num_kv_heads,
+            head_dim=problem.head_dim,
+            block_size=problem.block_size,
+            max_seqlen_q=problem.max_seqlen_q,
+            num_splits=num_splits,
+            softmax_scale=float(problem.softmax_scale),
+        )
