@@ -891,7 +891,7 @@ def test_every_built_variant_matches_the_reference_on_its_gpu(family, variant, n
     problem = problem_of(case, window=window)
     plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
     assert plan.family == family, plan.family_reason
-    assert plan.dsl.variant.name == name
+    assert plan.family_plan.variant.name == name
     out = torch.full_like(problem.query, math.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no run-time fallback
