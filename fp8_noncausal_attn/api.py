@@ -15,7 +15,7 @@ import torch
 
 from . import dispatch
 from .backends import cuda, reference
-from .problem import AttentionProblem
+from .problem import AttentionProblem, CacheWrite
 from .scales import FP8_DTYPES, ScaleArg, finite_max
 from .validation import check_kv_tokens, validate_attention, validate_cache_write
 
@@ -101,7 +101,8 @@ def _reshape_and_cache_op(
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
 ) -> None:
-    cache_writer(key.device)(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+    write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+    cache_writer(key.device)(write)
 
 
 @_reshape_and_cache_op.register_fake
@@ -225,8 +226,8 @@ def reshape_and_cache(
             key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t
         )
     else:
-        writer = cache_writer(key.device)
-        writer(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
+        write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
+        cache_writer(key.device)(write)
 
 
 def compute_kv_scales(

@@ -93,3 +93,23 @@ class AttentionProblem:
     def group_size(self) -> int:
         """Query heads per KV head (GQA ratio)."""
         return self.num_q_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True, eq=False)
+class CacheWrite:
+    """One validated ``reshape_and_cache`` call, as every backend's cache write takes it.
+
+    key, value: [num_tokens, num_kv_heads, head_dim] bf16/fp16, any token and head strides.
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], FP8 or 16-bit,
+        written in place. slot_mapping: [num_tokens] int64 ``block_id * block_size + offset``
+        (< 0: skipped), any stride. k_scale, v_scale: [num_kv_heads] float32, contiguous; the
+        stored value is ``x / scale[kv_head]``.
+    """
+
+    key: torch.Tensor
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor

@@ -22,6 +22,7 @@ import torch
 
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
+from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
 from tools.sass_model.triton_kernels import captured_launches, compile_launch
@@ -113,7 +114,7 @@ def cache_write_launches():
             slots = torch.randperm(4 * block_size)[:num_tokens]
             scales = [torch.rand(num_kv_heads) + 0.5 for _ in range(2)]
             with captured_launches(triton_cache, "_reshape_and_cache_kernel") as launches:
-                triton_cache.reshape_and_cache(key, value, *caches, slots, *scales)
+                triton_cache.reshape_and_cache(CacheWrite(key, value, *caches, slots, *scales))
             (launch,) = launches
             yield f"cache write {cache_dtype} from {input_dtype}", launch
 

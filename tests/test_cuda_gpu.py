@@ -11,6 +11,7 @@ import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import dispatch
 from fp8_noncausal_attn.backends import cuda as cuda_backend
 from fp8_noncausal_attn.backends.cuda import mma_sync
+from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -329,12 +330,12 @@ def test_cuda_cache_write_is_bit_exact(cache_dtype):
     kv = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=cache_dtype, device="cuda")
     key_cache, value_cache = kv[..., :dim].transpose(1, 2), kv[..., dim:].transpose(1, 2)
     expected = kv.clone()
-    cuda_backend.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
-                                   v_scale)  # fmt: skip
-    reference.reshape_and_cache(
+    cuda_backend.reshape_and_cache(CacheWrite(key, value, key_cache, value_cache, slot_mapping,
+                                              k_scale, v_scale))  # fmt: skip
+    reference.reshape_and_cache(CacheWrite(
         key, value, expected[..., :dim].transpose(1, 2), expected[..., dim:].transpose(1, 2),
         slots.to(torch.int64), k_scale, v_scale,
-    )  # fmt: skip
+    ))  # fmt: skip
     storage = torch.uint8 if cache_dtype.itemsize == 1 else torch.int16
     assert torch.equal(kv.view(storage), expected.view(storage))
     assert torch.isfinite(kv.float()).all()

@@ -6,6 +6,7 @@ from conftest import DEVICE
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
+from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import allocate_cache
 
 
@@ -36,10 +37,10 @@ def test_triton_cache_write_is_bit_exact(cache_dtype, query_dtype):
         )
         for cache in (key_cache, value_cache):
             cache.view(torch.uint8).fill_(7)
-        module.reshape_and_cache(
+        module.reshape_and_cache(CacheWrite(
             key.to(DEVICE), value.to(DEVICE), key_cache, value_cache, slots.to(DEVICE),
             k_scale.to(DEVICE), v_scale.to(DEVICE),
-        )  # fmt: skip
+        ))  # fmt: skip
         written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
     assert torch.equal(written[0][0], written[1][0])
     assert torch.equal(written[0][1], written[1][1])
@@ -72,10 +73,10 @@ def test_cache_write_saturates_and_never_stores_inf(cache_dtype, query_dtype, bi
         )
         for cache in (key_cache, value_cache):
             cache.view(torch.uint8).fill_(0)
-        module.reshape_and_cache(
+        module.reshape_and_cache(CacheWrite(
             key.to(DEVICE), value.to(DEVICE), key_cache, value_cache, slots.to(DEVICE),
             scale.to(DEVICE), scale.to(DEVICE),
-        )  # fmt: skip
+        ))  # fmt: skip
         for cache, sign in ((key_cache, 1.0), (value_cache, -1.0)):
             rows = cache.view(-1, heads, dim)[slots.to(DEVICE)].float()
             assert torch.isfinite(rows).all(), module.__name__

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..masking import visible_range
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, CacheWrite
 from ..scales import dequantize, quantize
 
 
@@ -78,21 +78,16 @@ def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
         out[q_start:q_end] = result.reshape(q_len, problem.num_q_heads, -1).to(out.dtype)
 
 
-def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-) -> None:
-    """Quantise ``key``/``value`` rows into the paged caches at ``slot_mapping`` (< 0: skipped)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    block_size = key_cache.shape[1]
+def reshape_and_cache(write: CacheWrite) -> None:
+    """Quantise ``write.key`` / ``write.value`` rows into the paged caches at
+    ``write.slot_mapping`` (< 0: skipped)."""
+    keep = write.slot_mapping >= 0
+    slots = write.slot_mapping[keep]
+    block_size = write.key_cache.shape[1]
     blocks, offsets = slots // block_size, slots % block_size
-    for rows, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+    pairs = ((write.key, write.key_cache, write.k_scale), (write.value, write.value_cache,
+             write.v_scale))  # fmt: skip
+    for rows, cache, scale in pairs:
         stored = quantize(rows[keep], scale, cache.dtype)
         # index_put_ is not implemented for FP8 dtypes: write the same bytes through a uint8 view.
         as_bytes = torch.uint8 if cache.element_size() == 1 else torch.int16

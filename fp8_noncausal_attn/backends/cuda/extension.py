@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from ...problem import AttentionProblem
+from ...problem import AttentionProblem, CacheWrite
 
 # Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
 DTYPE_CODES = {
@@ -180,19 +180,11 @@ def merge_splits(
         )
 
 
-def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-) -> None:
+def reshape_and_cache(write: CacheWrite) -> None:
     """Same contract as ``reference.reshape_and_cache``, on the CUDA extension's kernel (bytes
-    identical to ``scales.quantize``). ``key``/``value`` bf16/fp16 ``[num_tokens, num_kv_heads,
-    head_dim]``; scales float32 ``[num_kv_heads]``, contiguous; ``slot_mapping`` int64
-    ``[num_tokens]``, any stride. Asynchronous on the current stream."""
+    identical to ``scales.quantize``). Asynchronous on the current stream."""
+    key, value, key_cache, value_cache = write.key, write.value, write.key_cache, write.value_cache
+    slot_mapping, k_scale, v_scale = write.slot_mapping, write.k_scale, write.v_scale
     ext = loaded()
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:

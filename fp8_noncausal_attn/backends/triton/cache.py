@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...problem import CacheWrite
 from ...scales import finite_max
 
 # Cache format codes shared by the kernel and its launcher.
@@ -100,16 +101,10 @@ def _reshape_and_cache_kernel(
     tl.store(v_dst + dims, _encode(v, FORMAT, FMAX))
 
 
-def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-) -> None:
-    """Same contract as ``reference.reshape_and_cache``; scales are float32 ``[num_kv_heads]``."""
+def reshape_and_cache(write: CacheWrite) -> None:
+    """Same contract as ``reference.reshape_and_cache``."""
+    key, value, key_cache, value_cache = write.key, write.value, write.key_cache, write.value_cache
+    slot_mapping, k_scale, v_scale = write.slot_mapping, write.k_scale, write.v_scale
     fmt = _FORMATS[key_cache.dtype]
     kc = key_cache.view(_STORAGE[fmt])
     vc = value_cache.view(_STORAGE[fmt])
