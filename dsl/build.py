@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from dsl.common import launch
 from dsl.common.variant import Q_DTYPES
 from dsl.tcgen05.traits import ARCHS, Variant
 from dsl.tcgen05.traits import KV_DTYPES as TCGEN05_KV_DTYPES
@@ -104,35 +105,24 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
         from dsl.wgmma.kernel import DTYPES as _DTYPES
         from dsl.wgmma.kernel import WgmmaPagedAttention as kernel_class
 
-    def ptr(dtype, align=16):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
+    family = family_of(variant)
+    # The tcgen05 kernel reads the query as 16-bit words and takes q_is_bf16 at run time.
+    pointee = {
+        "query": cutlass.Uint16 if family == "tcgen05" else _DTYPES[variant.q_dtype],
+        "cache": _DTYPES[variant.kv_dtype],
+        "int32": cutlass.Int32, "float32": cutlass.Float32, "uint8": cutlass.Uint8,
+    }  # fmt: skip
+    fake = {"i64": cutlass.Int64(0), "i32": cutlass.Int32(0), "f32": cutlass.Float32(1.0)}
 
-    qt, kvt = _DTYPES[variant.q_dtype], _DTYPES[variant.kv_dtype]
-    i32, i64 = cutlass.Int32(0), cutlass.Int64(0)
-    query_flag = ()
-    if kernel_class is Tcgen05PagedAttention:
-        qt, query_flag = cutlass.Uint16, (i32,)  # 16-bit words; q_is_bf16 at run time
+    def argument(field: launch.Field):
+        if field.kind == "ptr":
+            return make_ptr(pointee[field.element], 0, cute.AddressSpace.gmem,
+                            assumed_align=field.align)  # fmt: skip
+        return make_fake_stream() if field.kind == "stream" else fake[field.kind]
+
     return cute.compile(
         kernel_class(variant),
-        ptr(qt),  # q
-        ptr(kvt),  # k
-        ptr(kvt),  # v
-        ptr(qt),  # out
-        ptr(cutlass.Int32, 4),  # block_table
-        ptr(cutlass.Int32, 4),  # cu_seqlens_q
-        ptr(cutlass.Int32, 4),  # seq_lens
-        ptr(cutlass.Float32, 4),  # k_scale
-        ptr(cutlass.Float32, 4),  # v_scale
-        ptr(cutlass.Uint8, 1),  # causal flags (bytes)
-        ptr(cutlass.Float32, 4),  # sinks
-        ptr(cutlass.Float32, 16),  # ws_o
-        ptr(cutlass.Float32, 4),  # ws_lse
-        *([i64] * 13),  # q, o, k, v, block-table strides; causal stride
-        *([i32] * 11),  # causal width, causal, window left/right, page shift, num_tokens,
-        # num_seqs, heads, row tiles, splits
-        *query_flag,
-        cutlass.Float32(1.0),  # softmax scale
-        make_fake_stream(),
+        *(argument(field) for field in launch.fields(family)),
         # Per-compile options (the CUTE_DSL_* environment is read once per process).
         options=f"--gpu-arch={arch} --keep-ptx --keep-cubin --dump-dir={keep}",
     )
@@ -144,43 +134,28 @@ def cubins(out_dir: Path, arch: str, variant) -> list[Path]:
 
 
 # The library's stable C interface (one entry for every variant; index from the name table):
-#   int fp8nca_tcgen05_variant_count(void);
-#   const char *fp8nca_tcgen05_variant_name(int i);   "<variant name>@<arch>"
-#   int fp8nca_tcgen05_load(int i);   0, the first CUDA error of loading it, -1: unknown i
-#   int fp8nca_tcgen05_run(int i, <the arguments of Tcgen05PagedAttention.__call__>);
+#   int fp8nca_<family>_variant_count(void);
+#   const char *fp8nca_<family>_variant_name(int i);   "<variant name>@<arch>"
+#   const char *fp8nca_<family>_arguments(void);   the C parameters of run after i
+#   int fp8nca_<family>_load(int i);   0, the first CUDA error of loading it, -1: unknown i
+#   int fp8nca_<family>_run(int i, <launch.c_prototype(family)>);
 # ``load`` loads the cubin of variant i on every visible device, once per process (thread-safe;
 # a failed load is not retried and every later load / run returns its error); ``run`` loads it
 # first if nothing has. Calling load at plan time keeps the load out of a first launch that may
-# be inside a CUDA-graph capture, and reports a failure there.
-# ``page_shift`` is log2 of the cache's page size (4..8: pages of 16..256 keys); a variant
-# named ``_p<N>`` was compiled for pages of N only and ignores it. A tcgen05 kernel takes one
-# argument more, ``q_is_bf16`` (after ``num_splits``), which the entry of each variant fixes:
-# the bf16 and fp16 variants of a shape run one compiled kernel.
-ARGUMENTS = (
-    "void *q, void *k, void *v, void *out, void *block_table, void *cu_seqlens_q, "
-    "void *seq_lens, void *k_scale, void *v_scale, void *causal_flags, void *sinks, "
-    "void *ws_o, void *ws_lse, "
-    "int64_t q_stride_t, int64_t q_stride_h, int64_t o_stride_t, int64_t o_stride_h, "
-    "int64_t k_stride_b, int64_t k_stride_s, int64_t k_stride_h, int64_t v_stride_b, "
-    "int64_t v_stride_s, int64_t v_stride_h, int64_t bt_stride_s, int64_t bt_stride_b, "
-    "int64_t causal_stride, int32_t causal_width, int32_t causal, int32_t window_left, "
-    "int32_t window_right, int32_t page_shift, int32_t num_tokens, "
-    "int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t row_tiles, "
-    "int32_t num_splits, float softmax_scale, cudaStream_t stream"
-)
-FORWARD = (
-    "q, k, v, out, block_table, cu_seqlens_q, seq_lens, k_scale, v_scale, causal_flags, sinks, "
-    "ws_o, ws_lse, q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_s, "
-    "k_stride_h, v_stride_b, v_stride_s, v_stride_h, bt_stride_s, bt_stride_b, causal_stride, "
-    "causal_width, causal, window_left, window_right, page_shift, num_tokens, num_seqs, "
-    "num_q_heads, num_kv_heads, row_tiles, num_splits, {query_flag}softmax_scale, stream"
-)
+# be inside a CUDA-graph capture, and reports a failure there. A tcgen05 kernel takes
+# ``q_is_bf16``, which the entry of each variant fixes (launch.FIELDS marks it): the bf16 and
+# fp16 variants of a shape run one compiled kernel.
+
+
+def family_of(variant) -> str:
+    """The family of a variant."""
+    return "tcgen05" if isinstance(variant, Variant) else "wgmma"
 
 
 def forward(variant) -> str:
     """The arguments one variant's entry passes to its kernel's wrapper."""
-    flag = f"{variant.q_is_bf16} /* q_is_bf16 */, " if isinstance(variant, Variant) else ""
-    return FORWARD.format(query_flag=flag)
+    q_is_bf16 = int(variant.q_dtype == "bfloat16")
+    return launch.forwarded(family_of(variant), {"q_is_bf16": str(q_is_bf16)})
 
 
 def entry_source(entries: list[tuple[str, str, str]], family: str = "tcgen05") -> str:
@@ -215,6 +190,7 @@ def entry_source(entries: list[tuple[str, str, str]], family: str = "tcgen05") -
     ]
     lines += [
         f"int fp8nca_{family}_variant_count(void) {{ return sizeof(names) / sizeof(names[0]); }}",
+        f'const char *fp8nca_{family}_arguments(void) {{ return "{launch.c_prototype(family)}"; }}',
         f"const char *fp8nca_{family}_variant_name(int i) {{",
         f"  return i >= 0 && i < fp8nca_{family}_variant_count() ? names[i] : 0;",
         "}",
@@ -227,7 +203,7 @@ def entry_source(entries: list[tuple[str, str, str]], family: str = "tcgen05") -
                   f"      return status_{m};"]  # fmt: skip
     lines += ["    default:", "      return -1;", "  }", "}"]
     lines += [
-        f"int fp8nca_{family}_run(int i, {ARGUMENTS}) {{",
+        f"int fp8nca_{family}_run(int i, {launch.c_prototype(family)}) {{",
         f"  int status = fp8nca_{family}_load(i);",
         "  if (status != 0) return status;",
         "  switch (i) {",

@@ -24,6 +24,7 @@ from conftest import TOLERANCE
 
 import fp8_noncausal_attn as fna
 from dsl import build
+from dsl.common import launch
 from dsl.tcgen05 import layouts as tcgen05_layouts
 from dsl.tcgen05 import traits as tcgen05_traits
 from dsl.wgmma import traits as wgmma_traits
@@ -156,17 +157,6 @@ def layer_args(case):
 # ---- the library and its C interface ------------------------------------------------------
 
 
-def test_launch_arguments_are_the_c_interface_of_dsl_build():
-    """Names, order and C types of the launch arguments equal dsl/build.py's ARGUMENTS."""
-    c_types = {"void *": ctypes.c_void_p, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
-               "float": ctypes.c_float, "cudaStream_t": ctypes.c_void_p}  # fmt: skip
-    declared = []
-    for part in build.ARGUMENTS.split(", "):
-        kind, name = re.fullmatch(r"(void \*|\w+) ?(\w+)", part).groups()
-        declared.append((name, c_types[kind]))
-    assert list(dsl_families.LAUNCH_ARGUMENTS) == declared
-
-
 def test_every_built_variant_name_parses_to_its_fields():
     for arch in wgmma_traits.ARCHS:
         for v in build.wgmma_variants(wgmma_traits.KV_DTYPES):
@@ -256,7 +246,9 @@ def test_a_package_build_loads_and_lists_its_variants(package_build, family, mon
         arch, name = SMALL_BUILDS[family]
         assert [v.name for v in library.variants] == [f"{name}@{arch}"]
         assert library.path == folder / f"libfp8nca_{family}.so"
-        zeros = {name: 0 for name, _ in dsl_families.LAUNCH_ARGUMENTS}
+        # The library reports its C arguments (the launch record's): one value for each.
+        assert library.argument_names == tuple(f.name for f in launch.c_arguments(family))
+        zeros = dict.fromkeys(library.argument_names, 0)
         assert library.launch(len(library.variants), zeros) == -1
         assert library.load(len(library.variants)) == library.load(-1) == -1
         if not torch.cuda.is_available():

@@ -43,9 +43,10 @@ def test_each_variant_entry_passes_its_query_dtype_to_the_shared_kernel():
     for call, flag in zip(calls, (1, 0), strict=True):
         assert "(&module_0, q, k, v, out," in call
         assert f"row_tiles, num_splits, {flag} /* q_is_bf16 */, softmax_scale, stream);" in call
-    # A wgmma variant's kernel takes no flag.
+    # A wgmma variant's entry fixes the flag too (the shared entry takes it; its kernel does
+    # not read it).
     wgmma = build.WGMMA_VARIANTS[0]
-    assert "q_is_bf16" not in build.forward(wgmma)
+    assert f"{int(wgmma.q_dtype == 'bfloat16')} /* q_is_bf16 */" in build.forward(wgmma)
     assert build.symbol(wgmma, "sm_90a") == f"fp8nca_{wgmma.name}_sm_90a"
 
 

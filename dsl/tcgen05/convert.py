@@ -18,8 +18,10 @@ from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.common.kernel_reads import read_page_id
+from dsl.common.work import CtaWork
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
+from dsl.tcgen05.traits import Args
 
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
 CPY = (None,) + MMA
@@ -84,31 +86,8 @@ class ConvertRole:
         ring: cute.Pointer,
         tBsQ: cute.Tensor,
         s_row_scale: cute.Tensor,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        seq: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        group: cutlass.Int32,
-        q_start: cutlass.Int32,
-        num_rows: cutlass.Int32,
-        row_base: cutlass.Int32,
-        kv_len: cutlass.Int32,
-        first_tile: cutlass.Int32,
-        iters: cutlass.Int32,
-        page_shift: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,
+        args: Args,
+        work: CtaWork,
         wg_tidx: cutlass.Int32,
         q_producer: pipeline.PipelineProducer,
         cvt_producer: pipeline.PipelineProducer,
@@ -136,15 +115,15 @@ class ConvertRole:
         self.q_prologue(
             tBsQ,
             s_row_scale,
-            q_ptr,
-            q_stride_t,
-            q_stride_h,
-            kv_head,
-            group,
-            q_start,
-            num_rows,
-            row_base,
-            q_is_bf16,
+            args.q_ptr,
+            args.q_stride_t,
+            args.q_stride_h,
+            work.kv_head,
+            work.group,
+            work.q_start,
+            work.num_rows,
+            work.row_base,
+            args.q_is_bf16,
             wg_tidx,
         )
         cute.arch.fence_view_async_shared()
@@ -195,7 +174,7 @@ class ConvertRole:
         copy16 = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(), kv_dtype, num_bits_per_copy=128
         )
-        total = L.item_count(iters, d_tiles)
+        total = L.item_count(work.iters, d_tiles)
         lookahead = T.LOAD_STAGES - 1
 
         # Everything of a copy's address but its page, once per thread: the source pointer of
@@ -204,35 +183,52 @@ class ConvertRole:
         lane = wg_tidx % 32
         chunk = L.loader_chunk(wg_tidx)
         thread_slot = L.loader_row(wg_tidx, 0)
-        k_thread = _thread_source(k_ptr, thread_slot, kv_head, chunk, k_stride_b, k_stride_s,
-                                  k_stride_h)  # fmt: skip
-        v_thread = _thread_source(v_ptr, thread_slot, kv_head, chunk, v_stride_b, v_stride_s,
-                                  v_stride_h)  # fmt: skip
+        k_thread = _thread_source(args.k_ptr, thread_slot, work.kv_head, chunk, args.k_stride_b,
+        args.k_stride_s,
+                                  args.k_stride_h)  # fmt: skip
+        v_thread = _thread_source(args.v_ptr, thread_slot, work.kv_head, chunk, args.v_stride_b,
+        args.v_stride_s,
+                                  args.v_stride_h)  # fmt: skip
         # The host refuses cache strides of 2^31 elements or more: page x block stride is then
         # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
-        k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
-        v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
+        k_block, k_slot = args.k_stride_b.to(cutlass.Int32), args.k_stride_s.to(cutlass.Int32)
+        v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
         ring_thread = cute.recast_ptr(ring, dtype=kv_dtype) + cute.assume(
             L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
         )
-        bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
-        num_cols = X.page_count(kv_len, page_shift)
+        bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
+        num_cols = X.page_count(work.kv_len, args.page_shift)
 
         # The block table is read an item ahead (lane p of each warp: the item's page p), so the
         # read's latency hides behind the copies of the item before.
         pages = self.read_item_pages(
-            0, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
+            0,
+            work.iters,
+            work.first_tile,
+            bt_row,
+            args.bt_stride_b,
+            num_cols,
+            args.page_shift,
+            lane,
         )
         # A loop, not unrolled: the copies' page-size specialisations are emitted once here and
         # once in the main loop (unrolled, the prologue tripled them: SASS size and compile time).
         for p in cutlass.range(lookahead, unroll=1):
             if p < total:
                 pages_next = self.read_item_pages(
-                    p + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
+                    p + 1,
+                    work.iters,
+                    work.first_tile,
+                    bt_row,
+                    args.bt_stride_b,
+                    num_cols,
+                    args.page_shift,
+                    lane,
                 )
                 self.load_item(
                     p, p, copy16, ring_thread, pages, k_thread, v_thread, k_block, k_slot,
-                    v_block, v_slot, kv_len, first_tile, iters, page_shift, wg_tidx,
+                    v_block, v_slot, work.kv_len, work.first_tile, work.iters, args.page_shift,
+                    wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
             cute.arch.cp_async_commit_group()
@@ -242,11 +238,19 @@ class ConvertRole:
             nxt = i + lookahead
             if nxt < total:
                 pages_next = self.read_item_pages(
-                    nxt + 1, iters, first_tile, bt_row, bt_stride_b, num_cols, page_shift, lane
+                    nxt + 1,
+                    work.iters,
+                    work.first_tile,
+                    bt_row,
+                    args.bt_stride_b,
+                    num_cols,
+                    args.page_shift,
+                    lane,
                 )
                 self.load_item(
                     nxt, nxt % T.LOAD_STAGES, copy16, ring_thread, pages, k_thread, v_thread,
-                    k_block, k_slot, v_block, v_slot, kv_len, first_tile, iters, page_shift,
+                    k_block, k_slot, v_block, v_slot, work.kv_len, work.first_tile, work.iters,
+                    args.page_shift,
                     wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
@@ -254,7 +258,7 @@ class ConvertRole:
             cute.arch.cp_async_wait_group(lookahead)
             ring_bar.arrive_and_wait()  # item i is in shared memory, from every thread
             stage = i % T.LOAD_STAGES
-            is_v, _, _ = L.item_of(i, iters, d_tiles, cutlass.select_)
+            is_v, _, _ = L.item_of(i, work.iters, d_tiles, cutlass.select_)
             if is_v:
                 raw = cute.make_rmem_tensor(v_raw_shape, kv_dtype)
                 cute.copy(thr_load_v, tVsV[CPY + (stage,)], raw)

@@ -25,9 +25,6 @@ This module holds the host entry, the shared setup (shared memory, barriers, TME
 MMA warps; the converter role is in convert.py, the softmax role and epilogue in softmax.py.
 """
 
-import math
-
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -36,14 +33,14 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 
-from dsl.common import indexing as X
-from dsl.common.kernel_reads import read_causal_flag
+from dsl.common.entry import LaunchEntry
+from dsl.common.work import cta_work
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 from dsl.tcgen05.convert import ConvertRole
 from dsl.tcgen05.softmax import SoftmaxRole
+from dsl.tcgen05.traits import Args
 
-LOG2_E = math.log2(math.e)
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
 CPY = (None,) + MMA
 
@@ -76,9 +73,12 @@ def _handoff(kind, stages: int, barrier_storage):
     ).make_participants()
 
 
-class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
-    """One variant (dsl/tcgen05/traits.Variant) of the kernel; ``__call__`` is the host entry
-    that ``cute.compile`` traces and ``export_to_c`` exports."""
+class Tcgen05PagedAttention(LaunchEntry, ConvertRole, SoftmaxRole):
+    """One variant (dsl/tcgen05/traits.Variant) of the kernel; ``__call__`` (the host entry
+    that ``cute.compile`` traces and ``export_to_c`` exports) is dsl/common/entry.py's."""
+
+    family = "tcgen05"
+    threads = T.THREADS
 
     def __init__(self, variant: T.Variant):
         variant.check()
@@ -88,50 +88,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         self.acc_dtype = cutlass.Float32
         self.mma_tile = (L.KEY_TILE, variant.rows, L.ITEM_BYTES)
 
-    @cute.jit
-    def __call__(
-        self,
-        q_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], 16-bit (q_is_bf16)
-        k_ptr: cute.Pointer,  # [num_blocks, page_size, num_kv_heads, head_dim], fp8
-        v_ptr: cute.Pointer,  # same shape as k, own strides
-        out_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], as q
-        block_table_ptr: cute.Pointer,  # int32 [num_seqs, max_blocks]
-        cu_seqlens_q_ptr: cute.Pointer,  # int32 [num_seqs + 1]
-        seq_lens_ptr: cute.Pointer,  # int32 [num_seqs]
-        k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
-        v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
-        causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
-        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads], natural log; -inf = no sink (SPEC 3)
-        ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
-        ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        causal_stride: cutlass.Int64,  # in flags (elements), read in place
-        causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
-        causal: cutlass.Int32,  # global flag when causal_width == 0
-        window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
-        window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
-        page_shift: cutlass.Int32,  # log2(page size): 4..8 (pages of 16..256 keys)
-        num_tokens: cutlass.Int32,
-        num_seqs: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        num_kv_heads: cutlass.Int32,
-        row_tiles: cutlass.Int32,  # ceil(max_seqlen_q * group / rows)
-        num_splits: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,  # the query (and output) dtype: 1 bf16, 0 fp16
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+    def kernel_objects(self):
+        """The tiled MMAs the kernel takes first: S^T = K Q^T and O^T += V^T P."""
         tile_m, tile_n, tile_k = self.mma_tile
         # S^T = K Q^T: A = converted K in TMEM (K-major), B = Q in smem (K-major).
         tiled_mma_kq = sm100_utils.make_trivial_tiled_mma(
@@ -155,95 +113,14 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             (tile_m, tile_n),
             tcgen05.OperandSource.TMEM,
         )
-        self.kernel(
-            tiled_mma_kq,
-            tiled_mma_vp,
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            out_ptr,
-            block_table_ptr,
-            cu_seqlens_q_ptr,
-            seq_lens_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            causal_ptr,
-            sinks_ptr,
-            ws_o_ptr,
-            ws_lse_ptr,
-            q_stride_t,
-            q_stride_h,
-            o_stride_t,
-            o_stride_h,
-            k_stride_b,
-            k_stride_s,
-            k_stride_h,
-            v_stride_b,
-            v_stride_s,
-            v_stride_h,
-            bt_stride_s,
-            bt_stride_b,
-            causal_stride,
-            causal_width,
-            causal,
-            window_left,
-            window_right,
-            page_shift,
-            num_tokens,
-            num_q_heads,
-            num_kv_heads,
-            num_splits,
-            q_is_bf16,
-            softmax_scale * LOG2_E,
-        ).launch(
-            grid=(row_tiles, num_kv_heads, num_seqs * num_splits),
-            block=[T.THREADS, 1, 1],
-            cluster=[1, 1, 1],
-            stream=stream,
-        )
+        return tiled_mma_kq, tiled_mma_vp
 
     @cute.kernel
     def kernel(
         self,
         tiled_mma_kq: cute.TiledMma,
         tiled_mma_vp: cute.TiledMma,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        out_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        cu_seqlens_q_ptr: cute.Pointer,
-        seq_lens_ptr: cute.Pointer,
-        k_scale_ptr: cute.Pointer,
-        v_scale_ptr: cute.Pointer,
-        causal_ptr: cute.Pointer,
-        sinks_ptr: cute.Pointer,
-        ws_o_ptr: cute.Pointer,
-        ws_lse_ptr: cute.Pointer,
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        causal_stride: cutlass.Int64,
-        causal_width: cutlass.Int32,
-        causal_global: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        page_shift: cutlass.Int32,
-        num_tokens: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        num_kv_heads: cutlass.Int32,
-        num_splits: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,
-        scale_log2: cutlass.Float32,
+        args: Args,
     ):
         v = self.v
         rows = v.rows
@@ -254,8 +131,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
 
         # ---------------------------------------------------------------- work decomposition
         row_tile, kv_head, seq_split = cute.arch.block_idx()
-        seq = seq_split // num_splits
-        split = seq_split % num_splits
+        seq = seq_split // args.num_splits
+        split = seq_split % args.num_splits
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(tidx // 32)
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
@@ -263,30 +140,9 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
         wg_warp = warp_idx % 4
         lane = cute.arch.lane_idx()
 
-        group = num_q_heads // num_kv_heads
-        q_start = cute.make_tensor(cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
-        q_len = cute.make_tensor(cu_seqlens_q_ptr + seq + 1, cute.make_layout(1))[0] - q_start
-        kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
-        row_base = row_tile * rows
-        num_rows = X.rows_per_kv_head(q_len, group)
-        # The CTA's key tiles run from the first key its first row sees (window left) to the
-        # last key its last row sees (causal, window right): tiles wholly outside are never
-        # loaded (converter and MMA warps run the same count); splits divide that range.
-        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
-        last_row = cutlass.min(row_base + rows, num_rows) - 1
-        cta_first_key = X.window_first_key(
-            X.row_token(row_base, group), q_len, kv_len, window_left, cutlass.select_, cutlass.max
-        )
-        cta_last_key = X.window_last_key(
-            X.row_token(last_row, group), q_len, kv_len, causal, window_right, cutlass.select_
-        )
-        begin_tile, end_tile = X.window_tiles(cta_first_key, cta_last_key, L.KEY_TILE)
-        first_tile, end_tile = X.split_tile_range(
-            begin_tile, end_tile, num_splits, split, cutlass.min
-        )
-        iters = end_tile - first_tile
+        work = cta_work(args, row_tile, kv_head, seq, split, rows, L.KEY_TILE)
         # A tile of rows past this sequence's R has nothing to do (the grid covers the longest).
-        idle = row_base >= num_rows
+        idle = work.row_base >= work.num_rows
 
         # ---------------------------------------------------------------- shared memory
         smem = utils.SmemAllocator()
@@ -400,31 +256,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 ring,
                 tBsQ,
                 s_row_scale,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                block_table_ptr,
-                q_stride_t,
-                q_stride_h,
-                k_stride_b,
-                k_stride_s,
-                k_stride_h,
-                v_stride_b,
-                v_stride_s,
-                v_stride_h,
-                bt_stride_s,
-                bt_stride_b,
-                seq,
-                kv_head,
-                group,
-                q_start,
-                num_rows,
-                row_base,
-                kv_len,
-                first_tile,
-                iters,
-                page_shift,
-                q_is_bf16,
+                args,
+                work,
                 wg_tidx,
                 q_producer,
                 cvt_producer,
@@ -440,7 +273,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
             k_blocks = L.bmm1_k_blocks(v.head_dim)
             q_consumer.wait_and_advance()
             s_token = True
-            for s in cutlass.range(iters):
+            for s in cutlass.range(work.iters):
                 k_token = cvt_consumer.try_wait()
                 tiled_mma_kq.set(tcgen05.Field.ACCUMULATE, False)
                 s_handle = s_producer.acquire_and_advance(s_token)
@@ -472,7 +305,7 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 mma_vp_bar.arrive_and_wait()
                 # The S stage of the next tile, whatever the stage count.
                 s_token = s_producer.try_acquire()
-            if iters > 0:
+            if work.iters > 0:
                 mma_kq_bar.arrive()  # the pair after the last tile: BMM2 of the last tile may go
                 mma_vp_bar.arrive_and_wait()
         elif warp_idx == T.MMA_VP_WARP:
@@ -481,14 +314,14 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 tBsP, thr_mma_vp.partition_shape_B((tile_n, tile_k)), (0, 0, None, None)
             )
             tBsP_desc = thr_mma_vp.make_fragment_B(tBsP_nk)
-            if iters > 0:
+            if work.iters > 0:
                 for _ in cutlass.range_constexpr(d_tiles):
                     cvt_consumer.advance()  # K items of tile 0 belong to BMM1
                 mma_kq_bar.arrive_and_wait()
                 mma_vp_bar.arrive()  # BMM1's wait after tile 0
             o_token = True
-            for s in cutlass.range(iters):
-                if s < iters - 1:
+            for s in cutlass.range(work.iters):
+                if s < work.iters - 1:
                     for _ in cutlass.range_constexpr(d_tiles):
                         cvt_consumer.advance()  # K items of tile s + 1
                 # BMM1 has passed the items before V of tile s (K of tile s + 1; after its last
@@ -539,33 +372,8 @@ class Tcgen05PagedAttention(ConvertRole, SoftmaxRole):
                 s_col_scale,
                 s_position,
                 s_grew,
-                out_ptr,
-                ws_o_ptr,
-                ws_lse_ptr,
-                o_stride_t,
-                o_stride_h,
-                kv_head,
-                group,
-                q_start,
-                q_len,
-                kv_len,
-                num_rows,
-                row_base,
-                last_row,
-                first_tile,
-                iters,
-                causal,
-                window_left,
-                window_right,
-                sinks_ptr,
-                k_scale_ptr,
-                v_scale_ptr,
-                scale_log2,
-                split,
-                num_splits,
-                num_tokens,
-                num_q_heads,
-                q_is_bf16,
+                args,
+                work,
                 wg_tidx,
                 wg_warp,
                 lane,

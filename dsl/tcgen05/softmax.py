@@ -17,7 +17,9 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 
 from dsl.common import indexing as X
+from dsl.common.work import CtaWork
 from dsl.tcgen05 import layouts as L
+from dsl.tcgen05.traits import Args
 
 LOG2_E = math.log2(math.e)
 MMA = (None, None, None)  # (MMA, #MMA_M, #MMA_K) slice
@@ -140,33 +142,8 @@ class SoftmaxRole:
         s_col_scale: cute.Tensor,
         s_position: cute.Tensor,
         s_grew: cute.Tensor,
-        out_ptr: cute.Pointer,
-        ws_o_ptr: cute.Pointer,
-        ws_lse_ptr: cute.Pointer,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        kv_head: cutlass.Int32,
-        group: cutlass.Int32,
-        q_start: cutlass.Int32,
-        q_len: cutlass.Int32,
-        kv_len: cutlass.Int32,
-        num_rows: cutlass.Int32,
-        row_base: cutlass.Int32,
-        last_row: cutlass.Int32,
-        first_tile: cutlass.Int32,
-        iters: cutlass.Int32,
-        causal: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        sinks_ptr: cute.Pointer,
-        k_scale_ptr: cute.Pointer,
-        v_scale_ptr: cute.Pointer,
-        scale_log2: cutlass.Float32,
-        split: cutlass.Int32,
-        num_splits: cutlass.Int32,
-        num_tokens: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,
+        args: Args,
+        work: CtaWork,
         wg_tidx: cutlass.Int32,
         wg_warp: cutlass.Int32,
         lane: cutlass.Int32,
@@ -236,16 +213,18 @@ class SoftmaxRole:
         # Per-column constants in shared memory, at layouts.column_slot (a thread's 8 columns
         # of a chunk contiguous): log2-domain score scale and the column's query position; the
         # window's (before, after) offsets from it are the same for the whole CTA.
-        k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
+        k_scale = cute.make_tensor(args.k_scale_ptr + work.kv_head, cute.make_layout(1))[0]
         # Every column scale has this sign (the bf16 row factors are powers of two): the lazy
         # check's monotonic shortcut (check_pass).
-        negative_scale = scale_log2 * k_scale < 0.0
+        negative_scale = args.scale_log2 * k_scale < 0.0
         for k in cutlass.range_constexpr((rows + 127) // 128):
             n = k * 128 + wg_tidx
             if n < rows:
                 slot = L.column_slot(n)
-                s_col_scale[slot] = scale_log2 * k_scale * s_row_scale[n]
-                s_position[slot] = X.query_position(X.row_token(row_base + n, group), q_len, kv_len)
+                s_col_scale[slot] = args.scale_log2 * k_scale * s_row_scale[n]
+                s_position[slot] = X.query_position(
+                    X.row_token(work.row_base + n, work.group), work.q_len, work.kv_len
+                )
         softmax_bar.arrive_and_wait()
         # Column state is the same in every warp: thread n keeps the running maximum of column
         # n (one register) and computes its correction; exact tiles share the corrections
@@ -263,17 +242,21 @@ class SoftmaxRole:
         # tile, the causal diagonal, the window's edges: X.window_tile_needs_mask from the first
         # and last row's positions); the rest skip the per-score predicate.
         before, after = X.window_offsets(
-            window_left, window_right, causal, cutlass.select_, cutlass.min
+            args.window_left, args.window_right, work.causal, cutlass.select_, cutlass.min
         )
-        first_position = X.query_position(X.row_token(row_base, group), q_len, kv_len)
-        last_position = X.query_position(X.row_token(last_row, group), q_len, kv_len)
-        for s in cutlass.range(iters):
+        first_position = X.query_position(
+            X.row_token(work.row_base, work.group), work.q_len, work.kv_len
+        )
+        last_position = X.query_position(
+            X.row_token(work.last_row, work.group), work.q_len, work.kv_len
+        )
+        for s in cutlass.range(work.iters):
             parity = s % 2
             s_handle = s_consumer.wait_and_advance()
             tcgen05_fence("after_thread_sync")  # BMM1's S before the loads
-            key0 = (first_tile + s) * L.KEY_TILE
+            key0 = (work.first_tile + s) * L.KEY_TILE
             needs_mask = X.window_tile_needs_mask(
-                key0, key0 + L.KEY_TILE, kv_len, first_position, last_position, before, after
+                key0, key0 + L.KEY_TILE, work.kv_len, first_position, last_position, before, after
             )
             # Lazy rescale (layouts.rescale_needed): past the first tile, an unmasked tile
             # first checks its scores against the reference maxima (half an FFMA2 and an FMNMX
@@ -306,18 +289,20 @@ class SoftmaxRole:
                     self.exact_maxima(
                         load_s, tStS, s_handle.index, score_shape, s_position, before, after,
                         m_prev, own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity,
-                        key0, kv_len, wg_tidx, wg_warp, lane, False, softmax_bar,
+                        key0, work.kv_len, wg_tidx, wg_warp, lane, False, softmax_bar,
                     )  # fmt: skip
             elif needs_mask:
                 self.exact_maxima(
                     load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
-                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0, kv_len,
+                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0,
+                    work.kv_len,
                     wg_tidx, wg_warp, lane, True, softmax_bar,
                 )  # fmt: skip
             else:
                 self.exact_maxima(
                     load_s, tStS, s_handle.index, score_shape, s_position, before, after, m_prev,
-                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0, kv_len,
+                    own_slot, l_part, s_max, s_row_scale, s_col_scale, s_sum, parity, key0,
+                    work.kv_len,
                     wg_tidx, wg_warp, lane, False, softmax_bar,
                 )  # fmt: skip
             # Pass 2: S read again from TMEM (cheaper than holding it), P in fp16 to shared
@@ -331,13 +316,13 @@ class SoftmaxRole:
             if needs_mask:
                 self.p_pass(
                     load_s, tStS, s_handle.index, score_shape, p_stage, s_position, before,
-                    after, s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
+                    after, s_col_scale, s_sum, l_part, key0, work.kv_len, wg_tidx, wg_warp, lane,
                     True,
                 )  # fmt: skip
             else:
                 self.p_pass(
                     load_s, tStS, s_handle.index, score_shape, p_stage, s_position, before,
-                    after, s_col_scale, s_sum, l_part, key0, kv_len, wg_tidx, wg_warp, lane,
+                    after, s_col_scale, s_sum, l_part, key0, work.kv_len, wg_tidx, wg_warp, lane,
                     False,
                 )  # fmt: skip
             cute.arch.fence_view_async_shared()
@@ -373,26 +358,28 @@ class SoftmaxRole:
         # splits v_scale / l and the log2 LSE without the sink (the merge adds it once).
         # Column n = wg_tidx is owned by this very thread: its reference maximum.
         m_ref = _reference(m_prev[0])
-        v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
-        split_mode = num_splits > 1
+        v_scale = cute.make_tensor(args.v_scale_ptr + work.kv_head, cute.make_layout(1))[0]
+        split_mode = args.num_splits > 1
         if wg_tidx < rows:
             n = wg_tidx
             slot = L.column_slot(n)
-            r = row_base + n
+            r = work.row_base + n
             l_sum = s_sum[slot, 0] + s_sum[slot, 1] + s_sum[slot, 2] + s_sum[slot, 3]
             m_scaled = m_ref * s_col_scale[slot]
             factor = cutlass.select_(l_sum > 0.0, v_scale / l_sum, cutlass.Float32(0.0))
-            if r < num_rows:
-                token = X.row_token(r, group)
-                head = X.row_head(r, group, kv_head)
+            if r < work.num_rows:
+                token = X.row_token(r, work.group)
+                head = X.row_head(r, work.group, work.kv_head)
                 if split_mode:
                     lse = -acc_dtype.inf
                     if l_sum > 0.0:
                         lse = m_scaled + cute.math.log2(l_sum, fastmath=False)
-                    idx = (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads + head
-                    cute.make_tensor(ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
+                    idx = (
+                        cutlass.Int64(work.split) * args.num_tokens + work.q_start + token
+                    ) * args.num_q_heads + head
+                    cute.make_tensor(args.ws_lse_ptr + idx, cute.make_layout(1))[0] = lse
                 else:
-                    sink = cute.make_tensor(sinks_ptr + head, cute.make_layout(1))[0] * LOG2_E
+                    sink = cute.make_tensor(args.sinks_ptr + head, cute.make_layout(1))[0] * LOG2_E
                     top = cute.arch.fmax(m_scaled, sink)
                     top = cutlass.select_(top == -acc_dtype.inf, cutlass.Float32(0.0), top)
                     keep = _exp2(m_scaled - top)
@@ -406,7 +393,7 @@ class SoftmaxRole:
         # The last O: wait without advancing, read chunk by chunk, release at the end (which
         # lets the MMA warp free TMEM). An empty split writes zeros.
         o_last = o_consumer.current_handle()
-        if iters > 0:
+        if work.iters > 0:
             o_consumer.wait()
             tcgen05_fence("after_thread_sync")
         for dm in cutlass.range_constexpr(d_tiles):
@@ -414,38 +401,39 @@ class SoftmaxRole:
             for c in cutlass.range_constexpr(chunks):
                 acc = cute.make_rmem_tensor(o_shape, acc_dtype)
                 acc.fill(0.0)
-                if iters > 0:
+                if work.iters > 0:
                     cute.copy(load_o, tStO[(None, c, 0, 0, dm)], acc)
                     cute.arch.fence_view_async_tmem_load()
                 for i in cutlass.range_constexpr(L.COLUMN_CHUNK):
                     n = c * L.COLUMN_CHUNK + i
-                    r = row_base + n
-                    writes = r < num_rows
+                    r = work.row_base + n
+                    writes = r < work.num_rows
                     if cutlass.const_expr(self.v.head_dim < L.ITEM_BYTES):
                         writes = writes & (d < self.v.head_dim)  # lanes 64..127: no head dim
                     if writes:
                         value = acc[i] * s_row_scale[n]
-                        token = X.row_token(r, group)
-                        head = X.row_head(r, group, kv_head)
+                        token = X.row_token(r, work.group)
+                        head = X.row_head(r, work.group, work.kv_head)
                         if split_mode:
                             idx = (
-                                (cutlass.Int64(split) * num_tokens + q_start + token) * num_q_heads
+                                (cutlass.Int64(work.split) * args.num_tokens + work.q_start + token)
+                                * args.num_q_heads
                                 + head
                             ) * self.v.head_dim + d
-                            cute.make_tensor(ws_o_ptr + idx, cute.make_layout(1))[0] = value
+                            cute.make_tensor(args.ws_o_ptr + idx, cute.make_layout(1))[0] = value
                         else:
                             off = (
-                                cutlass.Int64(q_start + token) * o_stride_t
-                                + cutlass.Int64(head) * o_stride_h
+                                cutlass.Int64(work.q_start + token) * args.o_stride_t
+                                + cutlass.Int64(head) * args.o_stride_h
                                 + d
                             )
-                            cute.make_tensor(out_ptr + off, cute.make_layout(1))[0] = _output_word(
-                                value, q_is_bf16
+                            cute.make_tensor(args.out_ptr + off, cute.make_layout(1))[0] = (
+                                _output_word(value, args.q_is_bf16)
                             )
         # The last TMEM access of this warpgroup is behind it (O's loads here, or O's zero
         # stores when the CTA has no key tile): TMEM may be freed.
         tcgen05_fence("before_thread_sync")
-        if iters > 0:
+        if work.iters > 0:
             o_last.release()
         tmem_free_bar.arrive()
 

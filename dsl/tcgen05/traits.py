@@ -6,8 +6,12 @@ variants without the DSL installed. The kernel (dsl/tcgen05/kernel.py) reads eve
 
 from dataclasses import dataclass
 
+from dsl.common import launch
 from dsl.common.variant import check_dtypes, query_agnostic_name, variant_name
 from dsl.tcgen05.layouts import ITEM_BYTES, KEY_TILE
+
+# The launch values the kernel reads, in its parameter order (dsl/common/launch.py).
+Args = launch.KERNEL_ARGS["tcgen05"]
 
 TMEM_COLUMNS = 512  # per SM: 128 lanes x 512 columns of 32 bits
 SMEM_BYTES = 232448  # usable shared memory per CTA on sm_100 / sm_103 (227 KiB)

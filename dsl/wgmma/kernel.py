@@ -28,7 +28,6 @@ consumer warpgroups, RS wgmma for P V, accumulator-to-operand reuse), studied, n
 
 import math
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -39,9 +38,12 @@ from cutlass.tensor_utils import LayoutEnum
 
 from dsl.common import indexing as X
 from dsl.common import precision as P
-from dsl.common.kernel_reads import read_causal_flag, read_page_id
+from dsl.common.entry import LaunchEntry
+from dsl.common.kernel_reads import read_page_id
+from dsl.common.work import CtaWork, cta_work
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
+from dsl.wgmma.traits import Args
 
 LOG2_E = math.log2(math.e)
 
@@ -76,10 +78,12 @@ def acc_as_a_operand(acc_layout: cute.Layout, key_tile: int) -> cute.Layout:
     return cute.make_layout(((2, 2, 2), 1, key_tile // 16), stride=(s, 0, 2 * s[2]))
 
 
-class WgmmaPagedAttention:
-    """One variant (dsl/wgmma/traits.Variant); ``__call__`` is the host entry that
-    ``cute.compile`` traces and ``export_to_c`` exports. Its arguments are the tcgen05 family's,
-    so both libraries share one C interface (dsl/build.py)."""
+class WgmmaPagedAttention(LaunchEntry):
+    """One variant (dsl/wgmma/traits.Variant); ``__call__`` (the host entry that
+    ``cute.compile`` traces and ``export_to_c`` exports) is dsl/common/entry.py's, shared with
+    the tcgen05 family: both libraries have one C interface (dsl/common/launch.py)."""
+
+    family = "wgmma"
 
     def __init__(self, variant: T.Variant):
         variant.check()
@@ -91,49 +95,13 @@ class WgmmaPagedAttention:
         self.mma_dtype = cutlass.Float16
         self.acc_dtype = cutlass.Float32
 
-    @cute.jit
-    def __call__(
-        self,
-        q_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
-        k_ptr: cute.Pointer,  # [num_blocks, page_size, num_kv_heads, head_dim], fp8
-        v_ptr: cute.Pointer,  # same shape as k, own strides
-        out_ptr: cute.Pointer,  # [num_tokens, num_q_heads, head_dim], q dtype
-        block_table_ptr: cute.Pointer,  # int32 [num_seqs, max_blocks]
-        cu_seqlens_q_ptr: cute.Pointer,  # int32 [num_seqs + 1]
-        seq_lens_ptr: cute.Pointer,  # int32 [num_seqs]
-        k_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
-        v_scale_ptr: cute.Pointer,  # fp32 [num_kv_heads]
-        causal_ptr: cute.Pointer,  # uint8 bytes of the per-sequence flags (bool or int32)
-        sinks_ptr: cute.Pointer,  # fp32 [num_q_heads], natural log; -inf = no sink (SPEC 3)
-        ws_o_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads, head_dim]
-        ws_lse_ptr: cute.Pointer,  # fp32 [num_splits, num_tokens, num_q_heads], log2
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        causal_stride: cutlass.Int64,  # in flags (elements), read in place
-        causal_width: cutlass.Int32,  # 0: no per-sequence flags, 1: bool, 4: int32
-        causal: cutlass.Int32,  # global flag when causal_width == 0
-        window_left: cutlass.Int32,  # -1 = unbounded (SPEC section 3)
-        window_right: cutlass.Int32,  # -1 = unbounded; causal caps it at 0
-        page_shift: cutlass.Int32,  # log2(page size): 4..8 (pages of 16..256 keys)
-        num_tokens: cutlass.Int32,
-        num_seqs: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        num_kv_heads: cutlass.Int32,
-        row_tiles: cutlass.Int32,  # ceil(max_seqlen_q * group / rows)
-        num_splits: cutlass.Int32,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+    @property
+    def threads(self) -> int:
+        return self.v.threads
+
+    def kernel_objects(self):
+        """The tiled MMAs (S = Q K^T, O += P V) and the Q, K, V shared-memory layouts the kernel
+        takes first."""
         v = self.v
         dt = self.mma_dtype
         qk_tile = (L.ROWS_PER_WARPGROUP, v.key_tile, v.head_dim)
@@ -160,54 +128,7 @@ class WgmmaPagedAttention:
         q_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tile, dt, v.consumers)
         k_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tile, dt, v.stages)
         v_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tile, dt, v.stages)
-        self.kernel(
-            qk_mma,
-            pv_mma,
-            q_layout,
-            k_layout,
-            v_layout,
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            out_ptr,
-            block_table_ptr,
-            cu_seqlens_q_ptr,
-            seq_lens_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            causal_ptr,
-            sinks_ptr,
-            ws_o_ptr,
-            ws_lse_ptr,
-            q_stride_t,
-            q_stride_h,
-            o_stride_t,
-            o_stride_h,
-            k_stride_b,
-            k_stride_s,
-            k_stride_h,
-            v_stride_b,
-            v_stride_s,
-            v_stride_h,
-            bt_stride_s,
-            bt_stride_b,
-            causal_stride,
-            causal_width,
-            causal,
-            window_left,
-            window_right,
-            page_shift,
-            num_tokens,
-            num_q_heads,
-            num_kv_heads,
-            num_splits,
-            softmax_scale * LOG2_E,
-        ).launch(
-            grid=(row_tiles, num_kv_heads, num_seqs * num_splits),
-            block=[v.threads, 1, 1],
-            cluster=[1, 1, 1],
-            stream=stream,
-        )
+        return qk_mma, pv_mma, q_layout, k_layout, v_layout
 
     @cute.kernel
     def kernel(
@@ -217,76 +138,20 @@ class WgmmaPagedAttention:
         q_layout: cute.ComposedLayout,
         k_layout: cute.ComposedLayout,
         v_layout: cute.ComposedLayout,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        out_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        cu_seqlens_q_ptr: cute.Pointer,
-        seq_lens_ptr: cute.Pointer,
-        k_scale_ptr: cute.Pointer,
-        v_scale_ptr: cute.Pointer,
-        causal_ptr: cute.Pointer,
-        sinks_ptr: cute.Pointer,
-        ws_o_ptr: cute.Pointer,
-        ws_lse_ptr: cute.Pointer,
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        causal_stride: cutlass.Int64,
-        causal_width: cutlass.Int32,
-        causal_global: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        page_shift: cutlass.Int32,
-        num_tokens: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        num_kv_heads: cutlass.Int32,
-        num_splits: cutlass.Int32,
-        scale_log2: cutlass.Float32,
+        args: Args,
     ):
         v = self.v
         dt = self.mma_dtype
 
         # ---------------------------------------------------------------- work decomposition
         row_tile, kv_head, seq_split = cute.arch.block_idx()
-        seq = seq_split // num_splits
-        split = seq_split % num_splits
+        seq = seq_split // args.num_splits
+        split = seq_split % args.num_splits
         tidx, _, _ = cute.arch.thread_idx()
         role = cute.arch.make_warp_uniform(tidx // L.WARPGROUP)
         wg_tidx = tidx % L.WARPGROUP
 
-        group = num_q_heads // num_kv_heads
-        q_start = cute.make_tensor(cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
-        q_len = cute.make_tensor(cu_seqlens_q_ptr + seq + 1, cute.make_layout(1))[0] - q_start
-        kv_len = cute.make_tensor(seq_lens_ptr + seq, cute.make_layout(1))[0]
-        row_base = row_tile * v.rows
-        num_rows = X.rows_per_kv_head(q_len, group)
-        # The CTA's key tiles run from the first key its first row sees (window left) to the
-        # last key its last row sees (causal, window right): tiles wholly outside are never
-        # loaded (both roles run the same count); splits divide that range.
-        causal = read_causal_flag(causal_global, causal_ptr, causal_stride, causal_width, seq)
-        last_row = cutlass.min(row_base + v.rows, num_rows) - 1
-        cta_first_key = X.window_first_key(
-            X.row_token(row_base, group), q_len, kv_len, window_left, cutlass.select_, cutlass.max
-        )
-        cta_last_key = X.window_last_key(
-            X.row_token(last_row, group), q_len, kv_len, causal, window_right, cutlass.select_
-        )
-        begin_tile, end_tile = X.window_tiles(cta_first_key, cta_last_key, v.key_tile)
-        first_tile, end_tile = X.split_tile_range(
-            begin_tile, end_tile, num_splits, split, cutlass.min
-        )
-        iters = end_tile - first_tile
+        work = cta_work(args, row_tile, kv_head, seq, split, v.rows, v.key_tile)
 
         # ---------------------------------------------------------------- shared memory
         smem = cutlass.memory.SmemAllocator()
@@ -314,30 +179,15 @@ class WgmmaPagedAttention:
         cute.arch.sync_threads()
 
         # A tile of rows past this sequence's R has nothing to do (the grid covers the longest).
-        if row_base < num_rows:
+        if work.row_base < work.num_rows:
             if role == T.PRODUCER_WARPGROUP:
                 if cutlass.const_expr(v.set_max_registers):
                     cute.arch.setmaxregister_decrease(v.registers_per_thread["producer"])
                 self.producer_role(
                     ring,
                     staging,
-                    k_ptr,
-                    v_ptr,
-                    block_table_ptr,
-                    k_stride_b,
-                    k_stride_s,
-                    k_stride_h,
-                    v_stride_b,
-                    v_stride_s,
-                    v_stride_h,
-                    bt_stride_s,
-                    bt_stride_b,
-                    seq,
-                    kv_head,
-                    kv_len,
-                    page_shift,
-                    first_tile,
-                    iters,
+                    args,
+                    work,
                     wg_tidx,
                     kv_producer,
                 )
@@ -352,37 +202,10 @@ class WgmmaPagedAttention:
                     sV,
                     q_raw,
                     s_row_scale,
-                    q_ptr,
-                    out_ptr,
-                    ws_o_ptr,
-                    ws_lse_ptr,
-                    k_scale_ptr,
-                    v_scale_ptr,
-                    q_stride_t,
-                    q_stride_h,
-                    o_stride_t,
-                    o_stride_h,
-                    causal,
-                    window_left,
-                    window_right,
-                    sinks_ptr,
-                    seq,
-                    split,
-                    num_splits,
-                    num_tokens,
-                    num_q_heads,
-                    kv_head,
-                    group,
-                    cu_seqlens_q_ptr,
-                    q_len,
-                    kv_len,
-                    num_rows,
-                    row_base,
-                    first_tile,
-                    iters,
+                    args,
+                    work,
                     role - 1,
                     wg_tidx,
-                    scale_log2,
                     kv_consumer,
                 )
         return
@@ -393,23 +216,8 @@ class WgmmaPagedAttention:
         self,
         ring: cute.Pointer,
         staging: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        seq: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        kv_len: cutlass.Int32,
-        page_shift: cutlass.Int32,
-        first_tile: cutlass.Int32,
-        iters: cutlass.Int32,
+        args: Args,
+        work: CtaWork,
         wg_tidx: cutlass.Int32,
         kv_producer: pipeline.PipelineProducer,
     ):
@@ -426,23 +234,27 @@ class WgmmaPagedAttention:
         v = self.v
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
         lane = wg_tidx % 32
-        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, page_shift)
+        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, args.page_shift)
         chunk = L.loader_chunk(wg_tidx, v.head_dim)
-        k_thread = k_ptr + cute.assume(
-            X.key_offset(0, thread_slot, kv_head, k_stride_b, k_stride_s, k_stride_h)
+        k_thread = args.k_ptr + cute.assume(
+            X.key_offset(
+                0, thread_slot, work.kv_head, args.k_stride_b, args.k_stride_s, args.k_stride_h
+            )
             + chunk * L.CHUNK,
             divby=L.CHUNK,
         )
-        v_thread = v_ptr + cute.assume(
-            X.key_offset(0, thread_slot, kv_head, v_stride_b, v_stride_s, v_stride_h)
+        v_thread = args.v_ptr + cute.assume(
+            X.key_offset(
+                0, thread_slot, work.kv_head, args.v_stride_b, args.v_stride_s, args.v_stride_h
+            )
             + chunk * L.CHUNK,
             divby=L.CHUNK,
         )
         # The host refuses a block stride, or page_size x slot stride, of 2^31 elements or more
         # (docs/wgmma.md): page x block stride is then one 32 x 32 -> 64-bit multiply-add, and
         # offsets inside a page stay 32-bit.
-        k_block, k_slot = k_stride_b.to(cutlass.Int32), k_stride_s.to(cutlass.Int32)
-        v_block, v_slot = v_stride_b.to(cutlass.Int32), v_stride_s.to(cutlass.Int32)
+        k_block, k_slot = args.k_stride_b.to(cutlass.Int32), args.k_stride_s.to(cutlass.Int32)
+        v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
         # This thread's chunk of staging slot 0, K item, step 0: a step and the V item add
         # immediates, a slot one multiply.
         stage_thread = cute.recast_ptr(staging, dtype=self.kv_dtype) + cute.assume(
@@ -454,29 +266,29 @@ class WgmmaPagedAttention:
             self.kv_dtype,
             num_bits_per_copy=128,
         )
-        bt_row = block_table_ptr + cutlass.Int64(seq) * bt_stride_s
-        num_cols = X.page_count(kv_len, page_shift)
+        bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
+        num_cols = X.page_count(work.kv_len, args.page_shift)
         ahead = v.fp8_stages - 1
         pages = self.read_tile_pages(
-            bt_row, bt_stride_b, num_cols, first_tile * v.key_tile, lane, page_shift
+            bt_row, args.bt_stride_b, num_cols, work.first_tile * v.key_tile, lane, args.page_shift
         )
         # Prologue: tiles 0 .. ahead - 1 in flight (one cp.async group each, empty past the
         # last), then iteration s copies tile s + ahead and converts tile s. Only ``pages``
         # (the next tile's, read a tile ahead) is carried from one copy to the next.
         for p in cutlass.range_constexpr(ahead):
-            if p < iters:
+            if p < work.iters:
                 pages = self.copy_tile(
-                    p, first_tile, pages, copy16, stage_thread, k_thread, v_thread, k_block,
-                    k_slot, v_block, v_slot, thread_page, bt_row, bt_stride_b, num_cols, lane,
-                    kv_len, page_shift, wg_tidx, True,
+                    p, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread, k_block,
+                    k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b, num_cols, lane,
+                    work.kv_len, args.page_shift, wg_tidx, True,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()
-        for s in cutlass.range(iters):
-            if s + ahead < iters:
+        for s in cutlass.range(work.iters):
+            if s + ahead < work.iters:
                 pages = self.copy_tile(
-                    s + ahead, first_tile, pages, copy16, stage_thread, k_thread, v_thread,
-                    k_block, k_slot, v_block, v_slot, thread_page, bt_row, bt_stride_b,
-                    num_cols, lane, kv_len, page_shift, wg_tidx, False,
+                    s + ahead, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread,
+                    k_block, k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b,
+                    num_cols, lane, work.kv_len, args.page_shift, wg_tidx, False,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()  # one group per iteration, empty past the last
             cute.arch.cp_async_wait_group(ahead)  # this thread's copies of tile s have landed
@@ -658,47 +470,20 @@ class WgmmaPagedAttention:
         sV: cute.Tensor,
         q_raw: cute.Pointer,
         s_row_scale: cute.Tensor,
-        q_ptr: cute.Pointer,
-        out_ptr: cute.Pointer,
-        ws_o_ptr: cute.Pointer,
-        ws_lse_ptr: cute.Pointer,
-        k_scale_ptr: cute.Pointer,
-        v_scale_ptr: cute.Pointer,
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        causal: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        sinks_ptr: cute.Pointer,
-        seq: cutlass.Int32,
-        split: cutlass.Int32,
-        num_splits: cutlass.Int32,
-        num_tokens: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        group: cutlass.Int32,
-        cu_seqlens_q_ptr: cute.Pointer,
-        q_len: cutlass.Int32,
-        kv_len: cutlass.Int32,
-        num_rows: cutlass.Int32,
-        row_base: cutlass.Int32,
-        first_tile: cutlass.Int32,
-        iters: cutlass.Int32,
+        args: Args,
+        work: CtaWork,
         wg: cutlass.Int32,
         wg_tidx: cutlass.Int32,
-        scale_log2: cutlass.Float32,
         kv_consumer: pipeline.PipelineConsumer,
     ):
         """Q tile, then per key tile: S = Q K^T, mask, online softmax, O += P V; epilogue."""
         v = self.v
         # Read again here rather than passed from the CTA's setup: passed, the m128 build
         # (ptxas 13.0) kept it in local memory (an 8-byte stack, 12 LDL).
-        q_start = cute.make_tensor(cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
+        q_start = cute.make_tensor(args.cu_seqlens_q_ptr + work.seq, cute.make_layout(1))[0]
         dt = self.mma_dtype
         f32 = self.acc_dtype
-        row0 = row_base + wg * L.ROWS_PER_WARPGROUP
+        row0 = work.row_base + wg * L.ROWS_PER_WARPGROUP
 
         # ---- Q: this warpgroup's 64 rows, 16-byte chunks into the swizzled A tile, in fp16:
         # a bf16 row times 2^e (dsl/common/precision.py), exact; 2^-e rejoins its softmax scale.
@@ -708,15 +493,15 @@ class WgmmaPagedAttention:
             c = L.q_chunk(wg_tidx, step, v.head_dim)
             vals = cute.make_rmem_tensor(cute.make_layout(8), self.q_dtype)
             vals.fill(0.0)
-            if row0 + r < num_rows:
-                token = X.row_token(row0 + r, group)
-                head = X.row_head(row0 + r, group, kv_head)
+            if row0 + r < work.num_rows:
+                token = X.row_token(row0 + r, work.group)
+                head = X.row_head(row0 + r, work.group, work.kv_head)
                 off = (
-                    cutlass.Int64(q_start + token) * q_stride_t
-                    + cutlass.Int64(head) * q_stride_h
+                    cutlass.Int64(q_start + token) * args.q_stride_t
+                    + cutlass.Int64(head) * args.q_stride_h
                     + c * 8
                 )
-                src = cute.make_tensor(q_ptr + cute.assume(off, divby=8), cute.make_layout(8))
+                src = cute.make_tensor(args.q_ptr + cute.assume(off, divby=8), cute.make_layout(8))
                 vals.store(src.load())
             factor = cutlass.Float32(1.0)
             inverse = cutlass.Float32(1.0)
@@ -745,23 +530,23 @@ class WgmmaPagedAttention:
         pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=L.WARPGROUP).arrive_and_wait()
 
         # ---- per-row constants: the two rows this thread holds in every accumulator.
-        k_scale = cute.make_tensor(k_scale_ptr + kv_head, cute.make_layout(1))[0]
-        v_scale = cute.make_tensor(v_scale_ptr + kv_head, cute.make_layout(1))[0]
+        k_scale = cute.make_tensor(args.k_scale_ptr + work.kv_head, cute.make_layout(1))[0]
+        v_scale = cute.make_tensor(args.v_scale_ptr + work.kv_head, cute.make_layout(1))[0]
         # The mask: one position per row, the window's (before, after) per CTA (uniform).
         before, after = X.window_offsets(
-            window_left, window_right, causal, cutlass.select_, cutlass.min
+            args.window_left, args.window_right, work.causal, cutlass.select_, cutlass.min
         )
         position = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
         scale = cute.make_rmem_tensor(cute.make_layout(2), f32)
         for i in cutlass.range_constexpr(2):
-            token = X.row_token(row0 + L.acc_row(wg_tidx, i), group)
-            position[i] = X.query_position(token, q_len, kv_len)
+            token = X.row_token(row0 + L.acc_row(wg_tidx, i), work.group)
+            position[i] = X.query_position(token, work.q_len, work.kv_len)
             # log2-domain score scale of the row: softmax scale x k_scale (one KV head per
             # CTA) x the row's 2^-e, at least P.MIN_SCORE_SCALE (an underflow to 0 would give
             # -inf x 0 = NaN for masked scores and for a row with no key yet)
             row_scale = s_row_scale[wg * L.ROWS_PER_WARPGROUP + L.acc_row(wg_tidx, i)]
             scale[i] = cute.arch.fmax(
-                scale_log2 * k_scale * row_scale, cutlass.Float32(P.MIN_SCORE_SCALE)
+                args.scale_log2 * k_scale * row_scale, cutlass.Float32(P.MIN_SCORE_SCALE)
             )
 
         # ---- MMA fragments
@@ -779,7 +564,7 @@ class WgmmaPagedAttention:
         row_sum = cute.make_rmem_tensor(cute.make_layout(2), f32)  # this thread's columns only
         row_sum.fill(0.0)
 
-        for s in cutlass.range(iters):
+        for s in cutlass.range(work.iters):
             acc_s = thr_qk.make_fragment_C(acc_s_shape)
             k_handle = kv_consumer.wait_and_advance()
             warpgroup.fence()
@@ -797,19 +582,19 @@ class WgmmaPagedAttention:
             k_handle.release()
 
             s_mn = cute.make_tensor(acc_s.iterator, acc_mn_layout(acc_s.layout))
-            key0 = (first_tile + s) * v.key_tile
+            key0 = (work.first_tile + s) * v.key_tile
             # Only a tile some key of which one of this thread's rows does not see is masked
             # (the last tile, the causal diagonal, the window's edges): the rest skip the
             # per-element predicate. Per thread, and no shuffle inside, so diverging lanes are
             # harmless.
             # acc_row(t, 1) > acc_row(t, 0): row 0 has the smaller position
             if X.window_tile_needs_mask(
-                key0, key0 + v.key_tile, kv_len, position[0], position[1], before, after
+                key0, key0 + v.key_tile, work.kv_len, position[0], position[1], before, after
             ):
                 for i in cutlass.range_constexpr(2):
                     for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                         col = key0 + L.acc_col(wg_tidx, j)
-                        visible = X.key_in_window(col, kv_len, position[i], before, after)
+                        visible = X.key_in_window(col, work.kv_len, position[i], before, after)
                         s_mn[i, j] = cutlass.select_(visible, s_mn[i, j], -f32.inf)
             for i in cutlass.range_constexpr(2):
                 m_tile = -f32.inf
@@ -856,8 +641,10 @@ class WgmmaPagedAttention:
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=offset)
             self.store_row(
                 o_mn, i, row_max[i] * scale[i], total, v_scale, row0 + L.acc_row(wg_tidx, i),
-                num_rows, group, kv_head, q_start, split, num_splits, num_tokens, num_q_heads,
-                out_ptr, ws_o_ptr, ws_lse_ptr, sinks_ptr, o_stride_t, o_stride_h, wg_tidx,
+                work.num_rows, work.group, work.kv_head, q_start, work.split, args.num_splits,
+                args.num_tokens, args.num_q_heads,
+                args.out_ptr, args.ws_o_ptr, args.ws_lse_ptr, args.sinks_ptr, args.o_stride_t,
+                args.o_stride_h, wg_tidx,
             )  # fmt: skip
 
     @cute.jit

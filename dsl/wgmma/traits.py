@@ -6,8 +6,12 @@ without the DSL. The kernel (dsl/wgmma/kernel.py) reads every size from here.
 
 from dataclasses import dataclass
 
+from dsl.common import launch
 from dsl.common.variant import check_dtypes, variant_name
 from dsl.wgmma.layouts import ROWS_PER_WARPGROUP, WARPGROUP
+
+# The launch values the kernel reads, in its parameter order (dsl/common/launch.py).
+Args = launch.KERNEL_ARGS["wgmma"]
 
 ARCHS = ("sm_90a",)
 HEAD_DIMS = (64, 128, 256)

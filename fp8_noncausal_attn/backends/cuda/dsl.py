@@ -14,12 +14,13 @@ Where the libraries come from: the package build compiles them when ``FP8NCA_BUI
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
 by ``os.pathsep``, searched first) names folders holding one built locally with
 ``python -m dsl.build --family <family> --out DIR``. Neither the DSL nor a JIT is needed at run
-time. The C interface (dsl/build.py ``ARGUMENTS``)::
+time. The C interface (dsl/build.py, from the launch record dsl/common/launch.py)::
 
     int fp8nca_<family>_variant_count(void);
     const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
+    const char *fp8nca_<family>_arguments(void);   // "void *q, ..., cudaStream_t stream"
     int fp8nca_<family>_load(int i);   // 0, the CUDA error of loading its cubin, -1: unknown i
-    int fp8nca_<family>_run(int i, <LAUNCH_ARGUMENTS>);  // 0, the DSL's error, -1: unknown i
+    int fp8nca_<family>_run(int i, <its arguments>);  // 0, the DSL's error, -1: unknown i
 
 The plan loads its variant's cubin (``load``, once per process), so that a failure is reported
 at plan time and the first launch may be inside a CUDA-graph capture.
@@ -86,29 +87,25 @@ FAMILIES = {
 }
 
 
-# The C arguments after the variant index, in order (dsl/build.py ARGUMENTS; a test ties them):
-# pointers, int64 strides in elements, int32 sizes and flags, the softmax scale, the stream.
-LAUNCH_ARGUMENTS = (
-    ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
-    ("out", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
-    ("cu_seqlens_q", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
-    ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-    ("causal_flags", ctypes.c_void_p), ("sinks", ctypes.c_void_p), ("ws_o", ctypes.c_void_p),
-    ("ws_lse", ctypes.c_void_p),
-    ("q_stride_t", ctypes.c_int64), ("q_stride_h", ctypes.c_int64),
-    ("o_stride_t", ctypes.c_int64), ("o_stride_h", ctypes.c_int64),
-    ("k_stride_b", ctypes.c_int64), ("k_stride_s", ctypes.c_int64),
-    ("k_stride_h", ctypes.c_int64), ("v_stride_b", ctypes.c_int64),
-    ("v_stride_s", ctypes.c_int64), ("v_stride_h", ctypes.c_int64),
-    ("bt_stride_s", ctypes.c_int64), ("bt_stride_b", ctypes.c_int64),
-    ("causal_stride", ctypes.c_int64), ("causal_width", ctypes.c_int32),
-    ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
-    ("window_right", ctypes.c_int32), ("page_shift", ctypes.c_int32),
-    ("num_tokens", ctypes.c_int32), ("num_seqs", ctypes.c_int32),
-    ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
-    ("row_tiles", ctypes.c_int32), ("num_splits", ctypes.c_int32),
-    ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
-)  # fmt: skip
+# C parameter types of the library's run entry -> ctypes. The library reports its parameters
+# (fp8nca_<family>_arguments: dsl/common/launch.py's record, written into it by dsl/build.py);
+# the call is built from that list, so the package holds no copy of it.
+C_TYPES = {"void *": ctypes.c_void_p, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
+           "float": ctypes.c_float, "cudaStream_t": ctypes.c_void_p}  # fmt: skip
+_PARAMETER = re.compile(r"(void \*|[A-Za-z_][A-Za-z0-9_]*) ?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def parse_arguments(prototype: str) -> tuple[tuple[str, object], ...]:
+    """``"void *q, int64_t q_stride_t, ..."`` -> ``(("q", c_void_p), ...)`` (ValueError when a
+    parameter is malformed or of a type this loader does not pass)."""
+    parsed = []
+    for part in prototype.split(", "):
+        found = _PARAMETER.fullmatch(part.strip())
+        if found is None or found[1] not in C_TYPES:
+            raise ValueError(f"unexpected run parameter {part!r}")
+        parsed.append((found[2], C_TYPES[found[1]]))
+    return tuple(parsed)
+
 
 # Sequences x splits is the grid's z.
 MAX_GRID_Z = 65535
@@ -161,9 +158,13 @@ class Library:
         name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_int]
         self._load = getattr(self._cdll, f"fp8nca_{family}_load")
         self._load.restype, self._load.argtypes = ctypes.c_int, [ctypes.c_int]
+        arguments = getattr(self._cdll, f"fp8nca_{family}_arguments")
+        arguments.restype, arguments.argtypes = ctypes.c_char_p, []
+        parsed = parse_arguments(arguments().decode())
+        self.argument_names = tuple(name for name, _ in parsed)
         self._run = getattr(self._cdll, f"fp8nca_{family}_run")
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [ctypes.c_int] + [kind for _, kind in LAUNCH_ARGUMENTS]
+        self._run.argtypes = [ctypes.c_int] + [kind for _, kind in parsed]
         self.variants = tuple(parse_variant(i, name(i).decode()) for i in range(count()))
 
     def load(self, index: int) -> int:
@@ -173,8 +174,12 @@ class Library:
         return self._load(index)
 
     def launch(self, index: int, arguments: dict[str, int | float]) -> int:
-        """Call ``fp8nca_<family>_run(index, ...)``; returns its status (0: launched)."""
-        return self._run(index, *arguments.values())
+        """Call ``fp8nca_<family>_run(index, ...)`` with ``arguments`` by name (every parameter
+        the library reports; see :func:`launch_arguments`); returns its status (0: launched)."""
+        missing = [name for name in self.argument_names if name not in arguments]
+        if missing:
+            raise RuntimeError(f"{self.path} takes {missing}, which this package does not pass")
+        return self._run(index, *(arguments[name] for name in self.argument_names))
 
 
 def library_dirs(family: str) -> list[Path]:
@@ -345,27 +350,41 @@ def launch_arguments(
     stream: int,
     sinks: torch.Tensor,
 ) -> dict[str, int | float]:
-    """The C arguments (names and order of :data:`LAUNCH_ARGUMENTS`) for one launch.
-    ``sinks``: float32 [num_q_heads] natural-log logits, -inf where the problem has none (the
-    kernel always reads them); the window goes as ``extension.window_sides`` caps it."""
-    q, k, v, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
+    """The values of one launch by argument name (the library orders them: see
+    :meth:`Library.launch`). ``sinks``: float32 [num_q_heads] natural-log logits, -inf where the
+    problem has none (the kernel always reads them); the window goes as
+    ``extension.window_sides`` caps it."""
+    tensors = {
+        "q": problem.query, "k": problem.key_cache, "v": problem.value_cache, "out": out,
+        "block_table": problem.block_table, "cu_seqlens_q": problem.cu_seqlens_q,
+        "seq_lens": problem.seq_lens, "k_scale": problem.k_scale, "v_scale": problem.v_scale,
+        "sinks": sinks, "ws_o": ws_o, "ws_lse": ws_lse,
+        # Read in place as bytes (vLLM rewrites them between replays); null when launch-wide.
+        "causal_flags": problem.causal_per_seq,
+    }  # fmt: skip
+    values: dict[str, int | float] = {
+        name: 0 if t is None else t.data_ptr() for name, t in tensors.items()
+    }
+    strides = {"q": problem.query.stride()[:2], "o": out.stride()[:2],
+               "k": problem.key_cache.stride()[:3], "v": problem.value_cache.stride()[:3],
+               "bt": problem.block_table.stride()}  # fmt: skip
+    dims = {"q": "th", "o": "th", "k": "bsh", "v": "bsh", "bt": "sb"}
+    for tensor, dim_names in dims.items():
+        values.update(
+            zip((f"{tensor}_stride_{d}" for d in dim_names), strides[tensor], strict=True)
+        )
     flags = problem.causal_per_seq
-    # The per-sequence flags are read in place as bytes (vLLM rewrites them between replays).
-    causal_ptr, causal_width, causal_stride = (
-        (0, 0, 0) if flags is None else (flags.data_ptr(), flags.element_size(), flags.stride(0))
-    )
-    values = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), bt.data_ptr(),
-        problem.cu_seqlens_q.data_ptr(), problem.seq_lens.data_ptr(),
-        problem.k_scale.data_ptr(), problem.v_scale.data_ptr(), causal_ptr, sinks.data_ptr(),
-        0 if ws_o is None else ws_o.data_ptr(), 0 if ws_lse is None else ws_lse.data_ptr(),
-        *q.stride()[:2], *out.stride()[:2], *k.stride()[:3], *v.stride()[:3], *bt.stride(),
-        causal_stride, causal_width, int(bool(problem.causal)), *extension.window_sides(problem),
-        problem.block_size.bit_length() - 1, problem.num_tokens,
-        problem.num_seqs, problem.num_q_heads, problem.num_kv_heads, plan.row_tiles,
-        plan.num_splits, float(problem.softmax_scale), stream,
+    window_left, window_right = extension.window_sides(problem)
+    values.update(
+        causal_stride=0 if flags is None else flags.stride(0),
+        causal_width=0 if flags is None else flags.element_size(),
+        causal=int(bool(problem.causal)), window_left=window_left, window_right=window_right,
+        page_shift=problem.block_size.bit_length() - 1, num_tokens=problem.num_tokens,
+        num_seqs=problem.num_seqs, num_q_heads=problem.num_q_heads,
+        num_kv_heads=problem.num_kv_heads, row_tiles=plan.row_tiles, num_splits=plan.num_splits,
+        softmax_scale=float(problem.softmax_scale), stream=stream,
     )  # fmt: skip
-    return dict(zip((name for name, _ in LAUNCH_ARGUMENTS), values, strict=True))
+    return values
 
 
 def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
