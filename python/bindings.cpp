@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
@@ -148,78 +150,74 @@ int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype, int block_m
   return ctas;
 }
 
-// Launches attention (and the split-KV merge when num_splits > 1) on `stream`. Asynchronous.
-void paged_attention(int device, std::uintptr_t stream, std::uintptr_t q, std::uintptr_t k,
-                     std::uintptr_t v, std::uintptr_t out, std::uintptr_t block_table,
-                     std::uintptr_t cu_seqlens_q, std::uintptr_t seq_lens, std::uintptr_t k_scale,
-                     std::uintptr_t v_scale, std::uintptr_t causal_per_seq, int causal_bytes,
-                     int64_t causal_stride, bool causal, std::uintptr_t sinks, int window_left,
-                     int window_right, std::uintptr_t ws_o,
-                     std::uintptr_t ws_lse, int q_dtype, int kv_dtype, py::tuple q_strides,
-                     py::tuple o_strides, py::tuple k_strides, py::tuple v_strides,
-                     py::tuple bt_strides, int64_t cu_stride, int64_t sl_stride,
-                     int num_tokens, int num_seqs, int num_q_heads, int num_kv_heads,
-                     int head_dim, int block_size, int max_seqlen_q, int num_splits,
-                     float softmax_scale) {
+// A Given field of AttnParams from `fields[name]`: device pointers come as integers.
+template <typename T>
+T field(const py::dict& fields, const char* name) {
+  if (!fields.contains(name)) {
+    throw std::invalid_argument(std::string("fp8_noncausal_attn._C: paged_attention needs ") +
+                                name);
+  }
+  if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<T>(fields[name].cast<std::uintptr_t>());
+  } else {
+    return fields[name].cast<T>();
+  }
+}
+
+// The names of AttnParams' Given fields (FP8NCA_ATTN_FIELDS), in order.
+std::vector<std::string> given_fields() {
+  std::vector<std::string> names;
+#define FP8NCA_NAME_Given(name) names.emplace_back(#name);
+#define FP8NCA_NAME_Derived(name)
+#define FP8NCA_NAME(type, name, source) FP8NCA_NAME_##source(name)
+  FP8NCA_ATTN_FIELDS(FP8NCA_NAME)
+#undef FP8NCA_NAME
+#undef FP8NCA_NAME_Derived
+#undef FP8NCA_NAME_Given
+  return names;
+}
+
+// Launches attention (and the split-KV merge when num_splits > 1) on `stream`, with every
+// Given field of AttnParams taken from `fields` by name (an unknown name is an error).
+// Asynchronous.
+void paged_attention(int device, std::uintptr_t stream, int q_dtype, int kv_dtype,
+                     const py::dict& fields) {
   fp8nca::AttnParams p{};
-  p.q = ptr<const void>(q);
-  p.k = ptr<const void>(k);
-  p.v = ptr<const void>(v);
-  p.out = ptr<void>(out);
-  p.block_table = ptr<const int32_t>(block_table);
-  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
-  p.seq_lens = ptr<const int32_t>(seq_lens);
-  p.k_scale = ptr<const float>(k_scale);
-  p.v_scale = ptr<const float>(v_scale);
-  p.causal_per_seq = ptr<const void>(causal_per_seq);
-  p.causal_bytes = causal_bytes;
-  p.causal_stride = causal_stride;
-  p.sinks = ptr<const float>(sinks);
-  p.window_left = window_left;
-  p.window_right = window_right;
-  p.ws_o = ptr<float>(ws_o);
-  p.ws_lse = ptr<float>(ws_lse);
-  p.q_stride_t = q_strides[0].cast<int64_t>();
-  p.q_stride_h = q_strides[1].cast<int64_t>();
-  p.o_stride_t = o_strides[0].cast<int64_t>();
-  p.o_stride_h = o_strides[1].cast<int64_t>();
-  p.k_stride_b = k_strides[0].cast<int64_t>();
-  p.k_stride_s = k_strides[1].cast<int64_t>();
-  p.k_stride_h = k_strides[2].cast<int64_t>();
-  p.v_stride_b = v_strides[0].cast<int64_t>();
-  p.v_stride_s = v_strides[1].cast<int64_t>();
-  p.v_stride_h = v_strides[2].cast<int64_t>();
-  p.bt_stride_s = bt_strides[0].cast<int64_t>();
-  p.bt_stride_b = bt_strides[1].cast<int64_t>();
-  p.cu_stride = cu_stride;
-  p.sl_stride = sl_stride;
-  p.out_align = alignment_of(out, p.o_stride_t, p.o_stride_h);
-  p.num_tokens = num_tokens;
-  p.num_seqs = num_seqs;
-  p.num_q_heads = num_q_heads;
-  p.num_kv_heads = num_kv_heads;
-  p.group = num_q_heads / num_kv_heads;
-  p.head_dim = head_dim;
-  p.block_size = block_size;
-  p.block_shift = log2_exact(block_size);
-  p.max_seqlen_q = max_seqlen_q;
-  p.causal = causal ? 1 : 0;
-  p.softmax_scale = softmax_scale;
-  if (causal_per_seq != 0 && causal_bytes != 1 && causal_bytes != 4) {
+#define FP8NCA_FILL_Given(type, name) p.name = field<type>(fields, #name);
+#define FP8NCA_FILL_Derived(type, name)
+#define FP8NCA_FILL(type, name, source) FP8NCA_FILL_##source(type, name)
+  FP8NCA_ATTN_FIELDS(FP8NCA_FILL)
+#undef FP8NCA_FILL
+#undef FP8NCA_FILL_Derived
+#undef FP8NCA_FILL_Given
+  const std::vector<std::string> names = given_fields();
+  if (fields.size() != names.size()) {
+    for (const auto& [key, value] : fields) {
+      const std::string name = py::str(key);
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        throw std::invalid_argument("fp8_noncausal_attn._C: paged_attention takes no " + name);
+      }
+    }
+  }
+  p.out_align = alignment_of(reinterpret_cast<std::uintptr_t>(p.out), p.o_stride_t,
+                             p.o_stride_h);
+  p.group = p.num_q_heads / p.num_kv_heads;
+  p.block_shift = log2_exact(p.block_size);
+  if (p.causal_per_seq != nullptr && p.causal_bytes != 1 && p.causal_bytes != 4) {
     throw std::invalid_argument(
         "fp8_noncausal_attn._C: causal_bytes must be 1 (bool) or 4 (int32)");
   }
-  if (window_left < -1 || window_right < -1) {
+  if (p.window_left < -1 || p.window_right < -1) {
     throw std::invalid_argument("fp8_noncausal_attn._C: window sides must be -1 or >= 0");
   }
   // With no sequence every row is padding: the launch still zeroes them.
-  if (num_tokens == 0) return;
+  if (p.num_tokens == 0) return;
   // max_seqlen_q == 0: no sequence has query rows, only padded rows (if any) to zero.
   const fp8nca::Plan plan = fp8nca::make_plan(plan_input(
-      num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype,
-      max_seqlen_q, 1, 0, num_splits, window_left, window_right, causal));
+      p.num_seqs, p.num_tokens, p.num_q_heads, p.num_kv_heads, p.head_dim, kv_dtype,
+      p.max_seqlen_q, 1, 0, p.num_splits, p.window_left, p.window_right, p.causal != 0));
   p.num_splits = plan.num_splits;
-  if (plan.num_splits > 1 && (ws_o == 0 || ws_lse == 0)) {
+  if (plan.num_splits > 1 && (p.ws_o == nullptr || p.ws_lse == nullptr)) {
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
   const DeviceGuard guard(device);
@@ -318,18 +316,10 @@ int driver_version() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "CUDA paged attention kernels of fp8_noncausal_attn (mma.sync family, cp.async).";
-  m.def("paged_attention", &paged_attention, py::arg("device"), py::arg("stream"), py::arg("q"),
-        py::arg("k"), py::arg("v"), py::arg("out"), py::arg("block_table"),
-        py::arg("cu_seqlens_q"), py::arg("seq_lens"), py::arg("k_scale"), py::arg("v_scale"),
-        py::arg("causal_per_seq"), py::arg("causal_bytes"), py::arg("causal_stride"),
-        py::arg("causal"), py::arg("sinks"), py::arg("window_left"), py::arg("window_right"),
-        py::arg("ws_o"), py::arg("ws_lse"), py::arg("q_dtype"),
-        py::arg("kv_dtype"), py::arg("q_strides"), py::arg("o_strides"), py::arg("k_strides"),
-        py::arg("v_strides"), py::arg("bt_strides"), py::arg("cu_stride"),
-        py::arg("sl_stride"), py::arg("num_tokens"), py::arg("num_seqs"),
-        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
-        py::arg("block_size"), py::arg("max_seqlen_q"), py::arg("num_splits"),
-        py::arg("softmax_scale"));
+  m.def("paged_attention", &paged_attention, py::arg("device"), py::arg("stream"),
+        py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("fields"),
+        "Paged attention (and the split-KV merge) on `stream`; `fields`: every name of "
+        "ATTN_FIELDS (device pointers as integers). Asynchronous.");
   m.def("reshape_and_cache", &reshape_and_cache, py::arg("device"), py::arg("stream"),
         py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"),
         py::arg("slot_mapping"), py::arg("k_scale"), py::arg("v_scale"),
@@ -371,6 +361,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
+  m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams' Given fields
   py::dict codes;
   codes["bfloat16"] = static_cast<int>(fp8nca::kBF16);
   codes["float16"] = static_cast<int>(fp8nca::kFP16);

@@ -288,7 +288,7 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
         return {"num_splits": 1}
 
     ext = types.SimpleNamespace(
-        plan=plan, paged_attention=lambda **kwargs: calls.setdefault("launch", kwargs)
+        plan=plan, paged_attention=lambda **kwargs: calls.setdefault("launch", kwargs["fields"])
     )
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
@@ -312,6 +312,42 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
     plain = dataclasses.replace(problem, window=(-1, -1), sinks=None)
     cuda_backend.run(plain, unsplit, torch.empty_like(case.query))
     assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
+
+
+def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch):
+    """mma_sync.run passes _C.paged_attention one value for each Given field of AttnParams
+    (csrc/common/params.h FP8NCA_ATTN_FIELDS, exported as _C.ATTN_FIELDS), read from the
+    problem; the binding refuses a missing or an unknown field before any CUDA call."""
+    import contextlib
+
+    from fp8_noncausal_attn import _C
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    calls = {}
+    ext = types.SimpleNamespace(paged_attention=lambda **kwargs: calls.update(kwargs))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
+        cuda_stream=0))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    case = make_case([3, 2], [40, 9], causal=[True, False], index_step=2, seed=3)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    mma_sync.run(problem, mma_sync.MmaSyncPlan(1, None, None), torch.empty_like(case.query))
+    fields = calls["fields"]
+    assert tuple(fields) == _C.ATTN_FIELDS
+    assert fields["bt_stride_b"] == problem.block_table.stride(1) == 2
+    assert fields["causal_per_seq"] == problem.causal_per_seq.data_ptr()
+    assert fields["causal_bytes"] == 1 and fields["causal_stride"] == 2
+    assert fields["cu_stride"] == 2 and fields["num_splits"] == 1
+    empty = dict(fields, num_tokens=0)  # no row: the binding returns before any CUDA call
+    assert _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=empty) is None
+    with pytest.raises(ValueError, match="takes no extra"):
+        _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=dict(empty, extra=1))
+    del empty["sinks"]
+    with pytest.raises(ValueError, match="needs sinks"):
+        _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=empty)
 
 
 def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):

@@ -19,35 +19,49 @@ constexpr float kLog2e = 1.4426950408889634f;
 // One paged attention launch. Strides are in elements of the tensor they index. Index tensors
 // (block_table, cu_seqlens_q, seq_lens, causal) are read where they lie, through their strides:
 // vLLM passes slices of persistent buffers it updates in place between CUDA-graph replays.
+//
+// FP8NCA_ATTN_FIELDS(X) is the one list of its fields: X(type, name, source) for each, in the
+// order of AttnParams. source is Given (the caller's value: python/bindings.cpp takes each by
+// name from the dict fp8_noncausal_attn/backends/cuda/mma_sync.py passes, and exports the names
+// as _C.ATTN_FIELDS) or Derived (the binding computes it).
+#define FP8NCA_ATTN_FIELDS(X)                                                                    \
+  X(const void*, q, Given)     /* [num_tokens, num_q_heads, head_dim] */                          \
+  X(const void*, k, Given)     /* [num_blocks, block_size, num_kv_heads, head_dim] */             \
+  X(const void*, v, Given)     /* same shape as k, own strides */                                 \
+  X(void*, out, Given)         /* [num_tokens, num_q_heads, head_dim], query dtype */             \
+  X(const int32_t*, block_table, Given)  /* [num_seqs, max_blocks_per_seq] */                     \
+  X(const int32_t*, cu_seqlens_q, Given) /* [num_seqs + 1]; rows from [num_seqs] on: padding */   \
+  X(const int32_t*, seq_lens, Given)     /* [num_seqs] */                                         \
+  X(const float*, k_scale, Given)        /* [num_kv_heads] */                                     \
+  X(const float*, v_scale, Given)        /* [num_kv_heads] */                                     \
+  X(const void*, causal_per_seq, Given)  /* [num_seqs] bool or int32 (nonzero: causal), or null */\
+  X(const float*, sinks, Given)          /* [num_q_heads] fp32 sink logits, or null */            \
+  X(float*, ws_o, Given)   /* [num_splits, num_tokens, num_q_heads, head_dim] fp32 when split */  \
+  X(float*, ws_lse, Given) /* [num_splits, num_tokens, num_q_heads] fp32 (log2 domain) */         \
+  X(int64_t, q_stride_t, Given) X(int64_t, q_stride_h, Given)                                    \
+  X(int64_t, o_stride_t, Given) X(int64_t, o_stride_h, Given)                                    \
+  X(int64_t, k_stride_b, Given) X(int64_t, k_stride_s, Given) X(int64_t, k_stride_h, Given)      \
+  X(int64_t, v_stride_b, Given) X(int64_t, v_stride_s, Given) X(int64_t, v_stride_h, Given)      \
+  X(int64_t, bt_stride_s, Given) X(int64_t, bt_stride_b, Given)                                  \
+  X(int64_t, cu_stride, Given) X(int64_t, sl_stride, Given) X(int64_t, causal_stride, Given)     \
+  X(int, causal_bytes, Given) /* element size of causal_per_seq: 1 (bool) or 4 (int32) */        \
+  X(int, out_align, Derived)  /* bytes: largest power of two <= 16 dividing out and strides */   \
+  X(int, num_tokens, Given) X(int, num_seqs, Given) X(int, num_q_heads, Given)                   \
+  X(int, num_kv_heads, Given) X(int, group, Derived) X(int, head_dim, Given)                     \
+  X(int, block_size, Given)                                                                      \
+  X(int, block_shift, Derived) /* log2(block_size): validation admits powers of two only */      \
+  X(int, max_seqlen_q, Given)                                                                    \
+  X(int, num_splits, Given)    /* asked for (0: the plan's choice); the launch sets the plan's */\
+  X(int, causal, Given)        /* the launch-wide flag when causal_per_seq is null */            \
+  /* Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right];   \
+     -1 = unbounded on that side. */                                                             \
+  X(int, window_left, Given) X(int, window_right, Given)                                         \
+  X(float, softmax_scale, Given)
+
 struct AttnParams {
-  const void* q;         // [num_tokens, num_q_heads, head_dim]
-  const void* k;         // [num_blocks, block_size, num_kv_heads, head_dim]
-  const void* v;         // same shape as k, own strides
-  void* out;             // [num_tokens, num_q_heads, head_dim], query dtype
-  const int32_t* block_table;   // [num_seqs, max_blocks_per_seq]
-  const int32_t* cu_seqlens_q;  // [num_seqs + 1]; rows from cu_seqlens_q[num_seqs] on are padding
-  const int32_t* seq_lens;      // [num_seqs]
-  const float* k_scale;         // [num_kv_heads]
-  const float* v_scale;         // [num_kv_heads]
-  const void* causal_per_seq;   // [num_seqs] bool or int32 (nonzero = causal), or nullptr
-  const float* sinks;           // [num_q_heads] fp32 attention-sink logits, or nullptr
-  float* ws_o;    // [num_splits, num_tokens, num_q_heads, head_dim] fp32 when num_splits > 1
-  float* ws_lse;  // [num_splits, num_tokens, num_q_heads] fp32 (log2 domain)
-  int64_t q_stride_t, q_stride_h;
-  int64_t o_stride_t, o_stride_h;
-  int64_t k_stride_b, k_stride_s, k_stride_h;
-  int64_t v_stride_b, v_stride_s, v_stride_h;
-  int64_t bt_stride_s, bt_stride_b;
-  int64_t cu_stride, sl_stride, causal_stride;
-  int causal_bytes;  // element size of causal_per_seq: 1 (bool) or 4 (int32)
-  int out_align;     // bytes: largest power of two (<= 16) dividing out's pointer and strides
-  int num_tokens, num_seqs, num_q_heads, num_kv_heads, group, head_dim, block_size;
-  int block_shift;   // log2(block_size): validation admits powers of two only
-  int max_seqlen_q, num_splits, causal;
-  // Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right];
-  // -1 = unbounded on that side.
-  int window_left, window_right;
-  float softmax_scale;
+#define FP8NCA_DECLARE_FIELD(type, name, source) type name;
+  FP8NCA_ATTN_FIELDS(FP8NCA_DECLARE_FIELD)
+#undef FP8NCA_DECLARE_FIELD
 };
 
 // One cache write: new K/V rows -> the paged caches at slot_mapping (negative = skipped).

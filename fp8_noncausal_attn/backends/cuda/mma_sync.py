@@ -147,52 +147,41 @@ def run(problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor) -> None
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
     window_left, window_right = extension.window_sides(problem)
-    causal_per_seq = problem.causal_per_seq
-    # Read in place by the kernel (bool or int32, any stride): vLLM rewrites it between replays.
-    causal_ptr, causal_bytes, causal_stride = (
-        (0, 1, 0)
-        if causal_per_seq is None
-        else (causal_per_seq.data_ptr(), causal_per_seq.element_size(), causal_per_seq.stride(0))
-    )
+    flags = problem.causal_per_seq
+    cache, bt = problem.key_cache, problem.block_table
+    # Every Given field of AttnParams (csrc/common/params.h FP8NCA_ATTN_FIELDS, _C.ATTN_FIELDS),
+    # by name. The index tensors are read in place through their strides: vLLM rewrites them
+    # (the causal flags too, bool or int32) between replays.
+    tensors = {
+        "q": q, "k": cache, "v": problem.value_cache, "out": out, "block_table": bt,
+        "cu_seqlens_q": problem.cu_seqlens_q, "seq_lens": problem.seq_lens,
+        "k_scale": problem.k_scale, "v_scale": problem.v_scale, "causal_per_seq": flags,
+        "sinks": problem.sinks, "ws_o": ws_o, "ws_lse": ws_lse,
+    }  # fmt: skip
+    fields: dict[str, int | float] = {
+        name: 0 if t is None else t.data_ptr() for name, t in tensors.items()
+    }
+    strides = {"q": q.stride()[:2], "o": out.stride()[:2], "k": cache.stride()[:3],
+               "v": problem.value_cache.stride()[:3], "bt": bt.stride()}  # fmt: skip
+    for tensor, dims in {"q": "th", "o": "th", "k": "bsh", "v": "bsh", "bt": "sb"}.items():
+        fields.update(zip((f"{tensor}_stride_{d}" for d in dims), strides[tensor], strict=True))
+    fields.update(
+        cu_stride=problem.cu_seqlens_q.stride(0), sl_stride=problem.seq_lens.stride(0),
+        causal_stride=0 if flags is None else flags.stride(0),
+        causal_bytes=1 if flags is None else flags.element_size(),
+        num_tokens=problem.num_tokens, num_seqs=problem.num_seqs,
+        num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
+        head_dim=problem.head_dim, block_size=problem.block_size,
+        max_seqlen_q=problem.max_seqlen_q, num_splits=num_splits, causal=int(bool(problem.causal)),
+        window_left=window_left, window_right=window_right,
+        softmax_scale=float(problem.softmax_scale),
+    )  # fmt: skip
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         extension.loaded().paged_attention(
             device=device.index,
             stream=stream,
-            q=q.data_ptr(),
-            k=problem.key_cache.data_ptr(),
-            v=problem.value_cache.data_ptr(),
-            out=out.data_ptr(),
-            block_table=problem.block_table.data_ptr(),
-            cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
-            seq_lens=problem.seq_lens.data_ptr(),
-            k_scale=problem.k_scale.data_ptr(),
-            v_scale=problem.v_scale.data_ptr(),
-            causal_per_seq=causal_ptr,
-            causal_bytes=causal_bytes,
-            causal_stride=causal_stride,
-            causal=bool(problem.causal),
-            sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
-            window_left=window_left,
-            window_right=window_right,
-            ws_o=0 if ws_o is None else ws_o.data_ptr(),
-            ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
             q_dtype=extension.DTYPE_CODES[q.dtype],
-            kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
-            q_strides=tuple(q.stride()[:2]),
-            o_strides=tuple(out.stride()[:2]),
-            k_strides=tuple(problem.key_cache.stride()[:3]),
-            v_strides=tuple(problem.value_cache.stride()[:3]),
-            bt_strides=tuple(problem.block_table.stride()),
-            cu_stride=problem.cu_seqlens_q.stride(0),
-            sl_stride=problem.seq_lens.stride(0),
-            num_tokens=problem.num_tokens,
-            num_seqs=problem.num_seqs,
-            num_q_heads=problem.num_q_heads,
-            num_kv_heads=problem.num_kv_heads,
-            head_dim=problem.head_dim,
-            block_size=problem.block_size,
-            max_seqlen_q=problem.max_seqlen_q,
-            num_splits=num_splits,
-            softmax_scale=float(problem.softmax_scale),
+            kv_dtype=extension.DTYPE_CODES[cache.dtype],
+            fields=fields,
         )
