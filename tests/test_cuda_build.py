@@ -97,6 +97,7 @@ def require_arch(arch: str) -> None:
         pytest.skip(f"sm_{arch} not in this build ({built_archs()})")
 
 
+@pytest.mark.compile
 def test_default_build_holds_every_arch_and_ptx_for_the_newest():
     from fp8_noncausal_attn import _C
 
@@ -111,6 +112,7 @@ def test_default_build_holds_every_arch_and_ptx_for_the_newest():
         assert _C.PTX_ARCH == DEFAULT_PTX
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", DEFAULT_ARCHS)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_attention_kernels_use_tensor_cores(family, arch):
@@ -124,6 +126,7 @@ def test_attention_kernels_use_tensor_cores(family, arch):
         assert copy in sass, f"{name} on sm_{arch} does not use {copy}"
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", DEFAULT_ARCHS)
 def test_hot_kernels_do_not_spill(arch):
     require_arch(arch)
@@ -138,6 +141,7 @@ def test_hot_kernels_do_not_spill(arch):
         assert not re.search(r"\b(LDL|STL)\b", functions[name]), f"{name} uses local memory"
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", DEFAULT_ARCHS)
 def test_mask_runs_only_on_tiles_that_need_it(arch):
     """The mask (causal or bidirectional bound and sliding window, csrc/mma_sync/mask.cuh) sets

@@ -26,6 +26,9 @@ import tomllib
 
 import fp8_noncausal_attn
 
+# Compiles kernels or packages and reads what they hold (scripts/test.sh --quick leaves it out).
+pytestmark = pytest.mark.compile
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_MESSAGE = "WARNING: fp8-noncausal-attn is being built WITHOUT its CUDA kernels (_C)"
 # Folders a wheel build or the test suite reads, and must therefore travel in the sdist.

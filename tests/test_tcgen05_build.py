@@ -13,6 +13,9 @@ from dsl import build, sass_check
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
+# Compiles kernels or packages and reads what they hold (scripts/test.sh --quick leaves it out).
+pytestmark = pytest.mark.compile
+
 pytest.importorskip("cutlass")
 
 

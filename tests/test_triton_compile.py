@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Compiles kernels or packages and reads what they hold (scripts/test.sh --quick leaves it out).
+pytestmark = pytest.mark.compile
+
 TESTS = Path(__file__).parent
 
 

@@ -13,6 +13,9 @@ from dsl import build, sass_check
 from dsl.wgmma import sass
 from dsl.wgmma import traits as T
 
+# Compiles kernels or packages and reads what they hold (scripts/test.sh --quick leaves it out).
+pytestmark = pytest.mark.compile
+
 pytest.importorskip("cutlass")
 
 
