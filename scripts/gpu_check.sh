@@ -73,9 +73,12 @@ cp build/cmake/ptxas.log "$RESULTS/ptxas.log" 2>/dev/null
 cuobjdump -res-usage fp8_noncausal_attn/_C*.so >"$RESULTS/res_usage.txt" 2>&1
 
 # Most important first: a step cut by the budget loses the least.
-# The GPU-only tests plus the Triton and API tests, which run compiled here (interpreted on CPU).
-step pytest_gpu 240 python3 -m pytest -q tests/test_cuda_gpu.py tests/test_triton_attention.py \
-  tests/test_triton_cache.py tests/test_api.py --junitxml="$RESULTS/pytest_gpu.xml"
+# The GPU-only tests plus the Triton and API tests, which run compiled here (interpreted on CPU);
+# first every shipped mma.sync kernel and Triton variant against the reference (most of its
+# time Triton's compiles, one per variant).
+step pytest_gpu 300 python3 -m pytest -q tests/test_gpu_matrix.py tests/test_cuda_gpu.py \
+  tests/test_triton_attention.py tests/test_triton_cache.py tests/test_api.py \
+  --junitxml="$RESULTS/pytest_gpu.xml"
 
 # The DSL families on their own GPU (a deadlock in a never-run kernel ends at the step's limit).
 DSL_DIR=$(cd "${GPU_CHECK_DSL_DIR:-.dsl}" 2>/dev/null && pwd)

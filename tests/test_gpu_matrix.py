@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -348,3 +349,9 @@ def test_every_triton_variant_matches_the_reference(case):
     triton_attention.run(problem, plan, out)
     torch.cuda.synchronize()
     check_against(out, reference(paged, extra), case.query_dtype, plan.launch)
+
+
+def test_gpu_check_runs_this_file_in_its_gpu_tests_step():
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh").read_text()
+    step = script[script.index("step pytest_gpu") :].split("--junitxml")[0]
+    assert f"tests/{Path(__file__).name}" in step
