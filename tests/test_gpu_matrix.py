@@ -108,7 +108,7 @@ def build(head_dim, query_dtype, cache_dtype, q_len, mask, window, page_size, se
     )  # fmt: skip
     window_sides, with_sinks = WINDOWS[window]
     sinks = None
-    if with_sinks:  # logits from -16 to 16: some outweigh every key of their head
+    if with_sinks:  # one logit per q head, uniform in [-16, 16)
         gen = torch.Generator().manual_seed(seed)
         sinks = (torch.rand(NUM_Q_HEADS, generator=gen) * 32 - 16).to(device)
     extra = {"window": window_sides, "sinks": sinks}
