@@ -1,9 +1,16 @@
 """Helpers the two CUTLASS-DSL families' tests share (tcgen05 and wgmma): the CPU emulation's
-launch loop and split merge, the extreme-scale case, and the AOT library's variant-name check."""
+launch loop and split merge, the extreme-scale case, the AOT library's variant-name check, and
+the build the build tests read, cached by its inputs' hash."""
 
 import ctypes
+import hashlib
+import importlib.metadata
+import json
 import math
+import os
 import re
+import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -322,3 +329,49 @@ def barrier_init_problems(flow: PtxFlow) -> list[str]:
     if flow.reaches(inits, r"bar(rier)?\.sync\s+0$", r"fence\.mbarrier_init"):
         return ["an mbarrier.init reaches bar.sync 0 without fence.mbarrier_init"]
     return []
+
+
+# Where the build tests keep the DSL families' builds, one folder per hash of everything a build
+# depends on (minutes of compile time each); FP8NCA_TEST_CACHE=off builds afresh every time.
+TEST_CACHE_ENV = "FP8NCA_TEST_CACHE"
+DSL_SOURCES = Path(__file__).resolve().parent.parent / "dsl"
+
+
+def dsl_build_key(family: str, archs: list[str], variants: list) -> str:
+    """The hash of a build's inputs: every file under dsl/, the DSL and Python versions, the
+    CUDA toolkit it links, the family, its architectures and variants."""
+    digest = hashlib.sha256()
+    for path in sorted(DSL_SOURCES.rglob("*.py")):
+        digest.update(path.relative_to(DSL_SOURCES).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    facts = [
+        importlib.metadata.version("nvidia-cutlass-dsl"),
+        sys.version,
+        os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+        family,
+        *archs,
+        *(v.name for v in variants),
+    ]
+    digest.update("\0".join(facts).encode())
+    return digest.hexdigest()[:20]
+
+
+def cached_dsl_build(build, family: str, archs: list[str], variants: list, scratch: Path):
+    """``(folder, record)`` of ``build.build(folder, archs, variants, family)``, reused when a
+    build of the same inputs exists (built into a temporary folder, then renamed into place, so
+    a build cut short is never reused). ``scratch`` is used when the cache is off."""
+    root = os.environ.get(TEST_CACHE_ENV, str(Path.home() / ".cache" / "fp8nca-tests"))
+    if root == "off":
+        return scratch, build.build(scratch, archs, variants, family)
+    out = Path(root) / "dsl" / f"{family}-{dsl_build_key(family, archs, variants)}"
+    if not (out / "build.json").is_file():
+        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            build.build(partial, archs, variants, family)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        shutil.rmtree(out, ignore_errors=True)
+        partial.rename(out)
+    return out, json.loads((out / "build.json").read_text())

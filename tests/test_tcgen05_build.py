@@ -7,7 +7,12 @@ import json
 import re
 
 import pytest
-from dsl_helpers import PtxFlow, barrier_init_problems, check_library_names_every_variant
+from dsl_helpers import (
+    PtxFlow,
+    barrier_init_problems,
+    cached_dsl_build,
+    check_library_names_every_variant,
+)
 
 from dsl import build, sass_check
 from dsl.tcgen05 import layouts as L
@@ -21,9 +26,8 @@ pytest.importorskip("cutlass")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tcgen05")
-    record = build.build(out, list(T.ARCHS), list(build.VARIANTS))
-    return out, record
+    scratch = tmp_path_factory.mktemp("tcgen05")
+    return cached_dsl_build(build, "tcgen05", list(T.ARCHS), list(build.VARIANTS), scratch)
 
 
 def test_build_record_lists_every_variant_and_arch(built):

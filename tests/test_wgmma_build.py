@@ -7,7 +7,12 @@ import json
 
 import pytest
 import torch
-from dsl_helpers import PtxFlow, barrier_init_problems, check_library_names_every_variant
+from dsl_helpers import (
+    PtxFlow,
+    barrier_init_problems,
+    cached_dsl_build,
+    check_library_names_every_variant,
+)
 
 from dsl import build, sass_check
 from dsl.wgmma import sass
@@ -21,9 +26,8 @@ pytest.importorskip("cutlass")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wgmma")
-    record = build.build(out, list(T.ARCHS), list(build.WGMMA_CI_VARIANTS), "wgmma")
-    return out, record
+    scratch = tmp_path_factory.mktemp("wgmma")
+    return cached_dsl_build(build, "wgmma", list(T.ARCHS), list(build.WGMMA_CI_VARIANTS), scratch)
 
 
 def test_build_record_lists_every_ci_variant(built):
