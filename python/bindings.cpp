@@ -226,25 +226,28 @@ void paged_attention(int device, std::uintptr_t stream, int q_dtype, int kv_dtyp
         "attention launch");
 }
 
-// The split-KV merge kernel (csrc/cascade/merge.cu) on partials another kernel family wrote
-// (the CUTLASS-DSL families): ws_o fp32 [num_splits, num_tokens, num_q_heads, head_dim] and
-// ws_lse fp32 [num_splits, num_tokens, num_q_heads] (log2 units), both contiguous, into `out`
-// [num_tokens, num_q_heads, head_dim] of the query dtype through its strides; sinks: fp32
-// [num_q_heads] natural-log logits or 0; rows past cu_seqlens_q[num_seqs] written as zeros.
-// Asynchronous on `stream`.
+// The split-KV merge kernel (csrc/cascade/merge.cu) on partials a kernel family wrote (or on
+// states merge_attention_states stacked): ws_o fp32 [num_splits, num_tokens, num_q_heads,
+// head_dim] and ws_lse fp32 [num_splits, num_tokens, num_q_heads] (log2 units), both contiguous,
+// into `out` [num_tokens, num_q_heads, head_dim] of out_dtype (kBF16, kFP16, kMergeFP32)
+// through its strides (out 0: not written, the LSE only); sinks: fp32 [num_q_heads]
+// natural-log logits or 0; lse: fp32 natural-log LSE of each merged row through lse_strides, or
+// 0 (none); rows past cu_seqlens_q[num_seqs] written as zeros (LSE -inf). Asynchronous.
 void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::uintptr_t ws_lse,
                   std::uintptr_t out, py::tuple o_strides, std::uintptr_t sinks,
                   std::uintptr_t cu_seqlens_q, int64_t cu_stride, int num_seqs, int num_splits,
-                  int num_tokens, int num_q_heads, int head_dim, int q_dtype) {
+                  int num_tokens, int num_q_heads, int head_dim, int q_dtype, std::uintptr_t lse,
+                  py::tuple lse_strides) {
   if (num_splits < 1 || num_seqs < 0 || num_tokens < 0 || num_q_heads < 1 || head_dim < 1) {
     throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits got an empty or negative "
                                 "size");
   }
-  if (q_dtype != fp8nca::kBF16 && q_dtype != fp8nca::kFP16) {
-    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits writes bf16 or fp16");
+  if (q_dtype != fp8nca::kBF16 && q_dtype != fp8nca::kFP16 && q_dtype != fp8nca::kMergeFP32) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits writes bf16, fp16 or fp32");
   }
-  if (ws_o == 0 || ws_lse == 0 || out == 0 || cu_seqlens_q == 0) {
-    throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits needs every pointer");
+  if (ws_o == 0 || ws_lse == 0 || cu_seqlens_q == 0 || (out == 0 && lse == 0)) {
+    throw std::invalid_argument(
+        "fp8_noncausal_attn._C: merge_splits needs ws_o, ws_lse, cu_seqlens_q and out or lse");
   }
   fp8nca::AttnParams p{};
   p.out = ptr<void>(out);
@@ -260,8 +263,10 @@ void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::u
   p.num_tokens = num_tokens;
   p.num_q_heads = num_q_heads;
   p.head_dim = head_dim;
+  const fp8nca::MergeOutputs outputs{ptr<float>(lse), lse_strides[0].cast<int64_t>(),
+                                     lse_strides[1].cast<int64_t>(), out != 0};
   const DeviceGuard guard(device);
-  check(fp8nca::launch_merge(p, q_dtype, reinterpret_cast<cudaStream_t>(stream)),
+  check(fp8nca::launch_merge(p, q_dtype, outputs, reinterpret_cast<cudaStream_t>(stream)),
         "merge launch");
 }
 
@@ -331,8 +336,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("ws_lse"), py::arg("out"), py::arg("o_strides"), py::arg("sinks"),
         py::arg("cu_seqlens_q"), py::arg("cu_stride"), py::arg("num_seqs"), py::arg("num_splits"),
         py::arg("num_tokens"), py::arg("num_q_heads"), py::arg("head_dim"), py::arg("q_dtype"),
+        py::arg("lse") = 0, py::arg("lse_strides") = py::make_tuple(0, 0),
         "The split-KV merge kernel on fp32 partials [splits, tokens, q_heads(, head_dim)] "
-        "(log2 LSE) into out; padded rows past cu_seqlens_q[num_seqs] zeroed. Asynchronous.");
+        "(log2 LSE) into out (q_dtype: a DTYPE_CODES 16-bit code or MERGE_FP32) and, when "
+        "lse is given, each row's natural-log LSE; padded rows past cu_seqlens_q[num_seqs] "
+        "zeroed (LSE -inf). Asynchronous.");
   m.def("plan", &plan, py::arg("num_seqs"), py::arg("num_tokens"), py::arg("num_q_heads"),
         py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("kv_dtype"),
         py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("resident_ctas"),
@@ -368,4 +376,5 @@ PYBIND11_MODULE(_C, m) {
   codes["float8_e4m3fn"] = static_cast<int>(fp8nca::kE4M3);
   codes["float8_e5m2"] = static_cast<int>(fp8nca::kE5M2);
   m.attr("DTYPE_CODES") = codes;  // element type codes of csrc/common/params.h
+  m.attr("MERGE_FP32") = fp8nca::kMergeFP32;  // merge_splits' code for float32 rows
 }

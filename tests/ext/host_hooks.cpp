@@ -81,6 +81,13 @@ std::vector<float> merge_row_host(const std::vector<std::vector<float>>& o,
   return merged;
 }
 
+// The merged state's log2-sum-exp by merge.cu's own arithmetic (merge_row.h): lse[split]
+// (log2), the sink in log2 units (-inf: none); -inf when no split saw a key.
+float merge_lse_host(const std::vector<float>& lse, float sink) {
+  if (lse.empty()) throw std::invalid_argument("merge_lse: at least one split");
+  return fp8nca::merge_scale(lse.data(), 1, static_cast<int>(lse.size()), sink).lse;
+}
+
 // A map sampled at every index of [0, n) x [0, rest)...: nested Python lists, outermost index
 // first (table(f, 2, 4)[i][j] == f(i, j)).
 template <typename F>
@@ -199,6 +206,8 @@ PYBIND11_MODULE(fp8nca_host_hooks, host) {
   host.def("merge_row", &merge_row_host, py::arg("o"), py::arg("lse"), py::arg("sink"),
            "One row of the split-KV merge by the merge kernel's arithmetic (merge_row.h): "
            "partials o[split][dim], log2 lse[split], the log2 sink (-inf: none).");
+  host.def("merge_lse", &merge_lse_host, py::arg("lse"), py::arg("sink"),
+           "The merged state's log2-sum-exp by the merge kernel's arithmetic (merge_row.h).");
   host.def("mma_sync_tables", &mma_sync_tables, py::arg("head_dim"), py::arg("elt"),
            py::arg("block_m") = fp8nca::mma_sync::kBlockM,
            "Tile shape and shared-memory / fragment index maps of the mma.sync family (tile of "
