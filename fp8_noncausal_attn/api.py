@@ -24,11 +24,19 @@ __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "availab
 available_backends = dispatch.available_backends
 
 
-def run_one_shot(problem: AttentionProblem, out: torch.Tensor, backend: str) -> None:
+def run_one_shot(
+    problem: AttentionProblem, out: torch.Tensor, backend: str, lse: torch.Tensor | None = None
+) -> None:
     """Resolve ``backend`` for ``problem`` (its real tensors), plan without a kept workspace and
-    launch. Outside tracing only (it may load the extension and read pointers)."""
+    launch (``lse``: float32 [num_tokens, num_q_heads] written too when given). Outside tracing
+    only (it may load the extension and read pointers)."""
     module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
-    module.run(problem, module.plan(problem, None), out)
+    module.run(problem, module.plan(problem, None), out, lse)
+
+
+def new_lse(query: torch.Tensor) -> torch.Tensor:
+    """The LSE output of a ``return_lse=True`` call: float32 ``[num_tokens, num_q_heads]``."""
+    return torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
 
 
 def cache_writer(device: torch.device):
@@ -43,7 +51,7 @@ def cache_writer(device: torch.device):
     return reshape_and_cache
 
 
-@torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out",))
+@torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
 def _paged_attention_op(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -63,6 +71,7 @@ def _paged_attention_op(
     window_left: int = -1,
     window_right: int = -1,
     sinks: Optional[torch.Tensor] = None,  # noqa: UP045
+    lse: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
     problem = AttentionProblem(
         query=query,
@@ -81,7 +90,7 @@ def _paged_attention_op(
         window=(window_left, window_right),
         sinks=sinks,
     )
-    run_one_shot(problem, out, backend)
+    run_one_shot(problem, out, backend, lse)
 
 
 @_paged_attention_op.register_fake
@@ -129,7 +138,8 @@ def paged_attention(
     validate: bool = False,
     window: tuple[int, int] = (-1, -1),
     sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Paged attention over a (possibly FP8) KV cache with per-KV-head scales.
 
     Args:
@@ -159,8 +169,15 @@ def paged_attention(
         sinks: float32 ``[num_q_heads]`` attention-sink logits (gpt-oss / vLLM ``sinks``): each
             joins its head's softmax denominator with no value,
             ``out = sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``. Backends as for window.
+        return_lse: also return each row's log-sum-exp (FlashAttention's ``return_softmax_lse``;
+            conventions in docs/api.md): float32 ``[num_tokens, num_q_heads]``, natural log of
+            the softmax denominator, ``log(e^(sink_h) + sum_j e^(s_j))`` with
+            ``s_j = softmax_scale * q . K_real[j]``; -inf for rows past ``cu_seqlens_q[-1]``.
+            Every backend and kernel family returns it; see
+            :func:`fp8_noncausal_attn.merge_attention_states` to merge such states.
     Returns:
-        ``[num_tokens, num_q_heads, head_dim]`` in ``query``'s dtype (``out`` when given).
+        ``[num_tokens, num_q_heads, head_dim]`` in ``query``'s dtype (``out`` when given), or
+        ``(out, lse)`` with ``return_lse=True``.
     """
     problem = validate_attention(
         query, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens,
@@ -170,6 +187,7 @@ def paged_attention(
     )  # fmt: skip
     if out is None:
         out = torch.empty_like(query)
+    lse = new_lse(query) if return_lse else None
     if torch.compiler.is_compiling():
         # The op's body resolves the backend when the graph runs.
         if backend != "auto" and backend not in dispatch.BACKENDS:
@@ -182,16 +200,15 @@ def paged_attention(
                 problem.cu_seqlens_q, problem.seq_lens, problem.k_scale, problem.v_scale,
                 problem.causal_per_seq, problem.causal, problem.softmax_scale,
                 problem.max_seqlen_q, problem.max_seqlen_k, backend, *problem.window,
-                problem.sinks,
+                problem.sinks, lse,
             )  # fmt: skip
-        return out
-    if query.device.type == "meta":  # shapes only: checked above, nothing to launch
-        return out
-    if problem.num_tokens:
-        run_one_shot(problem, out, backend)
+    elif query.device.type == "meta":  # shapes only: checked above, nothing to launch
+        pass
+    elif problem.num_tokens:
+        run_one_shot(problem, out, backend, lse)
     else:
         dispatch.resolve_backend(backend, problem)  # an unusable backend still fails by name
-    return out
+    return (out, lse) if return_lse else out
 
 
 def reshape_and_cache(

@@ -56,10 +56,20 @@ class Backend(Protocol):
         where the launch allocates what it needs.
         """
 
-    def run(self, problem: AttentionProblem, plan: Any, out: torch.Tensor) -> None:
+    def run(
+        self, problem: AttentionProblem, plan: Any, out: torch.Tensor, lse: torch.Tensor | None
+    ) -> None:
         """Run time, per layer: launch on the real tensors; ``out`` [num_tokens, num_q_heads,
-        head_dim] is written in place, rows past ``cu_seqlens_q[-1]`` as zeros. ``problem``'s
-        scales are float32 ``[num_kv_heads]`` and its ``num_tokens`` at most the plan's."""
+        head_dim] is written in place, rows past ``cu_seqlens_q[-1]`` as zeros, and ``lse``
+        (float32 [num_tokens, num_q_heads], any strides), when not None, with each row's
+        natural-log log-sum-exp (-inf for those rows). ``problem``'s scales are float32
+        ``[num_kv_heads]`` and its ``num_tokens`` at most the plan's."""
+
+    def merge_states(
+        self, outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+    ) -> None:
+        """Merge partial attention states (``reference.merge_states``' contract), for
+        :func:`fp8_noncausal_attn.merge_attention_states`."""
 
     # Optional:
     # - ``run_unsupported_reason(problem, out) -> str | None``: run-time needs of the layer's own

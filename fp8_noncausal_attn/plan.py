@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 
 from . import dispatch
-from .api import paged_attention, run_one_shot
+from .api import new_lse, paged_attention, run_one_shot
 from .masking import normalize_causal
 from .problem import AttentionProblem
 from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, check_score_scale, normalize_scale
@@ -337,7 +337,8 @@ class PagedAttention:
         *,
         plan: BatchPlan | None = None,
         sinks: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention for one layer of the planned batch.
 
         Args:
@@ -352,8 +353,10 @@ class PagedAttention:
             sinks: float32 ``[num_q_heads]`` attention-sink logits of this layer (a layer
                 property, hence here and not in :meth:`plan`), or None. Every backend runs
                 them.
+            return_lse: also return each row's log-sum-exp, float32 ``[num_tokens,
+                num_q_heads]``, as :func:`fp8_noncausal_attn.paged_attention` does.
         Returns:
-            ``out``, or a new tensor like ``query``.
+            ``out``, or a new tensor like ``query``; ``(out, lse)`` with ``return_lse=True``.
         """
         # The hot path: each check is one comparison of an attribute; any failure goes to the
         # slow path, which raises the named error. Caches and per-head scales are checked in
@@ -364,7 +367,7 @@ class PagedAttention:
                 raise RuntimeError("PagedAttention.run() needs a plan: call plan() once per batch")
         if plan.traced or torch.compiler.is_compiling():
             return self._run_through_op(
-                plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks
+                plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks, return_lse
             )
         if not isinstance(query, torch.Tensor) or query.dtype is not self.query_dtype:
             self._query_error(query, plan)
@@ -409,8 +412,9 @@ class PagedAttention:
             check_out(out, query)
         if sinks is not None:
             sinks = check_sinks(sinks, self.num_q_heads, self.device, plan.check_values)
+        lse = new_lse(query) if return_lse else None
         if plan.module is None:  # meta tensors
-            return out
+            return (out, lse) if return_lse else out
         problem = AttentionProblem(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             k_scale, v_scale, plan.causal, plan.causal_per_seq, plan.softmax_scale,
@@ -419,9 +423,10 @@ class PagedAttention:
         if plan.run_check is not None:
             why = plan.run_check(problem, out)
             if why is not None:
-                return self._run_elsewhere(plan, problem, out, why)
-        plan.module.run(problem, plan.backend_plan, out)
-        return out
+                self._run_elsewhere(plan, problem, out, why, lse)
+                return (out, lse) if return_lse else out
+        plan.module.run(problem, plan.backend_plan, out, lse)
+        return (out, lse) if return_lse else out
 
     def _query_error(self, query: object, plan: BatchPlan) -> None:
         """Raise the named error for a query the hot path refused."""
@@ -484,20 +489,26 @@ class PagedAttention:
         return per_head
 
     def _run_elsewhere(
-        self, plan: BatchPlan, problem: AttentionProblem, out: torch.Tensor, why: str
-    ) -> torch.Tensor:
+        self,
+        plan: BatchPlan,
+        problem: AttentionProblem,
+        out: torch.Tensor,
+        why: str,
+        lse: torch.Tensor | None,
+    ) -> None:
         """The planned backend cannot take these particular tensors (e.g. their alignment):
         ``auto`` runs them one-shot on the backend that can, a named backend refuses."""
         if plan.requested != "auto":
             raise RuntimeError(f"backend {plan.backend!r} cannot run these tensors: {why}")
-        run_one_shot(problem, out, "auto")
-        return out
+        run_one_shot(problem, out, "auto", lse)
 
-    def _run_through_op(self, plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks):
+    def _run_through_op(
+        self, plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks, return_lse
+    ):
         return paged_attention(
             query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
             causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
             softmax_scale=plan.softmax_scale, max_seqlen_q=plan.max_seqlen_q,
             max_seqlen_k=plan.max_seqlen_k, out=out, backend=plan.requested, window=plan.window,
-            sinks=sinks,
+            sinks=sinks, return_lse=return_lse,
         )  # fmt: skip

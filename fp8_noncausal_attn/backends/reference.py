@@ -35,12 +35,17 @@ def gather_sequence_kv(
     return gather(problem.key_cache, problem.k_scale), gather(problem.value_cache, problem.v_scale)
 
 
-def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
+def paged_attention(
+    problem: AttentionProblem, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
     """Write ``softmax(q K^T * softmax_scale) V`` for every query token into ``out``.
 
     With ``problem.window`` each token sees only the keys of :func:`masking.visible_range`; with
     ``problem.sinks`` the sink logit of the row's query head joins the softmax denominator:
-    ``sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``, shifted by ``max(sink_h, max_j s_j)``.
+    ``sum_j e^(s_j) v_j / (e^(sink_h) + sum_j e^(s_j))``. Both come from the row's natural-log
+    log-sum-exp ``L = log(e^(sink_h) + sum_j e^(s_j))`` (no sink: ``log sum_j e^(s_j)``), as
+    ``out = sum_j e^(s_j - L) v_j``; ``lse`` (float32 ``[num_tokens, num_q_heads]``), when given,
+    receives ``L``, -inf for rows past ``cu_seqlens_q[-1]`` and rows that see no key.
 
     Rows past ``cu_seqlens_q[-1]`` (padding) are written as zeros. The index tensors are read
     as given (any strides; per-sequence causal flags bool or int32, nonzero = causal).
@@ -49,6 +54,8 @@ def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
     kv_lens = problem.seq_lens.tolist()
     group = problem.group_size
     out[cu[-1] :].zero_()
+    if lse is not None:
+        lse[cu[-1] :] = float("-inf")
     for seq, kv_len in enumerate(kv_lens):
         q_start, q_end = cu[seq], cu[seq + 1]
         q_len = q_end - q_start
@@ -66,16 +73,41 @@ def paged_attention(problem: AttentionProblem, out: torch.Tensor) -> None:
         keys_at = torch.arange(kv_len, device=q.device)[None, :]
         hidden = (keys_at < start[:, None]) | (keys_at >= end[:, None])
         scores = scores.masked_fill(hidden, float("-inf"))
-        if problem.sinks is None:
-            probs = torch.softmax(scores, dim=-1)
-        else:
-            # [num_kv_heads, group, 1, 1]: q head h = kv_head * group + g.
-            sink = problem.sinks.float().view(problem.num_kv_heads, group, 1, 1)
-            shift = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
-            weights = torch.exp(scores - shift)
-            probs = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - shift))
+        # [num_kv_heads, group, q_len]: q head h = kv_head * group + g.
+        row_lse = torch.logsumexp(scores, dim=-1)
+        if problem.sinks is not None:
+            sink = problem.sinks.float().view(problem.num_kv_heads, group, 1)
+            row_lse = torch.logaddexp(row_lse, sink.expand_as(row_lse))
+        # A row that sees no key (L = -inf) gets weights e^(-inf - 0) = 0, not NaN.
+        shift = torch.where(row_lse == float("-inf"), 0.0, row_lse)
+        probs = torch.exp(scores - shift[..., None])
         result = torch.einsum("hgqk,khd->qhgd", probs, values)
         out[q_start:q_end] = result.reshape(q_len, problem.num_q_heads, -1).to(out.dtype)
+        if lse is not None:
+            lse[q_start:q_end] = row_lse.permute(2, 0, 1).reshape(q_len, problem.num_q_heads)
+
+
+def merge_states(
+    outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    """Merge partial attention states over disjoint key sets, in fp32.
+
+    ``outs`` ``[num_states, num_tokens, num_heads, head_dim]`` (each state normalised),
+    ``lses`` float32 ``[num_states, num_tokens, num_heads]`` natural-log; writes
+    ``out = sum_s e^(lse_s - L) outs_s`` and ``lse = L = log sum_s e^(lse_s)``, shifted by the
+    largest ``lse_s``. A state with lse -inf has weight 0; a row no state saw gets zeros and
+    -inf (never NaN); a NaN lse propagates.
+    """
+    top = lses.amax(dim=0)
+    top = torch.where(top == float("-inf"), 0.0, top)
+    weights = torch.exp(lses - top)[..., None]  # -inf states: 0
+    # An empty state's partial is never read (it may hold anything); a NaN weight is no 0.
+    terms = torch.where(weights != 0, weights * outs.float(), 0.0)
+    total = weights.sum(dim=0)
+    merged = terms.sum(dim=0)
+    out.copy_(torch.where(total == 0, 0.0, merged / total))
+    total = total[..., 0]
+    lse.copy_(torch.where(total == 0, float("-inf"), top + torch.log(total)))
 
 
 def reshape_and_cache(write: CacheWrite) -> None:
@@ -99,6 +131,8 @@ def plan(problem: AttentionProblem, workspace: object = None) -> None:
     return None
 
 
-def run(problem: AttentionProblem, plan: None, out: torch.Tensor) -> None:
+def run(
+    problem: AttentionProblem, plan: None, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
     """Backend contract: the one-shot computation (it reads the lengths on the host)."""
-    paged_attention(problem, out)
+    paged_attention(problem, out, lse)

@@ -19,11 +19,11 @@ import torch
 
 from ...problem import AttentionProblem
 from . import dsl, extension, mma_sync
-from .extension import MAX_SPLITS, merge_splits, reshape_and_cache
+from .extension import MAX_SPLITS, merge_splits, merge_states, reshape_and_cache
 from .family import KernelFamily, Refused, warn_once
 
 # Part of this backend's contract, re-exported from the extension module.
-__all__ = ["MAX_SPLITS", "merge_splits", "reshape_and_cache"]
+__all__ = ["MAX_SPLITS", "merge_splits", "merge_states", "reshape_and_cache"]
 
 FAMILY_ENV = "FP8NCA_CUDA_FAMILY"
 DEFAULT_FAMILY = mma_sync.name
@@ -125,29 +125,38 @@ def plan(
 
 
 def paged_attention(
-    problem: AttentionProblem, out: torch.Tensor, num_splits: int | None = None
+    problem: AttentionProblem,
+    out: torch.Tensor,
+    num_splits: int | None = None,
+    lse: torch.Tensor | None = None,
 ) -> None:
     """One-shot form: plan (``num_splits`` forces the count) and run."""
-    run(problem, plan(problem, None, num_splits), out)
+    run(problem, plan(problem, None, num_splits), out, lse)
 
 
-def run(problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor) -> None:
-    """Run the planned family, writing ``out`` [num_tokens, num_q_heads, head_dim] in place;
-    mma_sync runs a layer whose tensors the planned family cannot take (warning once per
-    reason). Asynchronous on the current stream."""
+def run(
+    problem: AttentionProblem, plan: CudaPlan, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
+    """Run the planned family, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
+    and, when given, ``lse`` (float32 [num_tokens, num_q_heads], natural log, from the split
+    merge); mma_sync runs a layer whose tensors the planned family cannot take (warning once
+    per reason), and an LSE call on a family plan that does not split. Asynchronous on the
+    current stream."""
     extension.loaded()
     if problem.num_tokens == 0:  # with no sequence, every row is padding: the kernel zeroes it
         return
     if plan.fallback is None:
-        mma_sync.run(problem, plan.family_plan, out)
+        mma_sync.run(problem, plan.family_plan, out, lse)
         return
     family = FAMILIES[plan.family]
     why = family.run_unsupported_reason(problem, out)
+    if why is None and lse is not None and plan.family_plan.num_splits == 1:
+        why = "an unsplit plan has no partial LSEs to return"
     if why is None:
-        family.run(problem, plan.family_plan, out)
+        family.run(problem, plan.family_plan, out, lse)
         return
     warn_once(f"{plan.family} cannot take this layer, mma_sync runs: {why}")
-    mma_sync.run(problem, plan.fallback, out)
+    mma_sync.run(problem, plan.fallback, out, lse)
 
 
 def report_details(cuda_available: bool, cuda_reason: str) -> dict[str, object]:

@@ -387,10 +387,16 @@ def launch_arguments(
     return values
 
 
-def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
+def run(
+    problem: AttentionProblem, plan: DslPlan, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
     """Launch the planned variant, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
-    (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge. Asynchronous on the
+    (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge, which also writes
+    ``lse`` (float32 [num_tokens, num_q_heads], natural log) when given: a plan that does not
+    split cannot return it (the CUDA backend runs such a call on mma_sync). Asynchronous on the
     current stream; :func:`run_unsupported_reason` must have accepted the tensors."""
+    if lse is not None and plan.num_splits == 1:
+        raise ValueError(f"{plan.family}: an unsplit plan cannot return the LSE")
     device = problem.query.device
     ws_o, ws_lse = plan.ws_o, plan.ws_lse
     if plan.num_splits > 1:
@@ -423,7 +429,7 @@ def run(problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
             f"{STATUS})"
         )
     if plan.num_splits > 1:
-        extension.merge_splits(problem, ws_o, ws_lse, out)
+        extension.merge_splits(problem, ws_o, ws_lse, out, lse)
 
 
 def report(cuda_available: bool) -> dict[str, dict[str, object]]:

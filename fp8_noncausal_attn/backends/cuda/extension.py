@@ -15,6 +15,7 @@ from types import ModuleType
 import torch
 
 from ...problem import AttentionProblem, CacheWrite
+from ...scales import LOG2E
 
 # Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
 DTYPE_CODES = {
@@ -135,7 +136,11 @@ def plan_sizes(problem: AttentionProblem) -> dict[str, int | bool]:
 
 
 def merge_splits(
-    problem: AttentionProblem, ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor
+    problem: AttentionProblem,
+    ws_o: torch.Tensor,
+    ws_lse: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None = None,
 ) -> None:
     """``out`` [num_tokens, num_q_heads, head_dim] (the query dtype; token and head strides
     free, head dims at unit stride) = the split-KV merge kernel (csrc/cascade/merge.cu) of
@@ -143,22 +148,27 @@ def merge_splits(
     head_dim], each split's O normalised and times v_scale, and ``ws_lse`` float32 [splits,
     num_tokens, num_q_heads] in log2 units (-inf: the split saw no key; its O is never read),
     both contiguous. The problem's sinks join the denominator here, once; rows past
-    ``cu_seqlens_q[-1]`` are written as zeros. Asynchronous on the current stream."""
+    ``cu_seqlens_q[-1]`` are written as zeros. ``lse`` (float32 [num_tokens, num_q_heads], any
+    strides), when given, receives each merged row's natural-log LSE (-inf for padded rows);
+    ``out`` None writes the LSE only. Asynchronous on the current stream."""
     ext = loaded()
     rows = (ws_lse.shape[0], problem.num_tokens, problem.num_q_heads)
+    target = out if out is not None else lse
     layouts = (("ws_o", ws_o, (*rows, problem.head_dim)), ("ws_lse", ws_lse, rows))
     for name, tensor, shape in layouts:
         if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
             raise ValueError(
                 f"{name} must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
             )
-        if not tensor.is_contiguous() or tensor.device != out.device:
-            raise ValueError(f"{name} must be contiguous on {out.device}")
-    if out.stride(2) != 1:
+        if not tensor.is_contiguous() or tensor.device != target.device:
+            raise ValueError(f"{name} must be contiguous on {target.device}")
+    if out is not None and out.stride(2) != 1:
         raise ValueError("out must hold each row's head dims at unit stride")
+    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != rows[1:]):
+        raise ValueError(f"lse must be float32 {list(rows[1:])}, got {lse.dtype} {list(lse.shape)}")
     if problem.num_tokens == 0:
         return
-    device = out.device
+    device = target.device
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         ext.merge_splits(
@@ -166,8 +176,8 @@ def merge_splits(
             stream=stream,
             ws_o=ws_o.data_ptr(),
             ws_lse=ws_lse.data_ptr(),
-            out=out.data_ptr(),
-            o_strides=tuple(out.stride()[:2]),
+            out=0 if out is None else out.data_ptr(),
+            o_strides=(0, 0) if out is None else tuple(out.stride()[:2]),
             sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
             cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
             cu_stride=problem.cu_seqlens_q.stride(0),
@@ -176,7 +186,49 @@ def merge_splits(
             num_tokens=problem.num_tokens,
             num_q_heads=problem.num_q_heads,
             head_dim=problem.head_dim,
-            q_dtype=DTYPE_CODES[out.dtype],
+            q_dtype=DTYPE_CODES[problem.query.dtype if out is None else out.dtype],
+            lse=0 if lse is None else lse.data_ptr(),
+            lse_strides=(0, 0) if lse is None else tuple(lse.stride()),
+        )
+
+
+def merge_states(
+    outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    """``reference.merge_states``' contract on the merge kernel (csrc/cascade/merge.cu):
+    ``outs`` [num_states, num_tokens, num_heads, head_dim] and natural-log ``lses`` [num_states,
+    num_tokens, num_heads] become the kernel's float32 contiguous partials (a copy) with log2
+    LSEs; ``out`` (bf16, fp16 or float32, head dims contiguous) and ``lse`` are written in
+    place. Asynchronous on the current stream."""
+    ext = loaded()
+    num_states, num_tokens, num_heads, head_dim = outs.shape
+    if num_tokens == 0:
+        return
+    device = out.device
+    ws_o = outs.to(torch.float32, memory_format=torch.contiguous_format)
+    ws_lse = (lses * LOG2E).contiguous()
+    # The kernel's padding bound cu_seqlens_q[num_seqs]: every row is a real one here.
+    bound = torch.full((1,), num_tokens, dtype=torch.int32, device=device)
+    codes = {**DTYPE_CODES, torch.float32: ext.MERGE_FP32}
+    with torch.cuda.device(device):
+        ext.merge_splits(
+            device=device.index,
+            stream=torch.cuda.current_stream(device).cuda_stream,
+            ws_o=ws_o.data_ptr(),
+            ws_lse=ws_lse.data_ptr(),
+            out=out.data_ptr(),
+            o_strides=tuple(out.stride()[:2]),
+            sinks=0,
+            cu_seqlens_q=bound.data_ptr(),
+            cu_stride=1,
+            num_seqs=0,
+            num_splits=num_states,
+            num_tokens=num_tokens,
+            num_q_heads=num_heads,
+            head_dim=head_dim,
+            q_dtype=codes[out.dtype],
+            lse=lse.data_ptr(),
+            lse_strides=tuple(lse.stride()),
         )
 
 

@@ -33,9 +33,12 @@ class KernelFamily(Protocol):
     def run_unsupported_reason(self, problem: AttentionProblem, out: torch.Tensor) -> str | None:
         """None when this layer's own tensors (pointers, strides) suit the kernels."""
 
-    def run(self, problem: AttentionProblem, plan: Any, out: torch.Tensor) -> None:
+    def run(
+        self, problem: AttentionProblem, plan: Any, out: torch.Tensor, lse: torch.Tensor | None
+    ) -> None:
         """Launch, writing ``out`` [num_tokens, num_q_heads, head_dim] in place, rows past
-        ``cu_seqlens_q[-1]`` as zeros. Asynchronous on the current stream."""
+        ``cu_seqlens_q[-1]`` as zeros, and ``lse`` (float32 [num_tokens, num_q_heads], natural
+        log) when given. Asynchronous on the current stream."""
 
 
 _warned: set[str] = set()

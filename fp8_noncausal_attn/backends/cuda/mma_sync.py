@@ -8,6 +8,7 @@ allocator (graph-safe). Nothing here synchronises with the host.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -136,12 +137,21 @@ def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = Non
     return MmaSyncPlan(num_splits, ws_o, ws_lse)
 
 
-def run(problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor) -> None:
+def run(
+    problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
     """Launch attention (and the split-KV merge when the plan splits), writing ``out``
-    [num_tokens, num_q_heads, head_dim] in place. Asynchronous on the current stream."""
+    [num_tokens, num_q_heads, head_dim] in place. Asynchronous on the current stream.
+
+    ``lse`` (float32 [num_tokens, num_q_heads]), when given, receives each row's natural-log
+    LSE through the split epilogue, which is where the kernels write it: an unsplit plan runs
+    with two splits (their partials from torch's caching allocator), and after the launch's own
+    merge a second pass of the merge kernel reads the partial LSEs only and writes ``lse``."""
     q = problem.query
     device = q.device
     num_splits, ws_o, ws_lse = plan.num_splits, plan.ws_o, plan.ws_lse
+    if lse is not None and num_splits == 1:
+        num_splits = 2
     if num_splits > 1 and ws_o is None:
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
@@ -185,3 +195,10 @@ def run(problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor) -> None
             kv_dtype=extension.DTYPE_CODES[cache.dtype],
             fields=fields,
         )
+    if lse is not None:
+        # The kernels stride the partials by this layer's token count, which may be below the
+        # plan's: view the (contiguous) buffers that way.
+        rows = (num_splits, problem.num_tokens, problem.num_q_heads)
+        ws_lse = ws_lse.reshape(-1)[: math.prod(rows)].view(rows)
+        ws_o = ws_o.reshape(-1)[: math.prod(rows) * problem.head_dim].view(*rows, -1)
+        extension.merge_splits(problem, ws_o, ws_lse, None, lse)

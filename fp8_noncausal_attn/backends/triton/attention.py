@@ -69,7 +69,7 @@ if triton is not None:
 
     @triton.jit
     def _paged_attention_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr,
+        out_ptr, part_out_ptr, part_lse_ptr, lse_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
         k_scale_ptr, v_scale_ptr, causal_ptr, sinks_ptr,
         softmax_scale_log2, window_left, window_right,
@@ -80,6 +80,7 @@ if triton is not None:
         stride_bt, stride_bt_col, stride_cu, stride_sl, stride_causal,
         stride_pos, stride_pot, stride_poh,
         stride_pls, stride_plt, stride_plh,
+        stride_lt, stride_lh,
         num_seqs, num_tokens, num_q_tiles, num_splits,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -91,6 +92,7 @@ if triton is not None:
         DOT_FP32: tl.constexpr,
         WINDOW: tl.constexpr,  # a sliding window (window_left/right, -1 = unbounded) applies
         SINKS: tl.constexpr,  # sink logits join the denominator here (unsplit launch only)
+        RETURN_LSE: tl.constexpr,  # write each row's natural-log LSE (unsplit launch only)
     ):  # fmt: skip
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -107,6 +109,11 @@ if triton is not None:
                 out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
                 tl.zeros([BLOCK_M, HEAD_DIM], out_ptr.dtype.element_ty), mask=pad[:, None],
             )  # fmt: skip
+            if RETURN_LSE:  # a padded row is an empty state
+                tl.store(
+                    lse_ptr + token * stride_lt + q_head * stride_lh,
+                    tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad,
+                )  # fmt: skip
             return
         seq = tile // num_q_tiles
         q_tile = tile % num_q_tiles
@@ -208,13 +215,14 @@ if triton is not None:
 
         v_scale = tl.load(v_scale_ptr + kv_head)
         if SINKS:
-            # The sink joins the denominator, shifted by max(m, sink) (log2 units): every valid
-            # row has a key (its own position), so m is finite here.
+            # The sink joins the denominator, shifted by max(m, sink) (log2 units); a row that
+            # saw no key (m = -inf) gets alpha 0 and l = 1 at m = sink.
             sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0) * 1.4426950408889634
             m_sink = tl.maximum(m_i, sink)
             alpha = tl.exp2(m_i - m_sink)
             acc = acc * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_sink)
+            m_i = m_sink
         has_keys = l_i > 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
@@ -240,33 +248,49 @@ if triton is not None:
                 + dims[None, :],
                 result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None],
             )  # fmt: skip
+            if RETURN_LSE:
+                # Natural log: (m + log2 l) ln 2, the sink's term inside l; -inf with no keys.
+                lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+                tl.store(
+                    lse_ptr + (q_start + token) * stride_lt + q_head * stride_lh,
+                    lse * 0.6931471805599453, mask=row_valid,
+                )  # fmt: skip
 
     @triton.jit
     def _merge_splits_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr, sinks_ptr,
+        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr, sinks_ptr, lse_ptr,
         stride_ot, stride_oh,
         stride_pos, stride_pot, stride_poh,
         stride_pls, stride_plt, stride_plh,
-        stride_cu,
-        num_seqs, num_splits,
+        stride_cu, stride_lt, stride_lh,
+        num_seqs, num_splits, lse_to_log2,
         HEAD_DIM: tl.constexpr,
+        HEAD_POW2: tl.constexpr,  # HEAD_DIM rounded up to a power of two (tl.arange's need)
         SPLITS_POW2: tl.constexpr,
         SINKS: tl.constexpr,  # the sink logit joins the merged denominator (exactly once, here)
+        RETURN_LSE: tl.constexpr,  # write the merged row's natural-log LSE
     ):  # fmt: skip
-        token = tl.program_id(0)
+        # Also merge_attention_states' Triton kernel: its states' natural-log LSEs come in
+        # with lse_to_log2 = log2(e) (the attention's partials are log2 already: 1).
+        token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
-        dims = tl.arange(0, HEAD_DIM)
+        dims = tl.arange(0, HEAD_POW2)
+        dim_valid = dims < HEAD_DIM
         out_row = out_ptr + token * stride_ot + head * stride_oh + dims
+        lse_out = lse_ptr + token * stride_lt + head * stride_lh
         if token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu):
-            # Padding row (past the last sequence): zeros; its partials were never written.
-            tl.store(out_row, tl.zeros([HEAD_DIM], out_ptr.dtype.element_ty))
+            # Padding row (past the last sequence): zeros, an empty state; its partials were
+            # never written.
+            tl.store(out_row, tl.zeros([HEAD_POW2], out_ptr.dtype.element_ty), mask=dim_valid)
+            if RETURN_LSE:
+                tl.store(lse_out, float("-inf"))
             return
         splits = tl.arange(0, SPLITS_POW2).to(tl.int64)
         split_valid = splits < num_splits
         lse = tl.load(
             part_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
             mask=split_valid, other=float("-inf"),
-        )  # fmt: skip
+        ) * lse_to_log2  # fmt: skip
         # A split with no keys (lse = -inf) has weight 0; its partial is not read at all.
         has_keys = lse > float("-inf")
         lse_max = tl.max(lse, 0)
@@ -278,13 +302,17 @@ if triton is not None:
         parts = tl.load(
             part_out_ptr + (splits * stride_pos + token * stride_pot + head * stride_poh)[:, None]
             + dims[None, :],
-            mask=has_keys[:, None], other=0.0,
-        )  # fmt: skip
+            mask=has_keys[:, None] & dim_valid[None, :], other=0.0,
+        ).to(tl.float32)  # fmt: skip
         total = tl.sum(weight, 0)
         if SINKS:
             total += tl.exp2(sink - lse_max)
         merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-        tl.store(out_row, merged.to(out_ptr.dtype.element_ty))
+        tl.store(out_row, merged.to(out_ptr.dtype.element_ty), mask=dim_valid)
+        if RETURN_LSE:
+            merged_lse = tl.where(total > 0, lse_max + tl.log2(tl.where(total > 0, total, 1.0)),
+                                  float("-inf"))  # fmt: skip
+            tl.store(lse_out, merged_lse * 0.6931471805599453)
 
 
 @functools.cache
@@ -424,13 +452,16 @@ def launch(
     out: torch.Tensor,
     part_out: torch.Tensor | None = None,
     part_lse: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> None:
     """Run a planned launch; writes ``out`` [num_tokens, num_q_heads, head_dim] in place.
 
     Rows past ``cu_seqlens_q[-1]`` are written as zeros. ``part_out`` / ``part_lse`` are the
     split-KV workspace (see :func:`workspace_shapes`; larger buffers and their slices work): used
-    only when ``plan.num_splits > 1``, and allocated here when not given. This is the per-layer
-    hot path: each tensor's strides are read once.
+    only when ``plan.num_splits > 1``, and allocated here when not given. ``lse``, float32
+    ``[num_tokens, num_q_heads]`` (any strides), receives each row's natural-log log-sum-exp
+    when given (-inf for padded rows). This is the per-layer hot path: each tensor's strides are
+    read once.
     """
     query, kc, vc, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
     cu, seq_lens = problem.cu_seqlens_q, problem.seq_lens
@@ -465,8 +496,12 @@ def launch(
         bt.stride(),
     )
     cu_stride = cu.stride(0)
+    return_lse = lse is not None
+    lse_strides = lse.stride() if return_lse else (0, 0)
+    if not return_lse:
+        lse = problem.k_scale  # unused: any float32 tensor keeps the signature stable
     _paged_attention_kernel[plan.grid](
-        out, part_out, part_lse,
+        out, part_out, part_lse, lse,
         query, kc, vc, bt, cu, seq_lens,
         problem.k_scale, problem.v_scale, causal_flags, sinks,
         problem.softmax_scale * LOG2E, window_left, window_right,
@@ -476,6 +511,7 @@ def launch(
         vc_st[0], vc_st[1], vc_st[2],
         bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_flags.stride(0),
         *part_strides,
+        *lse_strides,
         num_seqs, num_tokens, plan.num_q_tiles, plan.num_splits,
         GROUP=num_q_heads // kc.shape[2],
         HEAD_DIM=head_dim,
@@ -487,27 +523,61 @@ def launch(
         DOT_FP32=plan.dot_fp32,
         WINDOW=has_window,
         SINKS=has_sinks and not split,
+        RETURN_LSE=return_lse and not split,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_lse, cu, sinks,
+            out, part_out, part_lse, cu, sinks, lse,
             o_st[0], o_st[1],
             *part_strides,
-            cu_stride,
-            num_seqs, plan.num_splits,
+            cu_stride, *lse_strides,
+            num_seqs, plan.num_splits, 1.0,
             HEAD_DIM=head_dim,
+            HEAD_POW2=head_dim,
             SPLITS_POW2=1 << (plan.num_splits - 1).bit_length(),
             SINKS=has_sinks,
+            RETURN_LSE=return_lse,
         )  # fmt: skip
 
 
 def paged_attention(
-    problem: AttentionProblem, out: torch.Tensor, num_splits: int | None = None
+    problem: AttentionProblem,
+    out: torch.Tensor,
+    num_splits: int | None = None,
+    lse: torch.Tensor | None = None,
 ) -> None:
-    """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim]."""
-    launch(problem, launch_plan(problem, num_splits), out)
+    """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim] (and
+    ``lse`` [num_tokens, num_q_heads] float32, natural log, when given)."""
+    launch(problem, launch_plan(problem, num_splits), out, lse=lse)
+
+
+def merge_states(
+    outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    """``reference.merge_states``' contract on the split-KV merge kernel: ``outs``
+    ``[num_states, num_tokens, num_heads, head_dim]`` (any float dtype, head dims contiguous),
+    ``lses`` float32 ``[num_states, num_tokens, num_heads]`` natural-log (any strides); writes
+    ``out`` (head dims contiguous) and ``lse`` in place."""
+    num_states, num_tokens, num_heads, head_dim = outs.shape
+    if num_tokens == 0:
+        return
+    # The kernel's padding bound cu_seqlens_q[num_seqs]: every row is a real one here.
+    bound = torch.full((1,), num_tokens, dtype=torch.int32, device=out.device)
+    _merge_splits_kernel[(num_tokens, num_heads)](
+        out, outs, lses, bound, lses, lse,
+        out.stride(0), out.stride(1),
+        *outs.stride()[:3],
+        *lses.stride(),
+        1, *lse.stride(),
+        0, num_states, LOG2E,
+        HEAD_DIM=head_dim,
+        HEAD_POW2=triton.next_power_of_2(head_dim),
+        SPLITS_POW2=triton.next_power_of_2(num_states),
+        SINKS=False,
+        RETURN_LSE=True,
+    )  # fmt: skip
 
 
 # Backend contract (dispatch.Backend): plan once per batch, run per layer.
@@ -535,6 +605,8 @@ def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = Non
     return TritonPlan(decided, part_out, part_lse)
 
 
-def run(problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor) -> None:
-    """Launch a planned batch for one layer."""
-    launch(problem, plan.launch, out, plan.part_out, plan.part_lse)
+def run(
+    problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor, lse: torch.Tensor | None = None
+) -> None:
+    """Launch a planned batch for one layer (``lse``: see :func:`launch`)."""
+    launch(problem, plan.launch, out, plan.part_out, plan.part_lse, lse)
