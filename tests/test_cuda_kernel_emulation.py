@@ -334,10 +334,11 @@ def sequences(problem):
     return seqs, padding_start
 
 
-def emulate(problem, num_splits):
+def emulate(problem, num_splits, lse=None):
     """The whole launch (attention kernel grid, then merge.cu when split) on the CPU, on the C++
     plan's tile (64 or 128 query rows) and grid. Every output row starts as NaN, so a row no CTA
-    writes shows up."""
+    writes shows up. ``lse`` (numpy [num_tokens, num_q_heads], split launches only) receives the
+    merge's natural-log LSE, -inf for padded rows, as merge.cu writes it for return_lse."""
     plan = mma_sync.kernel_plan(problem, resident=1, num_splits=num_splits)
     assert plan["num_splits"] == num_splits
     T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
@@ -380,8 +381,13 @@ def emulate(problem, num_splits):
                 out[tok, head] = host().merge_row(
                     ws_o[:, tok, head].tolist(), ws_lse[:, tok, head].tolist(), sink
                 )
+                if lse is not None:
+                    merged = host().merge_lse(ws_lse[:, tok, head].tolist(), sink)
+                    lse[tok, head] = merged * math.log(2.0)
     # Padded rows: the zero slice of the grid (one split) or the merge kernel (several).
     out[padding_start:] = 0.0
+    if lse is not None:
+        lse[padding_start:] = -math.inf
     return torch.from_numpy(out)
 
 
@@ -598,6 +604,47 @@ def test_merge_row_matches_the_formula_on_random_partials():
         got = np.array(host().merge_row(o.tolist(), lse.tolist(), sink))
         want = merge_formula(o.astype(np.float64), lse.astype(np.float64), sink)
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (trial, got, want)
+
+
+def test_merge_lse_matches_the_formula_on_random_partials():
+    """The merged state's LSE (merge_row.h, compiled for the CPU): log2 of the merged
+    denominator, the sink inside it once; -inf when no split saw a key; NaN propagates."""
+    rng = np.random.default_rng(9)
+    for trial in range(200):
+        splits = int(rng.integers(1, 7))
+        lse = (rng.standard_normal(splits) * 40).astype(np.float32)
+        lse[rng.random(splits) < 0.3] = -np.inf
+        sink = float(rng.standard_normal() * 40) if trial % 2 else -math.inf
+        terms = np.append(lse.astype(np.float64), sink)
+        top = terms.max()
+        want = -math.inf if top == -math.inf else top + np.log2(np.exp2(terms - top).sum())
+        got = host().merge_lse(lse.tolist(), sink)
+        assert got == want if want == -math.inf else abs(got - want) < 1e-4, (trial, got, want)
+    assert host().merge_lse([-math.inf, -math.inf], -math.inf) == -math.inf
+    assert host().merge_lse([-math.inf], 3.0) == pytest.approx(3.0)
+    assert math.isnan(host().merge_lse([2.0, math.nan], -math.inf))
+
+
+@pytest.mark.parametrize("name", ["d64_e4m3_mixed", "d128_e5m2_vllm_split", "d256_fp16_split"])
+def test_emulated_lse_matches_reference(name):
+    """return_lse on mma_sync: the split epilogue's partial LSEs merged by merge.cu's arithmetic
+    give the reference's LSE; an unsplit plan runs with two splits for it (mma_sync.run)."""
+    spec = dict(CASES[name])
+    splits = max(spec.pop("splits"), 2)
+    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), seed=3, padded_rows=2, **spec)
+    sinks = torch.tensor([SINKS[h % len(SINKS)] for h in range(case.query.shape[1])])
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, sinks=sinks
+    )
+    lse = np.full(problem.query.shape[:2], np.nan)
+    emulate(problem, splits, lse)
+    _, ref_lse = fna.paged_attention(
+        *case.args(), **case.kwargs(), sinks=sinks, backend="reference", return_lse=True
+    )
+    lse = torch.from_numpy(lse)
+    tokens = int(case.cu_seqlens_q[-1])
+    assert torch.all(lse[tokens:] == -math.inf)
+    assert (lse[:tokens] - ref_lse[:tokens].double()).abs().max() < 1e-4
 
 
 def test_merge_row_adds_the_sink_once_without_overflow():

@@ -10,11 +10,13 @@ from fp8_noncausal_attn.scales import finite_max
 from fp8_noncausal_attn.synthetic import allocate_cache, make_case, relative_error
 
 
-def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None):
+def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None, return_lse=False):
     """Token-by-token, key-by-key float64 attention read straight from the cache bytes.
 
     ``window=(left, right)``: token at position p sees keys p - left .. p + right (-1 unbounded)
-    inside its mask; ``sinks``: a list of per-q-head logits added to the denominator."""
+    inside its mask; ``sinks``: a list of per-q-head logits added to the denominator.
+    ``return_lse``: also each row's natural-log ``log(e^sink + sum_j e^(s_j))``
+    ``[num_tokens, num_q_heads]`` (-inf for rows past the last sequence)."""
     q_all = case.query.double()
     head_dim = q_all.shape[-1]
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
@@ -31,6 +33,7 @@ def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None):
 
     k_scale, v_scale = per_head(case.k_scale), per_head(case.v_scale)
     out = torch.zeros_like(q_all)
+    lse = torch.full(q_all.shape[:2], -math.inf, dtype=torch.float64)
     cu = case.cu_seqlens_q.tolist()
     for seq, kv_len in enumerate(case.kv_lens):
         q_len = cu[seq + 1] - cu[seq]
@@ -52,14 +55,16 @@ def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None):
                     vals.append(case.value_cache[page, j % block_size, kvh].double() * v_scale[kvh])
                 scores = torch.stack(keys) @ q_all[cu[seq] + i, h] * scale
                 if sinks is None:
-                    weights = torch.exp(scores - scores.max())
-                    out[cu[seq] + i, h] = (weights / weights.sum()) @ torch.stack(vals)
+                    shift = float(scores.max())
+                    weights = torch.exp(scores - shift)
+                    denominator = weights.sum()
                 else:
                     shift = max(float(scores.max()), sinks[h])
                     weights = torch.exp(scores - shift)
-                    denominator = weights.sum() + torch.exp(torch.tensor(sinks[h] - shift))
-                    out[cu[seq] + i, h] = (weights / denominator.double()) @ torch.stack(vals)
-    return out
+                    denominator = weights.sum() + math.exp(sinks[h] - shift)
+                out[cu[seq] + i, h] = (weights / denominator) @ torch.stack(vals)
+                lse[cu[seq] + i, h] = shift + math.log(float(denominator))
+    return (out, lse) if return_lse else out
 
 
 @pytest.mark.parametrize(

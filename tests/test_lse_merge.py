@@ -1,0 +1,455 @@
+"""Log-sum-exp outputs (``return_lse=True``) and :func:`merge_attention_states` (SPEC §4), against
+float64: every backend's LSE, and the states of a sequence's keys split into shards (uneven,
+empty, interleaved as vLLM's decode context parallelism lays them out, a cascade prefix) merged
+back into the whole. Planted wrong merges show the comparisons fail.
+
+Triton runs in its CPU interpreter here; the CUDA kernels' tests are marked ``gpu``. The CUDA
+merge's row arithmetic is checked on the CPU through the test extension
+(test_cuda_kernel_emulation.py).
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import DEVICE, TOLERANCE
+from test_reference import float64_attention
+
+import fp8_noncausal_attn as fna
+from fp8_noncausal_attn.backends import reference
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
+from fp8_noncausal_attn.problem import AttentionProblem
+from fp8_noncausal_attn.scales import normalize_scale
+from fp8_noncausal_attn.synthetic import make_case, relative_error
+
+# Absolute LSE error against float64: fp32 scores of LSEs up to ~40 (the reference, Triton's
+# fp32 interpreter dots); the GPU kernels round P to 16 bits and use ex2.approx, but their LSE
+# comes from fp32 row maxima and sums.
+LSE_TOLERANCE = {"cpu": 1e-4, "cuda": 2e-3}[DEVICE]
+SINKS = [25.0, -40.0, 0.5, 3.0]  # per q head: one outweighs every key, one changes nothing
+# Key counts of lse_case's two sequences (3 and 4 query rows): 300 keys are three of the
+# interpreter's key tiles. Sharded, dcp3_interleave16 and dcp4_interleave8 leave the first
+# sequence with no key on their last rank, and with fewer keys than query rows on another.
+KV_LENS = [21, 300]
+
+
+def lse_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |got - want| over the rows where want is finite; inf when the -inf rows (empty
+    states) differ or a finite row is not finite."""
+    got, want = got.double().cpu(), want.double().cpu()
+    empty = want == -math.inf
+    if not torch.equal(got[empty], want[empty]) or not torch.isfinite(got[~empty]).all():
+        return math.inf
+    return float((got[~empty] - want[~empty]).abs().max()) if (~empty).any() else 0.0
+
+
+def check_state(out, lse, exact_out, exact_lse, dtype):
+    assert relative_error(exact_out, out) < TOLERANCE[dtype]
+    assert lse.dtype == torch.float32 and lse.shape == exact_out.shape[:2]
+    assert lse_error(lse, exact_lse) < LSE_TOLERANCE
+
+
+# ---------------------------------------------------------------- return_lse on every backend
+
+LSE_CASES = [
+    # (cache dtype, query dtype, causal, window, sinks)
+    (torch.float8_e4m3fn, torch.bfloat16, False, (-1, -1), False),
+    (torch.float8_e5m2, torch.float16, True, (-1, -1), True),
+    (torch.float8_e4m3fn, torch.bfloat16, [True, False], (6, 3), True),
+    (torch.bfloat16, torch.bfloat16, [False, True], (20, -1), False),
+]
+
+
+def lse_case(cache_dtype, query_dtype, causal, seed=3):
+    return make_case(
+        [3, 4], KV_LENS, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        cache_dtype=cache_dtype, query_dtype=query_dtype, causal=causal, padded_rows=2,
+        device=DEVICE, seed=seed,
+    )  # fmt: skip
+
+
+def backends_here():
+    return [name for name, info in fna.available_backends().items()
+            if name != "auto" and info["available"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("cache_dtype,query_dtype,causal,window,sinks", LSE_CASES, ids=str)
+def test_reference_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks):
+    case = lse_case(cache_dtype, query_dtype, causal)
+    sinks_list = SINKS if sinks else None
+    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
+    out, lse = fna.paged_attention(
+        *case.args(), **case.kwargs(), window=window, sinks=sinks_t, backend="reference",
+        return_lse=True,
+    )  # fmt: skip
+    exact_out, exact_lse = float64_attention(case, window=window, sinks=sinks_list, return_lse=True)
+    check_state(out, lse, exact_out, exact_lse, query_dtype)
+    # Padded rows are empty states; the sink is inside the LSE (negative control: without it).
+    assert torch.all(lse[-2:] == -math.inf)
+    if sinks:
+        _, plain = float64_attention(case, window=window, return_lse=True)
+        assert lse_error(lse, plain) > 1.0
+
+
+# A window of 6 + 3 keys spans one key tile: that case runs unsplit only.
+TRITON_CASES = [(*LSE_CASES[1], 1), (*LSE_CASES[1], 3), (*LSE_CASES[2], 1)]
+TRITON_CASES += [(*LSE_CASES[3], 1), (*LSE_CASES[3], 3)]
+
+
+@pytest.mark.parametrize(
+    "cache_dtype,query_dtype,causal,window,sinks,splits", TRITON_CASES, ids=str
+)
+def test_triton_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
+    """The unsplit kernel writes the LSE itself, the split launch's merge writes it."""
+    case = lse_case(cache_dtype, query_dtype, causal)
+    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
+    problem = fna.validation.validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+        window=window, sinks=sinks_t,
+    )  # fmt: skip
+    out = torch.full_like(problem.query, math.nan)
+    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
+    plan = triton_attention.launch_plan(problem, splits)
+    assert plan.num_splits == splits
+    triton_attention.launch(problem, plan, out, lse=lse)
+    exact_out, exact_lse = float64_attention(
+        case, window=window, sinks=SINKS if sinks else None, return_lse=True
+    )
+    check_state(out, lse, exact_out, exact_lse, query_dtype)
+
+
+def test_plan_run_and_one_shot_return_the_same_lse():
+    """PagedAttention.run(return_lse=True) on the kept workspace, and the one-shot call, give the
+    reference's LSE (the backend auto picks here); without return_lse, only out comes back."""
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, [True, False])
+    kw = case.kwargs()
+    attn = fna.PagedAttention(
+        num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=DEVICE,
+        max_num_seqs=4, max_num_tokens=16,
+    )  # fmt: skip
+    attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=kw["causal"],
+              max_seqlen_q=kw["max_seqlen_q"], max_seqlen_k=kw["max_seqlen_k"],
+              num_tokens=case.query.shape[0])  # fmt: skip
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    out, lse = attn.run(case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale,
+                        sinks=sinks, return_lse=True)  # fmt: skip
+    assert isinstance(attn.run(case.query, case.key_cache, case.value_cache), torch.Tensor)
+    exact_out, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
+    check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+    one_out, one_lse = fna.paged_attention(*case.args(), **kw, sinks=sinks, return_lse=True)
+    check_state(one_out, one_lse, exact_out, exact_lse, torch.bfloat16)
+
+
+def test_return_lse_under_torch_compile():
+    """The opaque op carries the LSE output through a compiled graph."""
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False)
+    kw = case.kwargs()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(query):
+        return fna.paged_attention(query, *case.args()[1:], **kw, backend="reference",
+                                   return_lse=True)  # fmt: skip
+
+    out, lse = step(case.query)
+    exact_out, exact_lse = float64_attention(case, return_lse=True)
+    check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+
+
+# ------------------------------------------------------------------- shards merged to the whole
+
+
+def interleaved_shards(kv_len: int, ranks: int, interleave: int) -> list[list[int]]:
+    """The keys each decode-context-parallel rank holds: position j lives on rank
+    (j // interleave) % ranks (vLLM's cp_kv_cache_interleave_size layout)."""
+    return [[j for j in range(kv_len) if (j // interleave) % ranks == r] for r in range(ranks)]
+
+
+def shard_problem(case, shard_keys, causal=False, sinks=None):
+    """An AttentionProblem over the keys ``shard_keys[seq]`` (positions of sequence seq) only:
+    their K/V bytes copied into a fresh paged cache, in that order. Built without validation so
+    that a shard may hold fewer keys than the sequence has query rows, or none (the kernels'
+    empty state); the public API refuses such a call (SPEC §3)."""
+    block_size = case.key_cache.shape[1]
+    lengths = [len(keys) for keys in shard_keys]
+    pages = [-(-n // block_size) for n in lengths]
+    width = max(max(pages), 1)
+    num_blocks = sum(pages) + 1
+    key_cache = torch.zeros((num_blocks, *case.key_cache.shape[1:]), dtype=case.key_cache.dtype)
+    value_cache = torch.zeros_like(key_cache)
+    block_table = torch.zeros((len(lengths), width), dtype=torch.int32)
+    as_bytes = torch.uint8 if key_cache.element_size() == 1 else torch.int16
+    old_caches = (case.key_cache.cpu().view(as_bytes), case.value_cache.cpu().view(as_bytes))
+    old_table = case.block_table.cpu()
+    page = 0
+    for seq, keys in enumerate(shard_keys):
+        for slot, j in enumerate(keys):
+            if slot % block_size == 0:
+                block_table[seq, slot // block_size] = page
+                page += 1
+            src = old_table[seq, j // block_size].item(), j % block_size
+            dst = block_table[seq, slot // block_size].item(), slot % block_size
+            for new, old in zip((key_cache, value_cache), old_caches, strict=True):
+                new.view(as_bytes)[dst] = old[src]
+    device = case.query.device
+    num_kv_heads = key_cache.shape[2]
+    return AttentionProblem(
+        query=case.query, key_cache=key_cache.to(device), value_cache=value_cache.to(device),
+        block_table=block_table.to(device), cu_seqlens_q=case.cu_seqlens_q,
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        k_scale=normalize_scale(case.k_scale, "k_scale", num_kv_heads, device, False),
+        v_scale=normalize_scale(case.v_scale, "v_scale", num_kv_heads, device, False),
+        causal=causal, causal_per_seq=None, softmax_scale=case.query.shape[-1] ** -0.5,
+        max_seqlen_q=max(case.q_lens), max_seqlen_k=max(max(lengths), 1), sinks=sinks,
+    )  # fmt: skip
+
+
+def run_backend(name, problem):
+    """(out, lse) of ``problem`` on backend ``name``, both pre-filled with NaN."""
+    out = torch.full_like(problem.query, math.nan)
+    lse = torch.full(problem.query.shape[:2], math.nan, device=problem.query.device)
+    module = fna.dispatch.backend_module(name)
+    module.run(problem, module.plan(problem, None), out, lse)
+    return out, lse
+
+
+def shard_layouts(kv_lens):
+    """name -> per-shard list of each sequence's keys (disjoint, covering every key)."""
+    layouts = {}
+    # Uneven contiguous shards, one of them empty for the second sequence.
+    cuts = [(0, 5, 5, kv_lens[0]), (0, 31, kv_lens[1], kv_lens[1])]
+    layouts["uneven_with_empty"] = [[list(range(c[k], c[k + 1])) for c in cuts] for k in range(3)]
+    for ranks, interleave in ((2, 1), (3, 16), (4, 8)):
+        per_seq = [interleaved_shards(kv, ranks, interleave) for kv in kv_lens]
+        layouts[f"dcp{ranks}_interleave{interleave}"] = [
+            [per_seq[s][r] for s in range(len(kv_lens))] for r in range(ranks)
+        ]
+    return layouts
+
+
+LAYOUTS = shard_layouts(KV_LENS)
+
+
+def merge_backends():
+    names = ["reference"]
+    if DEVICE == "cuda" or triton_attention.interpreting():
+        names.append("triton")
+    if DEVICE == "cuda" and fna.available_backends()["cuda"]["available"]:
+        names.append("cuda")
+    return names
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("attend", ["reference", "triton"])
+def test_shard_states_merge_to_the_whole(layout, attend):
+    """Bidirectional rows: the states of each shard's keys merge, on every merge backend, into
+    the attention over all keys (float64), the sink counted by one shard only. Shards that give
+    a sequence no key are empty states (lse -inf) and change nothing."""
+    if attend == "triton" and not (DEVICE == "cuda" or triton_attention.interpreting()):
+        pytest.skip("Triton needs a GPU or its interpreter")
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    states = [
+        run_backend(attend, shard_problem(case, keys, sinks=sinks if r == 0 else None))
+        for r, keys in enumerate(LAYOUTS[layout])
+    ]
+    exact_out, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
+    for merger in merge_backends():
+        out, lse = fna.merge_attention_states(
+            [s[0] for s in states], [s[1] for s in states], backend=merger
+        )
+        check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+
+
+def test_a_sink_on_every_shard_is_counted_too_often():
+    """Negative control of the shard test: each shard's LSE holds the sink it was given, so a
+    sink given to every shard enters the merged denominator once per shard."""
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    states = [
+        run_backend("reference", shard_problem(case, keys, sinks=sinks))
+        for keys in LAYOUTS["dcp2_interleave1"]
+    ]
+    _, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
+    _, lse = fna.merge_attention_states([s[0] for s in states], [s[1] for s in states])
+    assert lse_error(lse, exact_lse) > 1.0
+
+
+def test_interleaved_shards_hold_vllms_local_lengths():
+    """The test's DCP layout is vLLM's: each rank's key count is get_dcp_local_seq_lens'."""
+    utils = pytest.importorskip("vllm.v1.attention.backends.utils")
+    lens = torch.tensor([0, 1, 5, 17, 70, 129], dtype=torch.int32)
+    for ranks, interleave in ((2, 1), (3, 16), (4, 8)):
+        for rank in range(ranks):
+            theirs = utils.get_dcp_local_seq_lens(lens, ranks, rank, interleave).tolist()
+            ours = [len(interleaved_shards(n, ranks, interleave)[rank]) for n in lens.tolist()]
+            assert ours == theirs, (ranks, interleave, rank)
+
+
+def test_causal_cascade_prefix_and_suffix_merge_to_the_whole():
+    """Cascade: a shared prefix attended bidirectionally (every row sees it whole) and each
+    sequence's causal suffix merge into causal attention over the whole sequence."""
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, True, seed=5)
+    prefix = [list(range(0, 8)), list(range(0, 40))]
+    suffix = [list(range(8, KV_LENS[0])), list(range(40, KV_LENS[1]))]
+    states = [
+        run_backend("reference", shard_problem(case, prefix, causal=False)),
+        run_backend("reference", shard_problem(case, suffix, causal=True)),
+    ]
+    exact_out, exact_lse = float64_attention(case, return_lse=True)
+    out, lse = fna.merge_attention_states([s[0] for s in states], [s[1] for s in states])
+    check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+
+
+# ------------------------------------------------------------------- merge_attention_states
+
+
+def random_states(num_states, shape=(6, 3, 40), dtype=torch.float32, seed=0):
+    """Random states with LSEs of very different sizes (up to +-300: e^300 overflows float32)
+    and empty ones: state 0 is empty for row 0, every state is empty for row 1."""
+    gen = torch.Generator().manual_seed(seed)
+    outs = torch.randn((num_states, *shape), generator=gen).to(dtype)
+    lses = torch.randn((num_states, *shape[:2]), generator=gen) * 100
+    lses[0, 0] = -math.inf
+    lses[:, 1] = -math.inf
+    outs[0, 0] = math.nan  # an empty state's output is never read
+    outs[:, 1] = math.inf
+    return outs.to(DEVICE), lses.to(DEVICE)
+
+
+def float64_merge(outs, lses):
+    """sum_s e^(lse_s) o_s / sum_s e^(lse_s) and log sum_s e^(lse_s), in float64, empty states
+    dropped."""
+    outs, lses = outs.double().cpu(), lses.double().cpu()
+    seen = lses > -math.inf
+    lse = torch.logsumexp(lses, dim=0)
+    weights = torch.where(seen, torch.exp(lses - torch.where(seen, lse, 0.0)), 0.0)
+    out = (torch.where(seen[..., None], outs, 0.0) * weights[..., None]).sum(0)
+    return out, lse
+
+
+def merge_error(out, lse, outs, lses) -> tuple[float, float]:
+    exact_out, exact_lse = float64_merge(outs, lses)
+    return relative_error(exact_out, out.double().cpu()), lse_error(lse, exact_lse)
+
+
+MERGE_TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+@pytest.mark.parametrize("merger", merge_backends())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("num_states", [1, 2, 5])
+def test_merge_matches_float64(merger, dtype, num_states):
+    outs, lses = random_states(num_states, dtype=dtype, seed=num_states)
+    out, lse = fna.merge_attention_states(list(outs), list(lses), backend=merger)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    out_error, lse_err = merge_error(out, lse, outs, lses)
+    assert out_error < MERGE_TOLERANCE[dtype] and lse_err < LSE_TOLERANCE
+    # A row no state saw: zeros and -inf, never NaN.
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+    # The stacked form and a caller's out give the same.
+    target = torch.empty_like(out)
+    again, again_lse = fna.merge_attention_states(outs, lses, out=target, backend=merger)
+    assert again is target and torch.equal(again, out) and torch.equal(again_lse, lse)
+
+
+def test_merge_takes_strided_lses_as_vllm_passes_them():
+    """An LSE transposed from FlashAttention's [heads, tokens] layout works as is."""
+    outs, lses = random_states(2)
+    transposed = [lse.t().contiguous().t() for lse in lses]
+    assert not transposed[0].is_contiguous()
+    for merger in merge_backends():
+        out, lse = fna.merge_attention_states(list(outs), transposed, backend=merger)
+        assert max(merge_error(out, lse, outs, lses)) < LSE_TOLERANCE
+
+
+def overflowing_merge(outs, lses, out, lse):
+    """Planted error: weights e^(lse_s) without the max shift (overflow for lse > 88)."""
+    weights = torch.exp(lses)[..., None]
+    total = weights.sum(0)
+    out.copy_((weights * outs.float()).sum(0) / total)
+    lse.copy_(torch.log(total[..., 0]))
+
+
+def misweighted_merge(outs, lses, out, lse):
+    """Planted error: the last state's weight doubled (a shard counted twice)."""
+    doubled = lses.clone()
+    doubled[-1] += math.log(2.0)
+    reference.merge_states(outs, doubled, out, lse)
+
+
+@pytest.mark.parametrize("wrong", [overflowing_merge, misweighted_merge])
+def test_planted_wrong_merges_fail_the_comparison(wrong):
+    """The float64 comparison catches a merge that skips the max shift or mis-weights a shard
+    (on states with finite LSEs, so that the error is the planted one)."""
+    outs, lses = random_states(3, seed=7)
+    lses[:, :2] = torch.randn_like(lses[:, :2]) * 100
+    outs[:, :2] = torch.randn_like(outs[:, :2])
+    out = torch.empty_like(outs[0])
+    lse = torch.empty(lses.shape[1:], device=lses.device)
+    reference.merge_states(outs, lses, out, lse)
+    assert max(merge_error(out, lse, outs, lses)) < LSE_TOLERANCE
+    wrong(outs, lses, out, lse)
+    out_error, lse_err = merge_error(out, lse, outs, lses)
+    assert not (out_error < MERGE_TOLERANCE[torch.float32] and lse_err < LSE_TOLERANCE)
+
+
+def test_merge_refuses_bad_input_by_name():
+    outs, lses = random_states(2)
+    with pytest.raises(TypeError, match="outs must be a non-empty sequence"):
+        fna.merge_attention_states([], [])
+    with pytest.raises(ValueError, match=r"outs\[1\] must have the shape"):
+        fna.merge_attention_states([outs[0], outs[1][:3]], list(lses))
+    with pytest.raises(TypeError, match="lses must be float32"):
+        fna.merge_attention_states(list(outs), [lse.double() for lse in lses])
+    with pytest.raises(ValueError, match="lses must be"):
+        fna.merge_attention_states(list(outs), list(lses[:, :3]))
+    with pytest.raises(TypeError, match="outs must be one of"):
+        fna.merge_attention_states(list(outs.double()), list(lses))
+    with pytest.raises(ValueError, match="out must be"):
+        fna.merge_attention_states(list(outs), list(lses), out=torch.empty(2, 2))
+    with pytest.raises(ValueError, match="backend must be"):
+        fna.merge_attention_states(list(outs), list(lses), backend="flash")
+
+
+# ------------------------------------------------------------------------- the CUDA kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("cache_dtype,query_dtype,causal,window,sinks", LSE_CASES, ids=str)
+def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
+    """mma_sync: an unsplit plan (1) runs the split epilogue with two splits for the LSE, a
+    split plan (3) takes it from its own partials; None: the plan's own choice."""
+    if not fna.available_backends()["cuda"]["available"]:
+        pytest.skip("the CUDA extension does not run here")
+    case = lse_case(cache_dtype, query_dtype, causal)
+    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
+    problem = fna.validation.validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=True,
+        window=window, sinks=sinks_t,
+    )  # fmt: skip
+    out = torch.full_like(problem.query, math.nan)
+    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
+    fna.backends.cuda.paged_attention(problem, out, num_splits=splits, lse=lse)
+    exact_out, exact_lse = float64_attention(
+        case, window=window, sinks=SINKS if sinks else None, return_lse=True
+    )
+    check_state(out, lse, exact_out, exact_lse, query_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_cuda_shard_states_merge_to_the_whole(layout):
+    if not fna.available_backends()["cuda"]["available"]:
+        pytest.skip("the CUDA extension does not run here")
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    states = [
+        run_backend("cuda", shard_problem(case, keys, sinks=sinks if r == 0 else None))
+        for r, keys in enumerate(LAYOUTS[layout])
+    ]
+    exact_out, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
+    out, lse = fna.merge_attention_states(
+        [s[0] for s in states], [s[1] for s in states], backend="cuda"
+    )
+    check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
