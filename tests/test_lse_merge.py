@@ -271,7 +271,8 @@ def test_a_sink_on_every_shard_is_counted_too_often():
     ]
     _, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
     _, lse = fna.merge_attention_states([s[0] for s in states], [s[1] for s in states])
-    assert lse_error(lse, exact_lse) > 1.0
+    # q head 0's sink of +25 dominates its row: twice counted, its LSE is ~log 2 too large.
+    assert lse_error(lse, exact_lse) > 0.5
 
 
 def test_interleaved_shards_hold_vllms_local_lengths():
