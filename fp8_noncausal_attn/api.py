@@ -31,7 +31,9 @@ def run_one_shot(
     launch (``lse``: float32 [num_tokens, num_q_heads] written too when given). Outside tracing
     only (it may load the extension and read pointers)."""
     module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
-    module.run(problem, module.plan(problem, None), out, lse)
+    # The LSE output is an extra argument only when asked for (Backend.run).
+    extra = () if lse is None else (lse,)
+    module.run(problem, module.plan(problem, None), out, *extra)
 
 
 def new_lse(query: torch.Tensor) -> torch.Tensor:

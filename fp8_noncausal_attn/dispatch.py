@@ -57,7 +57,11 @@ class Backend(Protocol):
         """
 
     def run(
-        self, problem: AttentionProblem, plan: Any, out: torch.Tensor, lse: torch.Tensor | None
+        self,
+        problem: AttentionProblem,
+        plan: Any,
+        out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> None:
         """Run time, per layer: launch on the real tensors; ``out`` [num_tokens, num_q_heads,
         head_dim] is written in place, rows past ``cu_seqlens_q[-1]`` as zeros, and ``lse``

@@ -425,8 +425,11 @@ class PagedAttention:
             if why is not None:
                 self._run_elsewhere(plan, problem, out, why, lse)
                 return (out, lse) if return_lse else out
+        if lse is None:
+            plan.module.run(problem, plan.backend_plan, out)
+            return out
         plan.module.run(problem, plan.backend_plan, out, lse)
-        return (out, lse) if return_lse else out
+        return out, lse
 
     def _query_error(self, query: object, plan: BatchPlan) -> None:
         """Raise the named error for a query the hot path refused."""

@@ -415,6 +415,45 @@ def test_merge_refuses_bad_input_by_name():
 # ------------------------------------------------------------------------- the CUDA kernels
 
 
+def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
+    """With the GPU mocked (test_dsl_families.mock_gpu): mma_sync runs an unsplit plan with two
+    splits' partials and then the LSE-only merge pass; a DSL family's split plan hands the LSE
+    to its merge; its unsplit plan runs on mma_sync, with a warning."""
+    dsl_tests = pytest.importorskip("test_dsl_families")
+    from fp8_noncausal_attn.backends import cuda as cuda_backend
+    from fp8_noncausal_attn.backends.cuda import extension
+
+    mma_calls, merges = [], []
+    library = dsl_tests.FakeLibrary(dsl_tests.DEFAULT_TABLES["wgmma"])
+    dsl_tests.mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
+    monkeypatch.setattr(extension, "merge_splits", lambda *args: merges.append(args), raising=True)
+    case = make_case([3, 5], [40, 21], seed=9)
+    attn = dsl_tests.attention(case)
+    out, lse = attn.run(*dsl_tests.layer_args(case), plan=dsl_tests.plan_case(attn, case),
+                        return_lse=True)  # fmt: skip
+    (call,) = mma_calls
+    assert call["num_splits"] == 2 and call["ws_o"] and call["ws_lse"]
+    ((problem, ws_o, ws_lse, merged_out, merged_lse),) = merges
+    assert merged_out is None and merged_lse is lse and lse.shape == (8, 8)
+    assert ws_lse.shape == (2, 8, 8) and ws_o.shape == (2, 8, 8, 64)
+
+    mma_calls.clear(), merges.clear()
+    unsplit = dsl_tests.plan_case(attn, case, family="wgmma")
+    with pytest.warns(RuntimeWarning, match="an unsplit plan has no partial LSEs"):
+        attn.run(*dsl_tests.layer_args(case), plan=unsplit, return_lse=True)
+    assert not library.calls and mma_calls[0]["num_splits"] == 2 and len(merges) == 1
+
+    merges.clear()
+    problem = dsl_tests.problem_of(case)
+    split = cuda_backend.plan(problem, None, num_splits=3, family="wgmma")
+    out = torch.empty_like(case.query)
+    lse = torch.empty(case.query.shape[:2])
+    cuda_backend.run(problem, split, out, lse)
+    assert len(library.calls) == 1
+    ((_, ws_o, ws_lse, merged_out, merged_lse),) = merges
+    assert merged_out is out and merged_lse is lse and ws_lse.shape[0] == 3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("cache_dtype,query_dtype,causal,window,sinks", LSE_CASES, ids=str)

@@ -144,19 +144,23 @@ def run(
     current stream."""
     extension.loaded()
     if problem.num_tokens == 0:  # with no sequence, every row is padding: the kernel zeroes it
+        if lse is not None:
+            lse.fill_(float("-inf"))
         return
+    # The LSE output is an extra argument only when asked for (KernelFamily.run).
+    extra = () if lse is None else (lse,)
     if plan.fallback is None:
-        mma_sync.run(problem, plan.family_plan, out, lse)
+        mma_sync.run(problem, plan.family_plan, out, *extra)
         return
     family = FAMILIES[plan.family]
     why = family.run_unsupported_reason(problem, out)
     if why is None and lse is not None and plan.family_plan.num_splits == 1:
         why = "an unsplit plan has no partial LSEs to return"
     if why is None:
-        family.run(problem, plan.family_plan, out, lse)
+        family.run(problem, plan.family_plan, out, *extra)
         return
     warn_once(f"{plan.family} cannot take this layer, mma_sync runs: {why}")
-    mma_sync.run(problem, plan.fallback, out, lse)
+    mma_sync.run(problem, plan.fallback, out, *extra)
 
 
 def report_details(cuda_available: bool, cuda_reason: str) -> dict[str, object]:

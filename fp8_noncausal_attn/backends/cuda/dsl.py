@@ -73,8 +73,14 @@ class Family:
     def run_unsupported_reason(self, problem: AttentionProblem, out: torch.Tensor) -> str | None:
         return run_unsupported_reason(problem, out)
 
-    def run(self, problem: AttentionProblem, plan: DslPlan, out: torch.Tensor) -> None:
-        run(problem, plan, out)
+    def run(
+        self,
+        problem: AttentionProblem,
+        plan: DslPlan,
+        out: torch.Tensor,
+        lse: torch.Tensor | None = None,
+    ) -> None:
+        run(problem, plan, out, lse)
 
 
 # An arch-specific cubin (sm_90a) runs only on that exact GPU; a family-specific one (sm_100f)
@@ -429,7 +435,8 @@ def run(
             f"{STATUS})"
         )
     if plan.num_splits > 1:
-        extension.merge_splits(problem, ws_o, ws_lse, out, lse)
+        extra = () if lse is None else (lse,)
+        extension.merge_splits(problem, ws_o, ws_lse, out, *extra)
 
 
 def report(cuda_available: bool) -> dict[str, dict[str, object]]:

@@ -34,7 +34,11 @@ class KernelFamily(Protocol):
         """None when this layer's own tensors (pointers, strides) suit the kernels."""
 
     def run(
-        self, problem: AttentionProblem, plan: Any, out: torch.Tensor, lse: torch.Tensor | None
+        self,
+        problem: AttentionProblem,
+        plan: Any,
+        out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> None:
         """Launch, writing ``out`` [num_tokens, num_q_heads, head_dim] in place, rows past
         ``cu_seqlens_q[-1]`` as zeros, and ``lse`` (float32 [num_tokens, num_q_heads], natural
