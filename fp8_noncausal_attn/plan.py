@@ -213,6 +213,7 @@ class PagedAttention:
         validate: bool = False,
         window: tuple[int, int] = (-1, -1),
         family: str | None = None,
+        key_shard: bool = False,
     ) -> BatchPlan:
         """Plan one batch: backend, tiles, splits. Once per batch, before :meth:`run`.
 
@@ -239,6 +240,12 @@ class PagedAttention:
                 unbounded; see :func:`fp8_noncausal_attn.paged_attention`). A plan property, as
                 in vLLM where it is a layer property and layers of one KV-cache group share it:
                 layers with different windows take one plan each. Every backend runs it.
+            key_shard: the keys are a shard of each sequence's (a decode-context-parallel rank's
+                local keys, a cascade prefix), attended bidirectionally and merged later by
+                :func:`fp8_noncausal_attn.merge_attention_states`: ``seq_lens`` may then be
+                below a sequence's query rows, or 0, whose rows get the empty state (zeros, LSE
+                -inf). Needs ``causal=False`` and no window (shard positions are not the
+                sequence's).
 
         Returns:
             The plan, also kept as the current one that :meth:`run` uses by default.
@@ -271,6 +278,11 @@ class PagedAttention:
             )
         causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
         window = check_window(window)
+        if key_shard and (causal_per_seq is not None or causal_flag or window != (-1, -1)):
+            raise ValueError(
+                f"key_shard=True needs causal=False and window=(-1, -1), got causal={causal!r}, "
+                f"window={window}"
+            )
         compiling = torch.compiler.is_compiling()
         if compiling and (max_seqlen_q is None or max_seqlen_k is None):
             raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
@@ -280,7 +292,7 @@ class PagedAttention:
             bound = self.max_num_tokens if num_tokens is None else num_tokens
             true_max_q, true_max_k, max_page = check_batch_lengths(
                 cu_seqlens_q, seq_lens, block_table, bound, None, self.block_size,
-                max_seqlen_q, max_seqlen_k,
+                max_seqlen_q, max_seqlen_k, key_shard,
             )  # fmt: skip
             max_seqlen_q = true_max_q if max_seqlen_q is None else max_seqlen_q
             max_seqlen_k = true_max_k if max_seqlen_k is None else max_seqlen_k

@@ -126,11 +126,13 @@ def check_batch_lengths(
     block_size: int,
     max_seqlen_q: int | None,
     max_seqlen_k: int | None,
+    key_shard: bool = False,
 ) -> tuple[int, int, int]:
     """Value checks on lengths and page ids (read on the host); returns the true
     (max_q_len, max_kv_len) and the largest page id (-1 if none): exactly the largest used one
     when ``num_blocks=None`` (a plan, before any cache is seen, which leaves the upper bound to
-    the caller), else at least it."""
+    the caller), else at least it. ``key_shard`` (a plan over a shard of each sequence's keys,
+    see ``PagedAttention.plan``) admits fewer keys than query rows."""
     # Python lists: a batch has few sequences, and a handful of list operations costs far less
     # host time than the equivalent small tensor ops (this runs on every CPU call).
     cu = cu_seqlens_q.tolist()
@@ -147,7 +149,7 @@ def check_batch_lengths(
         )
     if min(kv, default=0) < 0:
         raise ValueError(f"seq_lens must be >= 0, got {kv}")
-    if any(map(operator.gt, q_lens, kv)):
+    if not key_shard and any(map(operator.gt, q_lens, kv)):
         s, (q_len, kv_len) = next(
             (s, pair) for s, pair in enumerate(zip(q_lens, kv, strict=True)) if pair[0] > pair[1]
         )

@@ -275,6 +275,36 @@ def test_a_sink_on_every_shard_is_counted_too_often():
     assert lse_error(lse, exact_lse) > 0.5
 
 
+def test_key_shard_plans_take_shards_shorter_than_the_query():
+    """PagedAttention.plan(key_shard=True): a DCP rank's shard may hold fewer keys than a
+    sequence has query rows, or none; the public path gives the backends' states (empty rows
+    -inf) and merges to the whole. Without key_shard such lengths are refused (SPEC §5), and a
+    key_shard plan refuses causal masks and windows."""
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
+    attn = fna.PagedAttention(
+        num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=DEVICE,
+        max_num_seqs=2, max_num_tokens=16,
+    )  # fmt: skip
+    states = []
+    for keys in LAYOUTS["dcp4_interleave8"]:
+        shard = shard_problem(case, keys)
+        plan = attn.plan(shard.cu_seqlens_q, shard.seq_lens, shard.block_table, causal=False,
+                         num_tokens=case.query.shape[0], key_shard=True)  # fmt: skip
+        states.append(attn.run(case.query, shard.key_cache, shard.value_cache, shard.k_scale,
+                               shard.v_scale, plan=plan, return_lse=True))  # fmt: skip
+    assert torch.all(states[3][1][:3] == -math.inf)  # the first sequence has no key on rank 3
+    exact_out, exact_lse = float64_attention(case, return_lse=True)
+    out, lse = fna.merge_attention_states([s[0] for s in states], [s[1] for s in states])
+    check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+    shard = shard_problem(case, LAYOUTS["dcp4_interleave8"][3])
+    with pytest.raises(ValueError, match="q_len must be <= kv_len"):
+        attn.plan(shard.cu_seqlens_q, shard.seq_lens, shard.block_table, causal=False)
+    for bad in ({"causal": True}, {"causal": False, "window": (4, 4)}):
+        with pytest.raises(ValueError, match="key_shard=True needs causal=False"):
+            attn.plan(shard.cu_seqlens_q, shard.seq_lens, shard.block_table, key_shard=True,
+                      **bad)  # fmt: skip
+
+
 def test_interleaved_shards_hold_vllms_local_lengths():
     """The test's DCP layout is vLLM's: each rank's key count is get_dcp_local_seq_lens'."""
     utils = pytest.importorskip("vllm.v1.attention.backends.utils")
