@@ -43,7 +43,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
-from . import config
+from . import config, vllm_dcp
 from .api import reshape_and_cache
 from .dispatch import BACKEND_NAMES
 from .layouts import split_kv_cache
@@ -85,7 +85,8 @@ class Fp8NoncausalMetadata:
     num_actual_tokens may exceed query_start_loc[-1] (CUDA-graph padding): those rows get zeros.
     attention / plan: the builder's :class:`PagedAttention` and this batch's plan of it for the
     group's first sliding window; plans: one plan per distinct layer window of the group (keyed
-    by the layer's ``(w - 1, 0)`` or ``(-1, -1)``), ``plan`` among them.
+    by the layer's ``(w - 1, 0)`` or ``(-1, -1)``), ``plan`` among them; dcp: under decode
+    context parallelism, the batch's :class:`vllm_dcp.DcpPlan` (else None).
     """
 
     num_actual_tokens: int
@@ -99,6 +100,7 @@ class Fp8NoncausalMetadata:
     attention: PagedAttention
     plan: object
     plans: dict[tuple[int, int], object]
+    dcp: vllm_dcp.DcpPlan | None = None
 
 
 def symmetrize_window(window: tuple[int, int], causal: bool | torch.Tensor) -> tuple[int, int]:
@@ -174,6 +176,29 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             scheduler.max_num_seqs * draft_rows,
         )
         self.kernel_backend = kernel_backend_from_env()
+        self.dcp = None
+        dcp_size, dcp_rank = vllm_dcp.dcp_world_size_and_rank(kv_cache_spec)
+        if dcp_size > 1:
+            if self.layer_windows != [(-1, -1)]:
+                raise NotImplementedError(
+                    f"{BACKEND_NAME} does not run sliding windows under decode context parallelism"
+                )
+            if kv_cache_spec.num_kv_heads != 1:
+                # vLLM's DCP for GQA/MQA needs tp > the model's KV heads: each rank holds one,
+                # shared by its DCP group (whose query heads are all-gathered against it).
+                raise ValueError(
+                    f"{BACKEND_NAME}: decode context parallelism needs one KV head per rank, "
+                    f"got {kv_cache_spec.num_kv_heads}"
+                )
+            self.dcp = vllm_dcp.DcpAttention(
+                world_size=dcp_size, rank=dcp_rank,
+                interleave=vllm_config.parallel_config.cp_kv_cache_interleave_size,
+                num_heads=num_heads, num_kv_heads=kv_cache_spec.num_kv_heads,
+                head_dim=kv_cache_spec.head_size, block_size=kv_cache_spec.block_size,
+                query_dtype=query_dtype, cache_dtype=cache_dtype, device=device,
+                max_num_seqs=max(scheduler.max_num_seqs, 1), max_num_tokens=max_tokens,
+                softmax_scale=self.softmax_scale, backend=self.kernel_backend,
+            )  # fmt: skip
         self.attention = PagedAttention(
             num_q_heads=num_heads,
             num_kv_heads=kv_cache_spec.num_kv_heads,
@@ -193,6 +218,14 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
         fast_build: bool = False,
     ) -> Fp8NoncausalMetadata:
         m = common_attn_metadata
+        if self.dcp is not None:
+            return Fp8NoncausalMetadata(
+                num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
+                max_seq_len=m.max_seq_len, query_start_loc=m.query_start_loc,
+                seq_lens=m.seq_lens, block_table=m.block_table_tensor,
+                slot_mapping=m.slot_mapping, causal=m.causal, attention=self.attention,
+                plan=None, plans={}, dcp=self.dcp.plan(m),
+            )  # fmt: skip
         plans = {
             window: self._plan(m, symmetrize_window(window, m.causal))
             for window in self.layer_windows
@@ -224,7 +257,12 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
 
 
 class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
-    """Cache write and paged attention through ``fp8_noncausal_attn``'s kernels."""
+    """Cache write and paged attention through ``fp8_noncausal_attn``'s kernels; under decode
+    context parallelism as vLLM's FLASH_ATTN (:mod:`fp8_noncausal_attn.vllm_dcp`)."""
+
+    # The kernels return each row's natural-log LSE (lse_base_on_e, vLLM's default).
+    can_return_lse_for_decode: bool = True
+    supports_dcp: bool = True
 
     def __init__(
         self,
@@ -378,6 +416,13 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         sinks = self.sinks
         if sinks is not None and sinks.dtype != torch.float32:
             sinks = sinks.float()  # gpt-oss keeps them in the model dtype; the kernels read fp32
+        if attn_metadata.dcp is not None:
+            dcp = attn_metadata.dcp
+            dcp.owner.forward(
+                dcp, query[:num_tokens], key[:num_tokens], value[:num_tokens],
+                key_cache, value_cache, k_scale, v_scale, sinks, output[:num_tokens],
+            )  # fmt: skip
+            return output
         attn_metadata.attention.run(
             query[:num_tokens], key_cache, value_cache, k_scale, v_scale,
             out=output[:num_tokens], plan=attn_metadata.plans[self.sliding_window], sinks=sinks,
@@ -393,9 +438,10 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
     scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere) or none
     (vLLM's CPU platform: the reference kernels), sliding windows and attention sinks (Triton:
-    the CUDA kernels do not run them yet).
+    the CUDA kernels do not run them yet), decode context parallelism
+    (``decode_context_parallel_size > 1``, :mod:`fp8_noncausal_attn.vllm_dcp`; without windows).
     Refused with vLLM's own reasons: MLA, sparse attention, multimodal prefix attention, batch
-    invariance, DCP/PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
+    invariance, PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
     and the impl refuses ALiBi and logit soft-capping.
     """
 

@@ -246,7 +246,6 @@ def test_drafter_configurations_are_accepted(capability, kv_cache_dtype, head_si
         ({"block_size": 12}, "block_size not supported"),
         ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
         ({"use_batch_invariant": True}, "batch invariance not supported"),
-        ({"use_dcp": True}, "DCP not supported"),
     ],
 )
 def test_what_the_kernels_cannot_run_is_refused_with_vllms_reasons(overrides, reason):

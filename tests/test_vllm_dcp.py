@@ -1,0 +1,260 @@
+"""Decode context parallelism through vLLM's own classes, the DCP group faked (SPEC §8).
+
+Two DCP ranks run as two threads of this process over a fake ``GroupCoordinator``
+(``all_gather`` / ``reduce_scatter`` by exchange between the threads) installed as vLLM's DCP
+group. Each rank has vLLM's ``Attention`` layer on this backend (one KV head: vLLM's DCP for
+GQA needs tp > the model's KV heads), its own metadata builder on a real
+``CommonAttentionMetadata`` (global ``seq_lens``, its own block table), its shard of the FP8 cache
+laid out as vLLM's ``cp_kv_cache_interleave_size`` says, and its query heads; the new tokens'
+K/V are every rank's. Each rank's output must equal float64 attention of its heads over the
+whole sequence (context from the FP8 cache, new tokens from the 16-bit K/V, as vLLM's FLASH_ATTN
+attends them), causal and bidirectional requests in one batch, attention sinks on.
+"""
+
+import threading
+
+import pytest
+import torch
+from conftest import TOLERANCE
+
+pytest.importorskip("vllm", reason="vLLM is not installed")
+
+import vllm.distributed.parallel_state as parallel_state  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    ParallelConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
+from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+
+from fp8_noncausal_attn import vllm_backend  # noqa: E402
+from fp8_noncausal_attn.synthetic import relative_error  # noqa: E402
+from fp8_noncausal_attn.vllm_backend import Fp8NoncausalMetadataBuilder  # noqa: E402
+
+BLOCK_SIZE, HEAD_SIZE = 16, 64
+LAYER_NAME = "drafter.layers.0.self_attn.attn"
+
+RANKS = 2
+HEADS = 4  # query heads per rank; the group's 8 share the rank's one KV head
+# A draft block, a decode, a fresh prefill (no context: empty shards everywhere), a short one.
+Q_LENS, CONTEXT = [8, 1, 5, 3], [40, 33, 0, 3]
+CAUSAL = [False, True, True, False]
+SINKS = [30.0, -40.0, 1.0, 4.0, -2.0, 0.0, 8.0, -60.0]  # one per query head of the group
+
+
+def test_the_backend_declares_dcp_and_the_lse_for_decode():
+    """vLLM's selector accepts DCP for the drafter configuration; the impl says it returns the
+    natural-log LSE (vLLM's DCP combine reads lse_base_on_e)."""
+    from test_vllm_backend import drafter_config
+
+    from fp8_noncausal_attn.vllm_backend import (
+        Fp8NoncausalAttentionBackend,
+        Fp8NoncausalAttentionImpl,
+    )
+
+    assert Fp8NoncausalAttentionBackend.validate_configuration(**drafter_config(use_dcp=True)) == []
+    assert Fp8NoncausalAttentionBackend.supports_dcp()
+    impl = Fp8NoncausalAttentionImpl
+    assert impl.can_return_lse_for_decode and impl.lse_base_on_e
+
+
+class ThreadGroup:
+    """vLLM's DCP ``GroupCoordinator`` for ranks that are threads of one process."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._local = threading.local()
+        self._barrier = threading.Barrier(world_size)
+        self._slots = [None] * world_size
+
+    @property
+    def rank_in_group(self) -> int:
+        return self._local.rank
+
+    def set_rank(self, rank: int) -> None:
+        self._local.rank = rank
+
+    def _exchange(self, tensor):
+        self._slots[self.rank_in_group] = tensor
+        self._barrier.wait()
+        tensors = list(self._slots)
+        self._barrier.wait()
+        return tensors
+
+    def all_gather(self, tensor, dim=-1):
+        return torch.cat(self._exchange(tensor), dim=dim)
+
+    def reduce_scatter(self, tensor, dim=-1):
+        total = sum(part.float() for part in self._exchange(tensor)).to(tensor.dtype)
+        return total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous()
+
+
+def owner(position: int, interleave: int) -> tuple[int, int]:
+    """(rank, local index) of a sequence position under vLLM's interleaved DCP layout."""
+    rank = (position // interleave) % RANKS
+    local = (position // (interleave * RANKS)) * interleave + position % interleave
+    return rank, local
+
+
+@pytest.mark.parametrize("interleave", [1, 16])
+def test_dcp_ranks_match_float64_attention(monkeypatch, interleave):
+    group = ThreadGroup(RANKS)
+    monkeypatch.setattr(parallel_state, "_DCP", group)
+    gen = torch.Generator().manual_seed(21)
+    seq_lens = [c + q for c, q in zip(CONTEXT, Q_LENS, strict=True)]
+    keys = [torch.randn(n, 1, HEAD_SIZE, generator=gen).to(torch.bfloat16) for n in seq_lens]
+    values = [torch.randn(n, 1, HEAD_SIZE, generator=gen).to(torch.bfloat16) for n in seq_lens]
+    tokens = sum(Q_LENS)
+    query = torch.randn(tokens, RANKS * HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
+    # This TP rank's KV head: the model's second, whose scale differs 30x from the first's.
+    model_k_scale, model_v_scale = torch.tensor([0.001, 0.03]), torch.tensor([0.002, 0.05])
+    k_scale, v_scale = model_k_scale[1:], model_v_scale[1:]
+    starts = torch.tensor([0, *torch.cumsum(torch.tensor(Q_LENS), 0).tolist()], dtype=torch.int32)
+    new_k = torch.cat([k[c:] for k, c in zip(keys, CONTEXT, strict=True)])
+    new_v = torch.cat([v[c:] for v, c in zip(values, CONTEXT, strict=True)])
+
+    ranks = []
+    for rank in range(RANKS):
+        group.set_rank(rank)
+        config = VllmConfig(
+            device_config=DeviceConfig(device="cpu"),
+            cache_config=CacheConfig(block_size=BLOCK_SIZE),
+            parallel_config=ParallelConfig(cp_kv_cache_interleave_size=interleave),
+        )
+        layer = make_layer(config, torch.tensor(SINKS[rank * HEADS : (rank + 1) * HEADS]))
+        layer.register_buffer("_k_scale", k_scale.clone())
+        layer.register_buffer("_v_scale", v_scale.clone())
+        with set_default_torch_dtype(torch.bfloat16):
+            spec = layer.get_kv_cache_spec(config)
+            builder = Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
+        assert builder.dcp is not None and builder.dcp.world_size == RANKS
+        # This rank's shard: local pages in order, the context written through the impl.
+        kv_cache = torch.zeros(32, 1, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+        table = torch.zeros(len(Q_LENS), 8, dtype=torch.int32)
+        page = 0
+        slots_of = []
+        for s, n in enumerate(seq_lens):
+            local = [owner(j, interleave) for j in range(n)]
+            count = sum(1 for r, _ in local if r == rank)
+            for p in range(-(-count // BLOCK_SIZE)):
+                table[s, p] = page
+                page += 1
+            slots_of.append([
+                int(table[s, i // BLOCK_SIZE]) * BLOCK_SIZE + i % BLOCK_SIZE if r == rank else -1
+                for r, i in local
+            ])  # fmt: skip
+        context_rows = [(s, j) for s, c in enumerate(CONTEXT) for j in range(c)]
+        context_slots = torch.tensor([slots_of[s][j] for s, j in context_rows], dtype=torch.long)
+        context_k = torch.stack([keys[s][j] for s, j in context_rows])
+        context_v = torch.stack([values[s][j] for s, j in context_rows])
+        layer.impl.do_kv_cache_update(layer, context_k, context_v, kv_cache, context_slots)
+        new_slots = torch.tensor(
+            [slots_of[s][c + i] for s, (c, q) in enumerate(zip(CONTEXT, Q_LENS, strict=True))
+             for i in range(q)], dtype=torch.long,
+        )  # fmt: skip
+        common = CommonAttentionMetadata(
+            query_start_loc=starts.clone(), query_start_loc_cpu=starts.clone(),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(Q_LENS),
+            num_actual_tokens=tokens, max_query_len=max(Q_LENS), max_seq_len=max(seq_lens),
+            block_table_tensor=table, slot_mapping=new_slots,
+            causal=torch.tensor(CAUSAL, dtype=torch.int32),
+        )  # fmt: skip
+        layer.impl.do_kv_cache_update(layer, new_k, new_v, kv_cache, new_slots)
+        ranks.append((layer, builder.build(0, common), kv_cache))
+
+    outputs = [None] * RANKS
+    errors = []
+
+    def run(rank):
+        try:
+            group.set_rank(rank)
+            layer, meta, kv_cache = ranks[rank]
+            out = torch.full((tokens, HEADS, HEAD_SIZE), float("nan"), dtype=torch.bfloat16)
+            q = query[:, rank * HEADS : (rank + 1) * HEADS].contiguous()
+            layer.impl.forward(layer, q, new_k, new_v, kv_cache, meta, out)
+            outputs[rank] = out
+        except Exception as error:  # surfaced below: a thread's failure must fail the test
+            errors.append(error)
+            group._barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(RANKS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+    exact = float64_attention(query, keys, values, k_scale, v_scale)
+    for rank in range(RANKS):
+        heads = slice(rank * HEADS, (rank + 1) * HEADS)
+        for h in range(HEADS):  # per head: the +30 sink shrinks head 0 by ~e^-20
+            error = relative_error(outputs[rank][:, h], exact[:, heads][:, h])
+            assert error <= TOLERANCE[torch.bfloat16], (rank, h, error)
+    # Negative control: the other KV head's scales (a misaligned slice) give a wrong answer.
+    wrong = float64_attention(query, keys, values, model_k_scale[:1], model_v_scale[:1])
+    assert relative_error(wrong, exact) > 0.1
+
+
+def make_layer(config, sinks=None, num_kv_heads=1, **kwargs):
+    """vLLM's Attention layer on this backend, as vLLM's model loader builds it: this rank's
+    query heads, one KV head, an FP8 cache, the sinks of its heads."""
+    vllm_backend.register()
+    with set_current_vllm_config(config), set_default_torch_dtype(torch.bfloat16):
+        return Attention(
+            HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=num_kv_heads,
+            cache_config=CacheConfig(cache_dtype="fp8"), prefix=LAYER_NAME, sinks=sinks,
+            attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(), **kwargs,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"per_layer_sliding_window": 6}, NotImplementedError, "sliding windows under decode"),
+        ({"num_kv_heads": 2}, ValueError, "one KV head per rank, got 2"),
+    ],
+)
+def test_what_dcp_cannot_run_is_refused_by_the_builder(monkeypatch, kwargs, error, match):
+    group = ThreadGroup(RANKS)
+    group.set_rank(0)
+    monkeypatch.setattr(parallel_state, "_DCP", group)
+    config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE)
+    )
+    layer = make_layer(config, **kwargs)
+    with set_default_torch_dtype(torch.bfloat16), pytest.raises(error, match=match):
+        spec = layer.get_kv_cache_spec(config)
+        Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
+
+
+def real_rows(rows, scale, context):
+    """[n, 1, d] rows as attention reads them, float64 [n, d]: the first ``context`` from the FP8
+    cache (rounded by the scale, times it), the rest as given."""
+    cached = (rows[:context].float() / scale).to(torch.float8_e4m3fn).double() * scale.double()
+    return torch.cat([cached, rows[context:].double()])[:, 0]
+
+
+def float64_attention(query, keys, values, k_scale, v_scale):
+    """Every head of the group over each whole sequence in float64: context keys as the FP8
+    cache holds them (scaled by this KV head's scales), new tokens' keys as given (16-bit)."""
+    out, start = [], 0
+    for c, q_len, causal, k, v in zip(CONTEXT, Q_LENS, CAUSAL, keys, values, strict=True):
+        kr, vr = real_rows(k, k_scale, c), real_rows(v, v_scale, c)
+        q = query[start : start + q_len].double()
+        start += q_len
+        scores = torch.einsum("ihd,jd->hij", q, kr) * HEAD_SIZE**-0.5
+        if causal:
+            position = (c + torch.arange(q_len))[:, None]
+            scores = scores.masked_fill(torch.arange(c + q_len)[None, :] > position, -torch.inf)
+        sink = torch.tensor(SINKS, dtype=torch.float64)[:, None, None]
+        shift = torch.maximum(scores.amax(-1, keepdim=True), sink)
+        weights = (scores - shift).exp()
+        probs = weights / (weights.sum(-1, keepdim=True) + (sink - shift).exp())
+        out.append(torch.einsum("hij,jd->ihd", probs, vr))
+    return torch.cat(out)
