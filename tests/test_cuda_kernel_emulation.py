@@ -647,6 +647,28 @@ def test_emulated_lse_matches_reference(name):
     assert (lse[:tokens] - ref_lse[:tokens].double()).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_emulated_key_shards_give_the_reference_states(splits):
+    """Decode-context-parallel shards (test_lse_merge's dcp4_interleave8 layout): fewer keys than
+    query rows, and a sequence with none, on a bidirectional launch; the kernel's rows match the
+    reference's states (rows with no key: zeros, LSE -inf)."""
+    from test_lse_merge import LAYOUTS, lse_case, run_backend, shard_problem
+
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
+    for keys in LAYOUTS["dcp4_interleave8"]:
+        problem = shard_problem(case, keys)
+        lse = np.full(problem.query.shape[:2], np.nan)
+        out = emulate(problem, splits, lse if splits > 1 else None).to(torch.bfloat16)
+        ref_out, ref_lse = run_backend("reference", problem)
+        assert relative_error(out, ref_out) <= TOLERANCE[torch.bfloat16]
+        empty = torch.isinf(ref_lse)
+        assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+        if splits > 1:
+            lse = torch.from_numpy(lse)
+            assert torch.equal(torch.isinf(lse), empty)
+            assert (lse[~empty] - ref_lse[~empty].double()).abs().max() < 1e-4
+
+
 def test_merge_row_adds_the_sink_once_without_overflow():
     """A sink of 500 (natural log) dwarfs a row's LSE of 200 without overflowing; a sink counts
     once however many splits there are; a row no split saw merges to zeros; NaN propagates."""
