@@ -484,6 +484,43 @@ def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
     assert merged_out is out and merged_lse is lse and ws_lse.shape[0] == 3
 
 
+def test_merge_entry_passes_the_lse_output(monkeypatch):
+    """extension.merge_splits hands _C the LSE output's pointer and strides, and out=0 for the
+    LSE-only pass; an LSE of the wrong shape or dtype is refused before any launch. Its
+    merge_states gives _C float32 contiguous partials with log2 LSEs."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from fp8_noncausal_attn.backends.cuda import extension
+
+    calls = []
+    ext = SimpleNamespace(merge_splits=lambda **kwargs: calls.append(kwargs), MERGE_FP32=4)
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
+        cuda_stream=7))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False)
+    problem = fna.validation.validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    ws_o, ws_lse = torch.zeros(2, 9, 4, 64), torch.zeros(2, 9, 4)
+    lse = torch.empty(4, 9).t()
+    extension.merge_splits(problem, ws_o, ws_lse, None, lse)
+    (call,) = calls
+    assert call["out"] == 0 and call["lse"] == lse.data_ptr() and call["lse_strides"] == (1, 9)
+    assert call["q_dtype"] == extension.DTYPE_CODES[torch.bfloat16]
+    for bad in (torch.empty(9, 3), torch.empty(9, 4, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="lse must be float32"):
+            extension.merge_splits(problem, ws_o, ws_lse, None, bad)
+    calls.clear()
+    outs, lses = random_states(3, dtype=torch.float16)
+    out, merged = torch.empty_like(outs[0]), torch.empty(lses.shape[1:])
+    extension.merge_states(outs, lses, out, merged)
+    (call,) = calls
+    assert call["q_dtype"] == extension.DTYPE_CODES[torch.float16] and call["num_splits"] == 3
+    assert call["num_seqs"] == 0 and call["lse"] == merged.data_ptr()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("cache_dtype,query_dtype,causal,window,sinks", LSE_CASES, ids=str)

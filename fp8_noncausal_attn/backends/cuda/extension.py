@@ -170,6 +170,8 @@ def merge_splits(
         return
     device = target.device
     stream = torch.cuda.current_stream(device).cuda_stream
+    # The LSE output goes to the kernel only when asked for.
+    lse_arguments = {} if lse is None else {"lse": lse.data_ptr(), "lse_strides": lse.stride()}
     with torch.cuda.device(device):
         ext.merge_splits(
             device=device.index,
@@ -187,8 +189,7 @@ def merge_splits(
             num_q_heads=problem.num_q_heads,
             head_dim=problem.head_dim,
             q_dtype=DTYPE_CODES[problem.query.dtype if out is None else out.dtype],
-            lse=0 if lse is None else lse.data_ptr(),
-            lse_strides=(0, 0) if lse is None else tuple(lse.stride()),
+            **lse_arguments,
         )
 
 
