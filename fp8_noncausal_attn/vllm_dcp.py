@@ -126,7 +126,11 @@ class DcpAttention:
         self.new_keys = torch.zeros(shape, dtype=query_dtype, device=device)
         self.new_values = torch.zeros(shape, dtype=query_dtype, device=device)
         self._scratch_slot = (pages - 1) * NEW_TOKEN_PAGE
+        # What the plans read, in buffers of their own that build() rewrites in place: a CUDA
+        # graph captured with one batch's plans replays with the next batch's values.
         self._context_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self._new_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self._slots = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
         self._new_table = torch.zeros(
             (max_num_seqs, -(-max_num_tokens // NEW_TOKEN_PAGE)), dtype=torch.int32, device=device
         )
@@ -145,6 +149,7 @@ class DcpAttention:
         # FLASH_ATTN's bound of a rank's context keys: ceil(L / (N I)) I.
         span = self.world_size * self.interleave
         max_context = -(-m.max_seq_len // span) * self.interleave
+        self._new_lens[:num_reqs] = q_lens
         context_plan = self.context.plan(
             starts, self._context_lens[:num_reqs], m.block_table_tensor, causal=False,
             max_seqlen_q=m.max_query_len, max_seqlen_k=max(max_context, 1),
@@ -162,15 +167,16 @@ class DcpAttention:
         real = request < num_reqs
         request = request.clamp(max=max(num_reqs - 1, 0))
         index = tokens - starts[request]
-        slots = (first[request] + index // NEW_TOKEN_PAGE) * NEW_TOKEN_PAGE
-        slots = torch.where(real, slots + index % NEW_TOKEN_PAGE, self._scratch_slot)
+        page_start = (first[request] + index // NEW_TOKEN_PAGE) * NEW_TOKEN_PAGE
+        slots = self._slots[: m.num_actual_tokens]
+        slots.copy_(torch.where(real, page_start + index % NEW_TOKEN_PAGE, self._scratch_slot))
         new_plan = self.new_tokens.plan(
-            starts, q_lens, self._new_table[:num_reqs, :width], causal=m.causal,
+            starts, self._new_lens[:num_reqs], self._new_table[:num_reqs, :width], causal=m.causal,
             max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_query_len,
             softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
             backend=self.backend,
         )  # fmt: skip
-        return DcpPlan(self, context_plan, new_plan, slots.long())
+        return DcpPlan(self, context_plan, new_plan, slots)
 
     def forward(
         self,
