@@ -263,6 +263,10 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
     # The kernels return each row's natural-log LSE (lse_base_on_e, vLLM's default).
     can_return_lse_for_decode: bool = True
     supports_dcp: bool = True
+    # Multi-token queries (draft blocks, verification) under any cp_kv_cache_interleave_size:
+    # a rank's context shard is counted by vLLM's own get_dcp_local_seq_lens, the new tokens
+    # attend each other from the layer's K/V (tests/test_vllm_dcp.py, interleave 1 and 16).
+    supports_mtp_with_cp_non_trivial_interleave_size: bool = True
 
     def __init__(
         self,

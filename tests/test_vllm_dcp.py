@@ -61,6 +61,7 @@ def test_the_backend_declares_dcp_and_the_lse_for_decode():
     assert Fp8NoncausalAttentionBackend.supports_dcp()
     impl = Fp8NoncausalAttentionImpl
     assert impl.can_return_lse_for_decode and impl.lse_base_on_e
+    assert impl.supports_mtp_with_cp_non_trivial_interleave_size
 
 
 class ThreadGroup:
