@@ -11,7 +11,10 @@ fails the check. Prints one ``... ok`` line per compiled kernel.
 
 The sliding-window and sink variants (the ``WINDOW`` / ``SINKS`` constexprs of the attention
 kernel, ``SINKS`` of the merge) are compiled once per flag combination on the drafter's variant:
-the other constexprs do not change with them, and each compile costs CI time.
+the other constexprs do not change with them, and each compile costs CI time. So are the
+``RETURN_LSE`` variants (``return_lse=True``: the unsplit kernel with sinks, the split launch's
+merge) and ``merge_attention_states``' use of the merge (float32 states of a head dim that is not a
+power of two, bf16 ones).
 """
 
 from __future__ import annotations
@@ -100,6 +103,38 @@ def attention_launches():
             yield f"attention {launch.fn.__name__} {label} {flags}", launch
 
 
+def lse_launches():
+    """(label, launch) of the RETURN_LSE variants on the drafter's variant, unsplit (the kernel
+    writes the LSE, sinks inside) and split (the merge writes it), and of merge_states."""
+    for split in (False, True):
+        case = make_case(
+            [8, 8], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=128, scales="none",
+        )  # fmt: skip
+        problem = validate_attention(
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+            sinks=torch.randn(32),
+        )  # fmt: skip
+        out = torch.empty_like(problem.query)
+        lse = torch.empty(problem.query.shape[:2])
+        names = ("_paged_attention_kernel", "_merge_splits_kernel")
+        with captured_launches(triton_attention, *names) as launches:
+            triton_attention.paged_attention(problem, out, num_splits=4 if split else 1, lse=lse)
+        for launch in launches:
+            yield f"lse {launch.fn.__name__} split={split} {lse_flags(launch)}", launch
+    for dtype, head_dim in ((torch.float32, 80), (torch.bfloat16, 128)):
+        outs, lses = torch.randn(3, 9, 4, head_dim).to(dtype), torch.randn(3, 9, 4)
+        with captured_launches(triton_attention, "_merge_splits_kernel") as launches:
+            triton_attention.merge_states(outs, lses, torch.empty_like(outs[0]), lses[0].clone())
+        (launch,) = launches
+        yield f"merge_states {launch.fn.__name__} {dtype} d{head_dim} {lse_flags(launch)}", launch
+
+
+def lse_flags(launch) -> str:
+    """The flags as the kernel received them (the merge has no WINDOW)."""
+    names = ("WINDOW", "SINKS", "RETURN_LSE")
+    return " ".join(f"{n}={int(launch.kwargs[n])}" for n in names if n in launch.kwargs)
+
+
 def cache_write_launches():
     """(label, launch) of the cache write for every cache format and 16-bit input dtype."""
     num_tokens, num_kv_heads, head_dim, block_size = 5, 2, 128, 16
@@ -121,6 +156,7 @@ def cache_write_launches():
 
 def all_launches():
     yield from attention_launches()
+    yield from lse_launches()
     yield from cache_write_launches()
 
 

@@ -28,7 +28,8 @@ def expected_kernels() -> int:
     from fp8_noncausal_attn.backends.triton import cache as triton_cache
 
     attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
-    return attention + 2 * len(triton_cache._FORMATS)
+    lse = 1 + 2 + 2  # unsplit kernel; split kernel and merge; two merge_states merges
+    return attention + lse + 2 * len(triton_cache._FORMATS)
 
 
 @pytest.mark.parametrize("cc", [90, 100])
@@ -62,3 +63,6 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     assert kernel_flags == {("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")}
     merge_flags = {re.search(r"SINKS=(\d)", line).group(1) for line in lines if "_merge" in line}
     assert merge_flags == {"0", "1"}
+    # The LSE outputs: the unsplit kernel's, the split launch's merge's, merge_states'.
+    assert sum("RETURN_LSE=1" in line for line in lines) == 4
+    assert sum(line.startswith(f"cc{cc} merge_states ") for line in lines) == 2
