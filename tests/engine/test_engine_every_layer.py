@@ -15,10 +15,15 @@ from .models import NUM_KV_HEADS, NUM_LAYERS, head_scales
 LOGPROB_MEAN, LOGPROB_MAX = 0.01, 0.06
 
 
-def logprob_difference(a: list[list[float]], b: list[list[float]]) -> tuple[float, float]:
+def logprob_difference(label: str, run, ref) -> tuple[float, float]:
+    """Mean and max absolute difference of two runs' prompt logprobs (printed with ``label``)."""
+    a, b = run.results["prompt_logprobs"], ref.results["prompt_logprobs"]
     diffs = torch.tensor([x - y for p, q in zip(a, b, strict=True)
                           for x, y in zip(p, q, strict=True)]).abs()  # fmt: skip
-    return diffs.mean().item(), diffs.max().item()
+    mean, worst = diffs.mean().item(), diffs.max().item()
+    print(f"{label}: prompt logprobs mean {mean:.4f} max {worst:.4f} "
+          f"(thresholds {LOGPROB_MEAN} / {LOGPROB_MAX})")  # fmt: skip
+    return mean, worst
 
 
 def layer_scales(run, rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -43,10 +48,7 @@ def assert_scales(got, expected):
 
 def test_every_layer_with_per_head_scales_matches_the_reference(engine_runs):
     run, ref = engine_runs["every_layer"], engine_runs["every_layer_ref"]
-    mean, worst = logprob_difference(run.results["prompt_logprobs"],
-                                     ref.results["prompt_logprobs"])  # fmt: skip
-    print(f"every layer vs reference: prompt logprobs mean {mean:.4f} max {worst:.4f} "
-          f"(thresholds {LOGPROB_MEAN} / {LOGPROB_MAX})")  # fmt: skip
+    mean, worst = logprob_difference("every layer vs reference", run, ref)
     selects = run.kind("select")
     assert selects and all(s["selector"]["use_per_head_quant_scales"] for s in selects)
     assert all(s["selector"]["kv_cache_dtype"] == "fp8" for s in selects)
@@ -57,10 +59,7 @@ def test_every_layer_with_per_head_scales_matches_the_reference(engine_runs):
 
 def test_tensor_parallel_ranks_get_the_scales_of_their_own_kv_heads(engine_runs):
     run, tp1 = engine_runs["every_layer_tp2"], engine_runs["every_layer"]
-    mean, worst = logprob_difference(run.results["prompt_logprobs"],
-                                     tp1.results["prompt_logprobs"])  # fmt: skip
-    print(f"TP=2 vs TP=1: prompt logprobs mean {mean:.4f} max {worst:.4f} "
-          f"(thresholds {LOGPROB_MEAN} / {LOGPROB_MAX})")  # fmt: skip
+    mean, worst = logprob_difference("TP=2 vs TP=1", run, tp1)
     assert {c["rank"] for c in run.kind("forward")} == {0, 1}
     for rank in (0, 1):
         assert_scales(layer_scales(run, rank), expected_scales(2, rank))
