@@ -68,6 +68,20 @@ def lse_case(cache_dtype, query_dtype, causal, seed=3):
     )  # fmt: skip
 
 
+def lse_launch(cache_dtype, query_dtype, causal, window, sinks, validate=False):
+    """The case, its validated problem (window, and the sinks when ``sinks``) and NaN-filled
+    ``out`` / ``lse`` buffers for a backend's own launch entry."""
+    case = lse_case(cache_dtype, query_dtype, causal)
+    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
+    problem = fna.validation.validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=validate,
+        window=window, sinks=sinks_t,
+    )  # fmt: skip
+    out = torch.full_like(problem.query, math.nan)
+    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
+    return case, problem, out, lse
+
+
 def backends_here():
     return [name for name, info in fna.available_backends().items()
             if name != "auto" and info["available"]]  # fmt: skip
@@ -101,14 +115,7 @@ TRITON_CASES += [(*LSE_CASES[3], 1), (*LSE_CASES[3], 3)]
 )
 def test_triton_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
     """The unsplit kernel writes the LSE itself, the split launch's merge writes it."""
-    case = lse_case(cache_dtype, query_dtype, causal)
-    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
-    problem = fna.validation.validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
-        window=window, sinks=sinks_t,
-    )  # fmt: skip
-    out = torch.full_like(problem.query, math.nan)
-    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
+    case, problem, out, lse = lse_launch(cache_dtype, query_dtype, causal, window, sinks)
     plan = triton_attention.launch_plan(problem, splits)
     assert plan.num_splits == splits
     triton_attention.launch(problem, plan, out, lse=lse)
@@ -461,7 +468,7 @@ def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
     attn = dsl_tests.attention(case)
     out, lse = attn.run(*dsl_tests.layer_args(case), plan=dsl_tests.plan_case(attn, case),
                         return_lse=True)  # fmt: skip
-    (call,) = mma_calls
+    (call,) = [c["fields"] for c in mma_calls]  # the launch passes AttnParams by field name
     assert call["num_splits"] == 2 and call["ws_o"] and call["ws_lse"]
     ((problem, ws_o, ws_lse, merged_out, merged_lse),) = merges
     assert merged_out is None and merged_lse is lse and lse.shape == (8, 8)
@@ -471,7 +478,7 @@ def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
     unsplit = dsl_tests.plan_case(attn, case, family="wgmma")
     with pytest.warns(RuntimeWarning, match="an unsplit plan has no partial LSEs"):
         attn.run(*dsl_tests.layer_args(case), plan=unsplit, return_lse=True)
-    assert not library.calls and mma_calls[0]["num_splits"] == 2 and len(merges) == 1
+    assert not library.calls and mma_calls[0]["fields"]["num_splits"] == 2 and len(merges) == 1
 
     merges.clear()
     problem = dsl_tests.problem_of(case)
@@ -529,14 +536,9 @@ def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sink
     split plan (3) takes it from its own partials; None: the plan's own choice."""
     if not fna.available_backends()["cuda"]["available"]:
         pytest.skip("the CUDA extension does not run here")
-    case = lse_case(cache_dtype, query_dtype, causal)
-    sinks_t = torch.tensor(SINKS, device=DEVICE) if sinks else None
-    problem = fna.validation.validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=True,
-        window=window, sinks=sinks_t,
-    )  # fmt: skip
-    out = torch.full_like(problem.query, math.nan)
-    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
+    case, problem, out, lse = lse_launch(
+        cache_dtype, query_dtype, causal, window, sinks, validate=True
+    )
     fna.backends.cuda.paged_attention(problem, out, num_splits=splits, lse=lse)
     exact_out, exact_lse = float64_attention(
         case, window=window, sinks=SINKS if sinks else None, return_lse=True
