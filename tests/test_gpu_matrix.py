@@ -73,14 +73,16 @@ class TritonCase(NamedTuple):
     window: str
     num_splits: int
     page_size: int
+    return_lse: bool  # the unsplit kernel writes the LSE itself, a split launch's merge writes it
 
 
 def _triton_cases() -> list[TritonCase]:
     """Each head_dim x query x cache dtype once; along them the 24 (mask, window, splits)
     combinations, in steps of 7 (coprime to 24: each once, and every head dim sees every mask
     and both split settings), both page sizes for every cache dtype and independent of the
-    split, and 16 to 128 rows per KV head (64 at most at head_dim 256, where the plan caps the
-    tile)."""
+    split, 16 to 128 rows per KV head (64 at most at head_dim 256, where the plan caps the
+    tile), and the LSE asked for on every other pair of dtype pairs (with and without a
+    split)."""
     dtypes = [(q, kv) for q in (BF16, FP16) for kv in (E4M3, E5M2, BF16, FP16)]
     flags = list(itertools.product(MASKS, WINDOWS, SPLITS))
     cases = []
@@ -90,7 +92,8 @@ def _triton_cases() -> list[TritonCase]:
             n = d_index * len(dtypes) + i
             mask, window, splits = flags[n * 7 % len(flags)]
             cases.append(TritonCase(head_dim, q, kv, q_lens[i % len(q_lens)], mask, window,
-                                    splits, PAGE_SIZES[(i // 2 + d_index) % 2]))  # fmt: skip
+                                    splits, PAGE_SIZES[(i // 2 + d_index) % 2],
+                                    return_lse=i // 2 % 2 == 1))  # fmt: skip
     return cases
 
 
@@ -228,8 +231,9 @@ def test_every_mma_sync_kernel_matches_the_reference(kernel, mask, window, page_
 # The kernels' constexpr parameters this table covers; a new one needs its axis here.
 TRITON_CONSTEXPRS = {
     "attention": {"GROUP", "HEAD_DIM", "BLOCK_SIZE", "BLOCK_M", "BLOCK_N", "MASK_MODE", "SPLIT",
-                  "DOT_FP32", "WINDOW", "SINKS"},
-    "merge": {"HEAD_DIM", "SPLITS_POW2", "SINKS"},
+                  "DOT_FP32", "WINDOW", "SINKS", "RETURN_LSE"},
+    # HEAD_POW2 follows HEAD_DIM; RETURN_LSE is the "lse x split" axis.
+    "merge": {"HEAD_DIM", "HEAD_POW2", "SPLITS_POW2", "SINKS", "RETURN_LSE"},
 }  # fmt: skip
 
 
@@ -248,7 +252,7 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.name, kwargs))
 
 
-def triton_launches(problem, num_splits, monkeypatch) -> dict[str, dict]:
+def triton_launches(problem, num_splits, monkeypatch, return_lse=False) -> dict[str, dict]:
     """The keywords (constexprs, num_warps, num_stages) of the kernels one launch runs, as on a
     GPU (no interpreter tiles or fp32 dots), without running them."""
     calls: list = []
@@ -257,13 +261,14 @@ def triton_launches(problem, num_splits, monkeypatch) -> dict[str, dict]:
         patch.setattr(triton_attention, "_paged_attention_kernel", _Recorder("attention", calls))
         patch.setattr(triton_attention, "_merge_splits_kernel", _Recorder("merge", calls))
         out = torch.empty_like(problem.query)
-        triton_attention.run(problem, triton_attention.plan(problem, None, num_splits), out)
+        lse = torch.empty(problem.query.shape[:2]) if return_lse else None
+        triton_attention.run(problem, triton_attention.plan(problem, None, num_splits), out, lse)
     return dict(calls)
 
 
-def triton_variant(problem, num_splits, monkeypatch) -> dict[str, tuple]:
-    """The variant axes one launch takes: its dtypes, tile, flags and page size."""
-    launches = triton_launches(problem, num_splits, monkeypatch)
+def triton_variant(problem, num_splits, monkeypatch, return_lse=False) -> dict[str, tuple]:
+    """The variant axes one launch takes: its dtypes, tile, flags, page size and LSE output."""
+    launches = triton_launches(problem, num_splits, monkeypatch, return_lse)
     attention, merge = launches["attention"], launches.get("merge")
     d = attention["HEAD_DIM"]
     return {
@@ -275,6 +280,9 @@ def triton_variant(problem, num_splits, monkeypatch) -> dict[str, tuple]:
                   attention["SINKS"] or bool(merge and merge["SINKS"])),
         "head_dim x mask x split": (d, attention["MASK_MODE"], attention["SPLIT"]),
         "cache x page": (problem.key_cache.dtype, attention["BLOCK_SIZE"]),
+        # The LSE from the unsplit kernel, or from the split launch's merge.
+        "lse x split": (attention["RETURN_LSE"] or bool(merge and merge["RETURN_LSE"]),
+                        attention["SPLIT"]),
     }  # fmt: skip
 
 
@@ -296,6 +304,7 @@ def triton_variants_to_cover(monkeypatch) -> dict[str, set]:
         "flags": set(itertools.product(range(3), both, both, both)),
         "head_dim x mask x split": set(itertools.product(SUPPORTED_HEAD_DIMS, range(3), both)),
         "cache x page": set(itertools.product(CACHE_DTYPES, PAGE_SIZES)),
+        "lse x split": set(itertools.product(both, both)),
     }
 
 
@@ -320,7 +329,7 @@ def test_triton_table_covers_every_variant_the_launch_takes(monkeypatch):
     variants = []
     for seed, case in enumerate(TRITON_CASES):
         _, problem, _ = triton_case(case, seed, "cpu")
-        variant = triton_variant(problem, case.num_splits, monkeypatch)
+        variant = triton_variant(problem, case.num_splits, monkeypatch, case.return_lse)
         assert variant["flags"][1] == (case.num_splits > 1), case
         variants.append(variant)
     assert missing_triton_variants(variants, to_cover) == {}
@@ -332,7 +341,7 @@ def triton_id(case: TritonCase) -> str:
     dtypes = f"{dtype_name(case.query_dtype)}-{dtype_name(case.cache_dtype)}"
     return (
         f"d{case.head_dim}-{dtypes}-q{case.q_len}-{case.mask}-{case.window}-"
-        f"s{case.num_splits}-p{case.page_size}"
+        f"s{case.num_splits}-p{case.page_size}{'-lse' if case.return_lse else ''}"
     )
 
 
@@ -346,9 +355,17 @@ def test_every_triton_variant_matches_the_reference(case):
     plan = triton_attention.plan(problem, None, case.num_splits)
     assert (plan.launch.num_splits > 1) == (case.num_splits > 1), plan.launch
     out = torch.full_like(problem.query, math.nan)
-    triton_attention.run(problem, plan, out)
+    lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE) if case.return_lse else None
+    triton_attention.run(problem, plan, out, lse)
     torch.cuda.synchronize()
-    check_against(out, reference(paged, extra), case.query_dtype, plan.launch)
+    expected = fna.paged_attention(
+        *paged.args(), **paged.kwargs(), **extra, backend="reference", return_lse=case.return_lse
+    )
+    if case.return_lse:
+        expected, expected_lse = expected
+        # Padded rows are empty states (-inf), as in the reference.
+        torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-3, equal_nan=False)
+    check_against(out, expected, case.query_dtype, plan.launch)
 
 
 def test_gpu_check_runs_this_file_in_its_gpu_tests_step():
