@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn.backends.cuda import mma_sync
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -42,20 +42,21 @@ def vllm_inputs(problem):
         flags = torch.full((problem.num_seqs,), int(problem.causal), device=problem.query.device)
     query = torch.cat([problem.query, torch.randn_like(problem.query[:5])])
     flat = torch.full((query.numel() + 1,), float("nan"), dtype=query.dtype, device=query.device)
-    vllm_like = dataclasses.replace(
-        problem,
-        query=query,
+    batch = dataclasses.replace(
+        problem.batch,
+        num_tokens=query.shape[0],
         cu_seqlens_q=strided(problem.cu_seqlens_q, torch.int32),
         seq_lens=strided(problem.seq_lens, torch.int32),
         causal_per_seq=strided(flags, torch.int32),
     )
+    vllm_like = dataclasses.replace(problem, batch=batch, query=query)
     return vllm_like, flat[1:].view_as(query)
 
 
 def main() -> int:
-    runs, why = cuda_backend.availability()
+    runs, why = mma_sync.availability()
     if not runs:
-        print(f"cuda backend unavailable: {why}")
+        print(f"mma_sync backend unavailable: {why}")
         return 1
     failures = 0
     for i, spec in enumerate(CASES):
@@ -69,13 +70,13 @@ def main() -> int:
             *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
         )
         out = torch.empty_like(case.query)
-        cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+        mma_sync.paged_attention(problem, out, num_splits=num_splits)
         ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
         err = relative_error(out, ref)
         ok = err <= 1e-2
         # The same call as vLLM makes it under CUDA graphs.
         vllm_like, padded_out = vllm_inputs(problem)
-        cuda_backend.paged_attention(vllm_like, padded_out, num_splits=num_splits)
+        mma_sync.paged_attention(vllm_like, padded_out, num_splits=num_splits)
         tokens = case.query.shape[0]
         vllm_err = relative_error(padded_out[:tokens], ref)
         ok = ok and vllm_err <= 1e-2 and bool((padded_out[tokens:] == 0).all())

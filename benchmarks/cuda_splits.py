@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from fp8_noncausal_attn.backends import cuda as cuda_backend
 from fp8_noncausal_attn.backends.cuda import mma_sync
 from fp8_noncausal_attn.validation import validate_attention
 
@@ -55,10 +54,11 @@ def sweep(out_dir: Path) -> list[dict[str, object]]:
             for c in copies
         ]
         outs = [torch.empty_like(c.query) for c in copies]
-        chosen = mma_sync.num_splits_for(problems[0], mma_sync.resident_ctas(problems[0]))
+        batch = problems[0].batch
+        chosen = mma_sync.num_splits_for(batch, mma_sync.resident_ctas(batch))
         for splits in SPLITS:
             calls = [
-                lambda p=p, o=o, n=splits: cuda_backend.paged_attention(p, o, num_splits=n)
+                lambda p=p, o=o, n=splits: mma_sync.paged_attention(p, o, num_splits=n)
                 for p, o in zip(problems, outs, strict=True)
             ]
             timing = time_calls(calls, device)
@@ -84,9 +84,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m benchmarks.cuda_splits OUT_DIR", file=sys.stderr)
         return 2
-    runs, why = cuda_backend.availability()
+    runs, why = mma_sync.availability()
     if not runs:
-        print(f"cuda backend unavailable: {why}", file=sys.stderr)
+        print(f"mma_sync backend unavailable: {why}", file=sys.stderr)
         return 1
     sweep(Path(argv[0]))
     return 0

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import dispatch
+from fp8_noncausal_attn import registry
 from fp8_noncausal_attn.synthetic import make_case
 
 NUM_SEQS, Q_LEN, KV_LEN = 8, 8, 520
@@ -72,9 +72,9 @@ def measure(quick: bool) -> tuple[dict[str, float], str, str]:
         block_size=BLOCK_SIZE, query_dtype=torch.bfloat16, cache_dtype=torch.float8_e4m3fn,
         device=device, max_num_seqs=NUM_SEQS, max_num_tokens=NUM_SEQS * Q_LEN,
     )  # fmt: skip
-    attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
-              max_seqlen_q=Q_LEN, max_seqlen_k=KV_LEN)  # fmt: skip
-    module = dispatch.backend_module(attn.backend)
+    plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
+                     max_seqlen_q=Q_LEN, max_seqlen_k=KV_LEN)  # fmt: skip
+    kernels = registry.REGISTRY[plan.backend].kernels
     out = torch.empty_like(case.query)
     layer = (case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale)
 
@@ -84,13 +84,13 @@ def measure(quick: bool) -> tuple[dict[str, float], str, str]:
         "run_us": lambda: attn.run(*layer, out=out),
         "paged_attention_us": lambda: fna.paged_attention(*case.args(), **case.kwargs(), out=out),
     }
-    real_run = module.run
-    module.run = lambda problem, plan, out: None  # only the kernel launch becomes a no-op
+    real_run = kernels.run
+    kernels.run = lambda problem, plan, out: None  # only the kernel launch becomes a no-op
     try:
         figures = median_us(calls, count, rounds)
     finally:
-        module.run = real_run
-    return figures, device.type, attn.backend
+        kernels.run = real_run
+    return figures, device.type, plan.backend
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

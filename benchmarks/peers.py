@@ -112,13 +112,13 @@ class Ours(Adapter):
         )
 
     def unavailable(self, device: torch.device) -> str | None:
-        from fp8_noncausal_attn import dispatch
+        from fp8_noncausal_attn import available_backends
 
-        runs, why = dispatch.backend_module(self.name).availability()
-        return None if runs else why
+        report = available_backends()[self.name]
+        return None if report["available"] else report["reason"]
 
     def prepare(self, case: Case) -> Prepared:
-        from fp8_noncausal_attn import dispatch, paged_attention
+        from fp8_noncausal_attn import paged_attention, registry
         from fp8_noncausal_attn.validation import validate_attention
 
         shape = case.shape
@@ -143,7 +143,7 @@ class Ours(Adapter):
             "sinks": case.sinks,
         }
         problem = validate_attention(*arguments, **options, validate=False)
-        reason = dispatch.backend_module(self.name).unsupported_reason(problem)
+        reason = registry.REGISTRY[self.name].kernels.unsupported_reason(problem.batch)
         if reason is not None:
             raise Unsupported(reason)
 
@@ -392,6 +392,6 @@ class FlashInfer(ScalarScaled):
 def adapters(device: torch.device) -> list[Adapter]:
     """Ours first (the compiled and Triton kernels; on CPU the reference also stands in for
     them, and the CUDA backend is listed with the reason it does not run), then the peers."""
-    ours = ("cuda", "triton") if device.type == "cuda" else ("cuda", "triton", "reference")
+    ours = ("mma_sync", "triton") if device.type == "cuda" else ("mma_sync", "triton", "reference")
     peers: list[Adapter] = [VllmTritonUnified(), TorchSdpa(), FlexAttention(), FlashInfer()]
     return [Ours(name) for name in ours] + peers

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backends = fna.available_backends()
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'CPU (no GPU)'}")
-    for name in ("cuda", "triton", "reference"):
+    names = [name for name in backends if name != "auto"]
+    for name in names:
         state = "available  " if backends[name]["available"] else "unavailable"
         print(f"  {name:<9} {state} {backends[name]['reason']}")
     print(f"  auto -> {backends['auto']['choice']}: {backends['auto']['reason']}")
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\n{'backend':<10} {'mask':<14} {'rel err vs reference':>21} {'time ms':>10}")
     failures = 0
-    runnable = [n for n in ("cuda", "triton") if backends[n]["available"]]
+    runnable = [n for n in names if n != "reference" and backends[n]["available"]]
     for causal in (False, True):
         case = make_case(
             [DRAFT_TOKENS] * len(CONTEXTS), [c + DRAFT_TOKENS for c in CONTEXTS],

@@ -1,4 +1,5 @@
-"""The public one-shot API (SPEC §4): validate, pick a backend, plan and launch.
+"""The public one-shot API (SPEC §4): validate, plan (the backend, from the registry) and run,
+the same objects :class:`fp8_noncausal_attn.PagedAttention` plans once and runs per layer.
 
 Eagerly, a call goes straight to the backend (no ``torch.library`` dispatcher on the host path).
 Under ``torch.compile`` tracing it becomes one of the opaque ops registered here
@@ -13,27 +14,24 @@ from typing import Optional
 
 import torch
 
-from . import dispatch
-from .backends import cuda, reference
-from .problem import AttentionProblem, CacheWrite
+from . import registry
+from .problem import AttentionProblem, Batch, CacheWrite
 from .scales import FP8_DTYPES, ScaleArg, finite_max
 from .validation import check_kv_tokens, validate_attention, validate_cache_write
 
 __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "available_backends"]
 
-available_backends = dispatch.available_backends
+available_backends = registry.available_backends
 
 
 def run_one_shot(
     problem: AttentionProblem, out: torch.Tensor, backend: str, lse: torch.Tensor | None = None
 ) -> None:
-    """Resolve ``backend`` for ``problem`` (its real tensors), plan without a kept workspace and
-    launch (``lse``: float32 [num_tokens, num_q_heads] written too when given). Outside tracing
-    only (it may load the extension and read pointers)."""
-    module = dispatch.backend_module(dispatch.resolve_backend(backend, problem))
-    # The LSE output is an extra argument only when asked for (Backend.run).
-    extra = () if lse is None else (lse,)
-    module.run(problem, module.plan(problem, None), out, *extra)
+    """Plan ``problem.batch`` on ``backend`` without a kept workspace and run this layer
+    (``lse``: float32 [num_tokens, num_q_heads] written too when given). Outside tracing only
+    (it may load the extension and read pointers)."""
+    chain, _ = registry.plan_batch(backend, problem.batch)
+    registry.run(chain, problem, out, lse)
 
 
 def new_lse(query: torch.Tensor) -> torch.Tensor:
@@ -42,15 +40,9 @@ def new_lse(query: torch.Tensor) -> torch.Tensor:
 
 
 def cache_writer(device: torch.device):
-    """The cache-write kernel for ``device``: the CUDA extension's when it is built and runs here,
-    else Triton's (imported only then: Triton is an optional dependency); PyTorch on the CPU."""
-    if device.type != "cuda":
-        return reference.reshape_and_cache
-    if dispatch.availability("cuda")[0]:
-        return cuda.reshape_and_cache
-    from .backends.triton.cache import reshape_and_cache
-
-    return reshape_and_cache
+    """The cache-write kernel ``auto`` picks for ``device`` (the registry's order: the CUDA
+    extension's when it runs here, else Triton's on a GPU; PyTorch on the CPU)."""
+    return registry.for_device("auto", device).reshape_and_cache
 
 
 @torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
@@ -75,23 +67,13 @@ def _paged_attention_op(
     sinks: Optional[torch.Tensor] = None,  # noqa: UP045
     lse: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
-    problem = AttentionProblem(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        cu_seqlens_q=cu_seqlens_q,
-        seq_lens=seq_lens,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        causal=causal,
-        causal_per_seq=causal_per_seq,
-        softmax_scale=softmax_scale,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        window=(window_left, window_right),
-        sinks=sinks,
-    )
+    num_tokens, num_q_heads, head_dim = query.shape
+    batch = Batch(
+        block_table, cu_seqlens_q, seq_lens, causal, causal_per_seq, softmax_scale, max_seqlen_q,
+        max_seqlen_k, (window_left, window_right), num_tokens, num_q_heads, key_cache.shape[2],
+        head_dim, key_cache.shape[1], query.dtype, key_cache.dtype, query.device,
+    )  # fmt: skip
+    problem = AttentionProblem(batch, query, key_cache, value_cache, k_scale, v_scale, sinks)
     run_one_shot(problem, out, backend, lse)
 
 
@@ -162,7 +144,9 @@ def paged_attention(
         max_seqlen_q, max_seqlen_k: upper bounds of q_len / kv_len; give both to avoid any
             device-to-host sync (needed for CUDA-graph capture).
         out: written in place when given (``query``'s shape and dtype).
-        backend: ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
+        backend: ``"auto"`` or one of ``"reference"``, ``"triton"``, ``"mma_sync"``,
+            ``"wgmma"``, ``"tcgen05"`` (:func:`available_backends` says which run here; a named
+            one that cannot serve the call raises with the reason).
         validate: also run the checks that need device values on the host (a sync).
         window: ``(left, right)`` sliding window, FlashAttention's convention (``-1`` =
             unbounded): token ``i`` at ``p = kv_len - q_len + i`` also sees only keys
@@ -181,6 +165,7 @@ def paged_attention(
         ``[num_tokens, num_q_heads, head_dim]`` in ``query``'s dtype (``out`` when given), or
         ``(out, lse)`` with ``return_lse=True``.
     """
+    registry.check_name(backend)
     problem = validate_attention(
         query, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens,
         causal=causal, k_scale=k_scale, v_scale=v_scale, softmax_scale=softmax_scale,
@@ -191,11 +176,7 @@ def paged_attention(
         out = torch.empty_like(query)
     lse = new_lse(query) if return_lse else None
     if torch.compiler.is_compiling():
-        # The op's body resolves the backend when the graph runs.
-        if backend != "auto" and backend not in dispatch.BACKENDS:
-            raise ValueError(
-                f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
-            )
+        # The op's body chooses the backend when the graph runs.
         if problem.num_tokens:
             _paged_attention_op(
                 out, problem.query, problem.key_cache, problem.value_cache, problem.block_table,
@@ -206,10 +187,8 @@ def paged_attention(
             )  # fmt: skip
     elif query.device.type == "meta":  # shapes only: checked above, nothing to launch
         pass
-    elif problem.num_tokens:
+    else:  # with no query rows the plan still fails by name on an unusable backend
         run_one_shot(problem, out, backend, lse)
-    else:
-        dispatch.resolve_backend(backend, problem)  # an unusable backend still fails by name
     return (out, lse) if return_lse else out
 
 

@@ -14,13 +14,11 @@ from collections.abc import Sequence
 
 import torch
 
-from . import dispatch
-from .backends import cuda, reference
+from . import registry
 
 __all__ = ["merge_attention_states"]
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_MERGERS = {"cuda": cuda, "reference": reference}
 
 
 def _stacked(values: torch.Tensor | Sequence[torch.Tensor], name: str, rank: int) -> torch.Tensor:
@@ -52,40 +50,11 @@ def _stacked(values: torch.Tensor | Sequence[torch.Tensor], name: str, rank: int
     return torch.stack(list(values))
 
 
-def _merger(backend: str, device: torch.device):
-    """The backend module whose ``merge_states`` runs on ``device``."""
-    if backend == "auto":
-        if device.type == "cuda" and dispatch.availability("cuda")[0]:
-            return cuda
-        if device.type == "cuda" and dispatch.availability("triton")[0]:
-            backend = "triton"
-        else:
-            return reference
-    if backend not in dispatch.BACKENDS:
-        raise ValueError(
-            f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
-        )
-    runs, why = dispatch.availability(backend)
-    if not runs:
-        raise RuntimeError(f"backend {backend!r} is not available here: {why}")
-    if backend == "cuda" and device.type != "cuda":
-        raise RuntimeError("backend 'cuda' does not support this call: it needs CUDA tensors")
-    if backend == "triton":
-        from .backends.triton import attention as triton_attention
-
-        if device.type == "cpu" and not triton_attention.interpreting():
-            raise RuntimeError(
-                "backend 'triton' does not support this call: CPU tensors need TRITON_INTERPRET=1"
-            )
-        return triton_attention
-    return _MERGERS[backend]
-
-
 @torch.library.custom_op("fp8_noncausal_attn::merge_attention_states", mutates_args=("out", "lse"))
 def _merge_op(
     out: torch.Tensor, lse: torch.Tensor, outs: torch.Tensor, lses: torch.Tensor, backend: str
 ) -> None:
-    _merger(backend, out.device).merge_states(outs, lses, out, lse)
+    registry.for_device(backend, out.device).merge_states(outs, lses, out, lse)
 
 
 @_merge_op.register_fake
@@ -112,12 +81,15 @@ def merge_attention_states(
             its output holds; a row no state saw merges to zeros with lse ``-inf`` (never NaN).
             (FlashAttention 2 marks such rows ``+inf``: map them to ``-inf`` first.)
         out: written in place when given (``outs``' row shape and dtype).
-        backend: ``"auto"`` (the CUDA merge kernel for CUDA tensors when ``_C`` runs, else
-            Triton's, else PyTorch), ``"cuda"``, ``"triton"`` or ``"reference"``.
+        backend: ``"auto"`` (the registry's order: ``_C``'s merge kernel for CUDA tensors when it
+            runs here, else Triton's; PyTorch on the CPU) or a backend name: ``"reference"``,
+            ``"triton"``, or a CUDA family (``"mma_sync"``, ``"wgmma"``, ``"tcgen05"``, which
+            all merge with ``_C``'s kernel); a named one that cannot run here raises.
     Returns:
         ``(out, lse)``: the merged output in ``outs``' dtype and float32 ``[num_tokens,
         num_heads]`` ``lse = log sum_s e^(lse_s)``, computed shifted by the largest ``lse_s``.
     """
+    registry.check_name(backend)
     outs_t = _stacked(outs, "outs", 3)
     lses_t = _stacked(lses, "lses", 2)
     if outs_t.dtype not in OUT_DTYPES:
@@ -150,5 +122,5 @@ def merge_attention_states(
     if torch.compiler.is_compiling():
         _merge_op(out, lse, outs_t, lses_t, backend)
     elif outs_t.device.type != "meta":
-        _merger(backend, outs_t.device).merge_states(outs_t, lses_t, out, lse)
+        registry.for_device(backend, outs_t.device).merge_states(outs_t, lses_t, out, lse)
     return out, lse

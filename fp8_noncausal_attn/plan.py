@@ -17,25 +17,20 @@ launches when the graph runs, so nothing about backends or pointers is ever trac
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
-from . import dispatch
-from .api import new_lse, paged_attention, run_one_shot
-from .masking import normalize_causal
+from . import registry
+from .api import new_lse, paged_attention
 from .problem import AttentionProblem
 from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, check_score_scale, normalize_scale
 from .validation import (
-    check_batch_lengths,
+    check_cache_sizes,
     check_caches,
-    check_index_tensors,
     check_out,
     check_query,
     check_sinks,
-    check_softmax_scale,
-    check_window,
     optional_host_int,
+    validate_batch,
 )
 
 # Split-KV partial rows (one row = one split x query token x query head) the default workspace
@@ -87,15 +82,23 @@ class BatchPlan:
     """What :meth:`PagedAttention.plan` decided for one batch (host values only); returned by
     ``plan()`` so that several batches planned ahead (micro-batches) can each be run. Plans of
     one :class:`PagedAttention` share its workspace: run them one after another on one stream.
-    ``family``: the CUDA kernel family it runs (None off CUDA); ``family_reason``: why a family
-    asked for (``family=`` / ``FP8NCA_CUDA_FAMILY``) is not the one that runs, else ``""``."""
+
+    ``batch``: the checked :class:`~fp8_noncausal_attn.problem.Batch`; ``requested``: the
+    ``backend`` asked for; ``backend``: the one that runs (``"meta"`` for meta tensors, the
+    request while a traced plan defers the choice to the op); ``chain``: the backends' plans a
+    run tries in order (``registry.plan_batch``: one for a named backend; for ``auto``, the
+    next ones take a layer whose tensors the first cannot); ``passed_over``: why ``auto`` did
+    not take the backends before it."""
 
     __slots__ = (
-        "backend", "module", "backend_plan", "run_check", "block_table", "cu_seqlens_q",
-        "seq_lens", "causal", "causal_per_seq", "causal_arg", "softmax_scale", "max_seqlen_q",
-        "max_seqlen_k", "num_tokens", "max_page", "check_values", "traced", "requested", "window",
-        "family", "family_reason",
+        "batch", "requested", "backend", "chain", "passed_over", "causal_arg", "max_page",
+        "check_values", "traced",
     )  # fmt: skip
+
+    @property
+    def num_tokens(self) -> int:
+        """The most query rows a run of this plan takes."""
+        return self.batch.num_tokens
 
 
 class PagedAttention:
@@ -122,6 +125,9 @@ class PagedAttention:
         workspace_rows: split-KV partial rows to allocate (default
             :data:`DEFAULT_WORKSPACE_ROWS`, never more than ``max_num_tokens x num_q_heads x``
             the backends' largest split count); plans take fewer splits when it is short.
+        backend: the backend every :meth:`plan` asks for unless it names another: ``"auto"``
+            or one of ``fp8_noncausal_attn.registry.BACKEND_NAMES`` (see
+            :func:`fp8_noncausal_attn.paged_attention`).
     """
 
     def __init__(
@@ -137,6 +143,7 @@ class PagedAttention:
         max_num_seqs: int,
         max_num_tokens: int,
         workspace_rows: int | None = None,
+        backend: str = "auto",
     ) -> None:
         sizes = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads,
                  "max_num_seqs": max_num_seqs, "max_num_tokens": max_num_tokens}  # fmt: skip
@@ -153,50 +160,26 @@ class PagedAttention:
             raise TypeError(f"cache_dtype must be one of {CACHE_DTYPES}, got {cache_dtype}")
         if workspace_rows is None:
             workspace_rows = min(
-                DEFAULT_WORKSPACE_ROWS, max_num_tokens * num_q_heads * dispatch.max_splits()
+                DEFAULT_WORKSPACE_ROWS, max_num_tokens * num_q_heads * registry.max_splits()
             )
         else:
             optional_host_int(workspace_rows, "workspace_rows")
+        check_cache_sizes(head_dim, block_size)
+        self.backend = registry.check_name(backend)
         self.num_q_heads, self.num_kv_heads = num_q_heads, num_kv_heads
         self.head_dim, self.block_size = head_dim, block_size
         self.query_dtype, self.cache_dtype = query_dtype, cache_dtype
         self.max_num_seqs, self.max_num_tokens = max_num_seqs, max_num_tokens
-        # One element of each dtype on the device: plan-time stand-ins (see _plan_problem) and
-        # the device with its index resolved ("cuda" -> "cuda:0"), which tensors report.
-        self._query_base = torch.empty(1, dtype=query_dtype, device=device)
-        self._cache_base = torch.empty(1, dtype=cache_dtype, device=device)
-        self.device = self._query_base.device
-        # One page, checked as a cache: head_dim and block_size get validation's own messages.
-        page = torch.empty(
-            (1, block_size, num_kv_heads, head_dim), dtype=cache_dtype, device=device
-        )
-        check_caches(page, page, self.device)
+        self._unit_scale = torch.ones(num_kv_heads, dtype=torch.float32, device=device)
+        # The device with its index resolved ("cuda" -> "cuda:0"), as tensors report it.
+        self.device = self._unit_scale.device
         self.workspace = Workspace(workspace_rows, num_q_heads, head_dim, self.device)
-        self._unit_scale = torch.ones(num_kv_heads, dtype=torch.float32, device=self.device)
         self._plan: BatchPlan | None = None
         self._checked_caches: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         # id -> (tensor, softmax_scale it was checked with), one memo per role: k_scale's check
         # includes the score-scale product.
         self._checked_k_scales: dict[int, tuple[torch.Tensor, float]] = {}
         self._checked_v_scales: dict[int, tuple[torch.Tensor, float]] = {}
-
-    def _stand_in_cache(self) -> torch.Tensor:
-        shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
-        return self._cache_base.view(1, 1, 1, 1).expand(shape)
-
-    def _plan_problem(self, plan: BatchPlan) -> AttentionProblem:
-        """The problem a backend plans on: real index tensors and sizes; query, caches and
-        scales are stand-ins (one element expanded to the real shape, dtype and device: plan
-        steps read nothing else of them)."""
-        query = self._query_base.view(1, 1, 1).expand(
-            plan.num_tokens, self.num_q_heads, self.head_dim
-        )
-        cache = self._stand_in_cache()
-        return AttentionProblem(
-            query, cache, cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
-            self._unit_scale, self._unit_scale, plan.causal, plan.causal_per_seq,
-            plan.softmax_scale, plan.max_seqlen_q, plan.max_seqlen_k, plan.window,
-        )  # fmt: skip
 
     def plan(
         self,
@@ -209,10 +192,9 @@ class PagedAttention:
         max_seqlen_k: int | None = None,
         softmax_scale: float | None = None,
         num_tokens: int | None = None,
-        backend: str = "auto",
+        backend: str | None = None,
         validate: bool = False,
         window: tuple[int, int] = (-1, -1),
-        family: str | None = None,
         key_shard: bool = False,
     ) -> BatchPlan:
         """Plan one batch: backend, tiles, splits. Once per batch, before :meth:`run`.
@@ -228,13 +210,12 @@ class PagedAttention:
             num_tokens: rows of the ``query`` that :meth:`run` will get (rows past
                 ``cu_seqlens_q[-1]`` are padding, written as zeros); default
                 ``min(max_num_tokens, num_seqs * max_seqlen_q)``.
-            backend: ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
-            family: the CUDA kernel family to ask for when the plan runs the CUDA backend:
-                ``"mma_sync"`` (the default), or, opt-in, ``"wgmma"`` (sm_90) or ``"tcgen05"``
-                (sm_100/sm_103): compiled and SASS-checked, NEVER RUN ON HARDWARE. None: the
-                environment variable ``FP8NCA_CUDA_FAMILY``, else mma_sync. A family that cannot
-                run the batch leaves mma_sync, with the reason in the plan's ``family_reason``
-                (and a warning). The plan's ``family`` says which runs (None off CUDA).
+            backend: ``"auto"`` or a backend name (default: this object's ``backend``). A
+                named backend that cannot serve the batch raises with the reason, at plan
+                time, and so does one that cannot take a layer's tensors, at run time; ``auto``
+                takes the first backend of its order that plans the batch and, for a layer
+                whose tensors (pointers, strides) that one cannot take, the next that can:
+                both decided here (``BatchPlan.chain``).
             validate: also run the checks that need device values on the host (a sync).
             window: ``(left, right)`` sliding window (FlashAttention's convention, ``-1`` =
                 unbounded; see :func:`fp8_noncausal_attn.paged_attention`). A plan property, as
@@ -253,90 +234,32 @@ class PagedAttention:
         The index tensors are kept, not copied: the plan holds for as long as their contents
         describe the batch (a CUDA graph replays it after the caller updates them in place).
         """
-        device = self.device
-        num_seqs = check_index_tensors(block_table, cu_seqlens_q, seq_lens, device)
-        if num_seqs > self.max_num_seqs:
-            raise ValueError(
-                f"num_seqs (seq_lens.shape[0]) must be <= max_num_seqs = {self.max_num_seqs}, "
-                f"got {num_seqs}"
-            )
-        softmax_scale = check_softmax_scale(softmax_scale, self.head_dim)
-        max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
-        max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
-        num_tokens = optional_host_int(num_tokens, "num_tokens")
-        # Backend options (each named by the backend that takes it) pass through to its plan.
-        options = {} if family is None else {"family": family}
-        if options:
-            if torch.compiler.is_compiling():
-                raise ValueError(
-                    "family= is not carried through torch.compile: set FP8NCA_CUDA_FAMILY"
-                )
-            dispatch.check_plan_options(options)  # an unknown value fails here, by name
-        if backend != "auto" and backend not in dispatch.BACKENDS:
-            raise ValueError(
-                f"backend must be 'auto' or one of {dispatch.BACKEND_NAMES}, got {backend!r}"
-            )
-        causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
-        window = check_window(window)
-        if key_shard and (causal_per_seq is not None or causal_flag or window != (-1, -1)):
-            raise ValueError(
-                f"key_shard=True needs causal=False and window=(-1, -1), got causal={causal!r}, "
-                f"window={window}"
-            )
-        compiling = torch.compiler.is_compiling()
-        if compiling and (max_seqlen_q is None or max_seqlen_k is None):
-            raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
-        check_values = (validate or device.type == "cpu") and not compiling
-        max_page = -1
-        if check_values or max_seqlen_q is None or max_seqlen_k is None:
-            bound = self.max_num_tokens if num_tokens is None else num_tokens
-            true_max_q, true_max_k, max_page = check_batch_lengths(
-                cu_seqlens_q, seq_lens, block_table, bound, None, self.block_size,
-                max_seqlen_q, max_seqlen_k, key_shard,
-            )  # fmt: skip
-            max_seqlen_q = true_max_q if max_seqlen_q is None else max_seqlen_q
-            max_seqlen_k = true_max_k if max_seqlen_k is None else max_seqlen_k
-        if num_tokens is None:
-            num_tokens = min(self.max_num_tokens, num_seqs * max_seqlen_q)
-        elif num_tokens > self.max_num_tokens:
-            raise ValueError(
-                f"num_tokens must be <= max_num_tokens = {self.max_num_tokens}, got {num_tokens}"
-            )
-
+        requested = self.backend if backend is None else registry.check_name(backend)
+        batch, max_page, check_values = validate_batch(
+            block_table, cu_seqlens_q, seq_lens, causal=causal, softmax_scale=softmax_scale,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, window=window,
+            num_tokens=num_tokens, num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, block_size=self.block_size, query_dtype=self.query_dtype,
+            cache_dtype=self.cache_dtype, device=self.device, validate=validate,
+            max_num_seqs=self.max_num_seqs, max_num_tokens=self.max_num_tokens,
+            key_shard=key_shard,
+        )  # fmt: skip
         plan = BatchPlan()
-        plan.block_table, plan.cu_seqlens_q, plan.seq_lens = block_table, cu_seqlens_q, seq_lens
-        plan.causal, plan.causal_per_seq, plan.causal_arg = causal_flag, causal_per_seq, causal
-        plan.softmax_scale, plan.window = softmax_scale, window
-        plan.max_seqlen_q, plan.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        plan.num_tokens, plan.max_page, plan.check_values = num_tokens, max_page, check_values
-        plan.traced = compiling
-        plan.requested = plan.backend = backend
-        plan.family, plan.family_reason = None, ""
-        plan.module = None
-        if device.type == "meta":
+        plan.batch, plan.causal_arg, plan.max_page = batch, causal, max_page
+        plan.check_values = check_values
+        plan.traced = torch.compiler.is_compiling()
+        plan.requested = plan.backend = requested
+        plan.chain, plan.passed_over = (), ()
+        if self.device.type == "meta":
             # Meta tensors carry shapes only: runs check them and launch nothing.
             plan.backend = "meta"
-        elif not compiling:
+        elif not plan.traced:
             # Under tracing the op chooses and plans when the graph runs (nothing traced here
             # may load the extension or read a pointer).
-            problem = self._plan_problem(plan)
-            plan.backend = dispatch.resolve_backend(backend, problem)
-            module: ModuleType = dispatch.backend_module(plan.backend)
-            plan.module = module
-            used, unused_why = dispatch.plan_options(plan.backend, options)
-            plan.backend_plan = module.plan(problem, self.workspace, **used)
-            plan.family = getattr(plan.backend_plan, "family", None)
-            plan.family_reason = getattr(plan.backend_plan, "family_reason", "") or unused_why
-            plan.run_check = getattr(module, "run_unsupported_reason", None)
+            plan.chain, plan.passed_over = registry.plan_batch(requested, batch, self.workspace)
+            plan.backend = plan.chain[0].name
         self._plan = plan
         return plan
-
-    @property
-    def backend(self) -> str:
-        """The backend the current plan runs (``"auto"`` while a traced plan defers it)."""
-        if self._plan is None:
-            raise RuntimeError("PagedAttention has no plan yet: call plan() first")
-        return self._plan.backend
 
     def run(
         self,
@@ -383,12 +306,13 @@ class PagedAttention:
             )
         if not isinstance(query, torch.Tensor) or query.dtype is not self.query_dtype:
             self._query_error(query, plan)
+        batch = plan.batch
         shape = query.shape
         if (
             len(shape) != 3
             or shape[1] != self.num_q_heads
             or shape[2] != self.head_dim
-            or shape[0] > plan.num_tokens
+            or shape[0] > batch.num_tokens
             or query.stride(2) != 1
             or query.device != self.device
         ):
@@ -405,13 +329,13 @@ class PagedAttention:
             k_scale = self._unit_scale
         else:
             known = self._checked_k_scales.get(id(k_scale))
-            if known is None or known[0] is not k_scale or known[1] != plan.softmax_scale:
+            if known is None or known[0] is not k_scale or known[1] != batch.softmax_scale:
                 k_scale = self._scale(k_scale, "k_scale", plan, self._checked_k_scales)
         if v_scale is None:
             v_scale = self._unit_scale
         else:
             known = self._checked_v_scales.get(id(v_scale))
-            if known is None or known[0] is not v_scale or known[1] != plan.softmax_scale:
+            if known is None or known[0] is not v_scale or known[1] != batch.softmax_scale:
                 v_scale = self._scale(v_scale, "v_scale", plan, self._checked_v_scales)
         if out is None:
             out = torch.empty_like(query)
@@ -425,23 +349,12 @@ class PagedAttention:
         if sinks is not None:
             sinks = check_sinks(sinks, self.num_q_heads, self.device, plan.check_values)
         lse = new_lse(query) if return_lse else None
-        if plan.module is None:  # meta tensors
-            return (out, lse) if return_lse else out
-        problem = AttentionProblem(
-            query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
-            k_scale, v_scale, plan.causal, plan.causal_per_seq, plan.softmax_scale,
-            plan.max_seqlen_q, plan.max_seqlen_k, plan.window, sinks,
-        )  # fmt: skip
-        if plan.run_check is not None:
-            why = plan.run_check(problem, out)
-            if why is not None:
-                self._run_elsewhere(plan, problem, out, why, lse)
-                return (out, lse) if return_lse else out
-        if lse is None:
-            plan.module.run(problem, plan.backend_plan, out)
-            return out
-        plan.module.run(problem, plan.backend_plan, out, lse)
-        return out, lse
+        if plan.chain:  # empty for meta tensors: nothing to launch
+            problem = AttentionProblem(
+                batch, query, key_cache, value_cache, k_scale, v_scale, sinks
+            )
+            registry.run(plan.chain, problem, out, lse)
+        return (out, lse) if return_lse else out
 
     def _query_error(self, query: object, plan: BatchPlan) -> None:
         """Raise the named error for a query the hot path refused."""
@@ -491,39 +404,25 @@ class PagedAttention:
         and is remembered in ``memo`` (checked once per tensor object and softmax scale); other
         forms are converted on every run."""
         per_head = normalize_scale(scale, name, self.num_kv_heads, self.device, plan.check_values)
+        softmax_scale = plan.batch.softmax_scale
         if name == "k_scale":
-            check_score_scale(
-                plan.softmax_scale, scale, per_head, self.cache_dtype, plan.check_values
-            )
+            check_score_scale(softmax_scale, scale, per_head, self.cache_dtype, plan.check_values)
         if per_head is scale:
             # Already the kernels' form: remember it (a 0-d scale is converted on every run,
             # so an in-place update by its owner is always seen).
             if len(memo) >= _MEMO_LIMIT:
                 memo.clear()
-            memo[id(scale)] = (scale, plan.softmax_scale)
+            memo[id(scale)] = (scale, softmax_scale)
         return per_head
-
-    def _run_elsewhere(
-        self,
-        plan: BatchPlan,
-        problem: AttentionProblem,
-        out: torch.Tensor,
-        why: str,
-        lse: torch.Tensor | None,
-    ) -> None:
-        """The planned backend cannot take these particular tensors (e.g. their alignment):
-        ``auto`` runs them one-shot on the backend that can, a named backend refuses."""
-        if plan.requested != "auto":
-            raise RuntimeError(f"backend {plan.backend!r} cannot run these tensors: {why}")
-        run_one_shot(problem, out, "auto", lse)
 
     def _run_through_op(
         self, plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks, return_lse
     ):
+        batch = plan.batch
         return paged_attention(
-            query, key_cache, value_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens,
+            query, key_cache, value_cache, batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
             causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
-            softmax_scale=plan.softmax_scale, max_seqlen_q=plan.max_seqlen_q,
-            max_seqlen_k=plan.max_seqlen_k, out=out, backend=plan.requested, window=plan.window,
-            sinks=sinks, return_lse=return_lse,
+            softmax_scale=batch.softmax_scale, max_seqlen_q=batch.max_seqlen_q,
+            max_seqlen_k=batch.max_seqlen_k, out=out, backend=plan.requested,
+            window=batch.window, sinks=sinks, return_lse=return_lse,
         )  # fmt: skip

@@ -14,7 +14,7 @@ import operator
 import torch
 
 from .masking import normalize_causal
-from .problem import AttentionProblem
+from .problem import AttentionProblem, Batch
 from .scales import (
     CACHE_DTYPES,
     SIXTEEN_BIT_DTYPES,
@@ -100,7 +100,12 @@ def check_caches(key_cache: object, value_cache: object, device: torch.device) -
             f"value_cache must have the dtype of key_cache {key_cache.dtype}, "
             f"got {value_cache.dtype}"
         )
-    block_size, head_dim = key_cache.shape[1], key_cache.shape[3]
+    check_cache_sizes(key_cache.shape[3], key_cache.shape[1])
+
+
+def check_cache_sizes(head_dim: int, block_size: int) -> None:
+    """``head_dim`` one of :data:`SUPPORTED_HEAD_DIMS`; ``block_size`` a power of two in
+    [:data:`MIN_BLOCK_SIZE`, :data:`MAX_BLOCK_SIZE`]."""
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     if not (MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE) or block_size & (block_size - 1):
@@ -291,6 +296,90 @@ def check_sinks(
     return sinks if sinks.stride(0) == 1 else sinks.contiguous()
 
 
+def validate_batch(
+    block_table: object,
+    cu_seqlens_q: object,
+    seq_lens: object,
+    *,
+    causal: bool | torch.Tensor,
+    softmax_scale: float | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    window: object,
+    num_tokens: int | None,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    query_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    device: torch.device,
+    validate: bool,
+    num_blocks: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_tokens: int | None = None,
+    key_shard: bool = False,
+) -> tuple[Batch, int, bool]:
+    """Check one batch (the index tensors and host values every layer of it shares) and return
+    its :class:`Batch`, the largest used page id (-1 when not read) and whether device values
+    are read on the host (``validate``, or CPU tensors, outside tracing).
+
+    The sizes, dtypes and device are the layers' (already checked). ``num_tokens``: the query
+    rows a run brings, or None for ``min(max_num_tokens, num_seqs * max_seqlen_q)`` (a plan made
+    before its queries exist). ``num_blocks``: the caches' page count when known (a one-shot
+    call), else page ids are checked against the caches at run time. ``max_num_seqs`` /
+    ``max_num_tokens``: the bounds of a :class:`fp8_noncausal_attn.PagedAttention`. ``key_shard``:
+    the keys are a shard of each sequence's (see ``PagedAttention.plan``).
+
+    Lengths and page ids are read on the host (a sync) only when ``max_seqlen_q/k`` are not
+    both given or values are checked; under ``torch.compile`` tracing they must be given.
+    """
+    num_seqs = check_index_tensors(block_table, cu_seqlens_q, seq_lens, device)
+    if max_num_seqs is not None and num_seqs > max_num_seqs:
+        raise ValueError(
+            f"num_seqs (seq_lens.shape[0]) must be <= max_num_seqs = {max_num_seqs}, got {num_seqs}"
+        )
+    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
+    max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
+    num_tokens = optional_host_int(num_tokens, "num_tokens")
+    if num_tokens is not None and max_num_tokens is not None and num_tokens > max_num_tokens:
+        raise ValueError(
+            f"num_tokens must be <= max_num_tokens = {max_num_tokens}, got {num_tokens}"
+        )
+    causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
+    window = check_window(window)
+    if key_shard and (causal_per_seq is not None or causal_flag or window != (-1, -1)):
+        raise ValueError(
+            f"key_shard=True needs causal=False and window=(-1, -1), got causal={causal!r}, "
+            f"window={window}"
+        )
+    # Under torch.compile, values are symbolic: reading them would break the graph.
+    compiling = torch.compiler.is_compiling()
+    if compiling and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
+    check_values = (validate or device.type == "cpu") and not compiling
+    max_page = -1
+    if check_values or max_seqlen_q is None or max_seqlen_k is None:
+        bound = num_tokens if num_tokens is not None else max_num_tokens
+        true_max_q, true_max_k, max_page = check_batch_lengths(
+            cu_seqlens_q, seq_lens, block_table, bound, num_blocks, block_size,
+            max_seqlen_q, max_seqlen_k, key_shard,
+        )  # fmt: skip
+        max_seqlen_q = true_max_q if max_seqlen_q is None else max_seqlen_q
+        max_seqlen_k = true_max_k if max_seqlen_k is None else max_seqlen_k
+    if num_tokens is None:
+        num_tokens = num_seqs * max_seqlen_q
+        if max_num_tokens is not None:
+            num_tokens = min(max_num_tokens, num_tokens)
+    batch = Batch(
+        block_table, cu_seqlens_q, seq_lens, causal_flag, causal_per_seq, float(softmax_scale),
+        max_seqlen_q, max_seqlen_k, window, num_tokens, num_q_heads, num_kv_heads, head_dim,
+        block_size, query_dtype, cache_dtype, device,
+    )  # fmt: skip
+    return batch, max_page, check_values
+
+
 def validate_attention(
     query: object,
     key_cache: object,
@@ -310,7 +399,8 @@ def validate_attention(
     window: object = (-1, -1),
     sinks: object = None,
 ) -> AttentionProblem:
-    """Check a ``paged_attention`` call and return its normalised :class:`AttentionProblem`."""
+    """Check a ``paged_attention`` call: its layer tensors here, its batch by
+    :func:`validate_batch`; return the :class:`AttentionProblem` (``problem.batch`` its batch)."""
     query = check_query(query)
     device = query.device
     check_caches(key_cache, value_cache, device)
@@ -326,50 +416,20 @@ def validate_attention(
             f"num_q_heads (query.shape[1] = {num_q_heads}) must be a multiple of num_kv_heads "
             f"(key_cache.shape[2] = {num_kv_heads})"
         )
-    num_seqs = check_index_tensors(block_table, cu_seqlens_q, seq_lens, device)
     if out is not None:
         check_out(out, query)
-    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
-    max_seqlen_q = optional_host_int(max_seqlen_q, "max_seqlen_q")
-    max_seqlen_k = optional_host_int(max_seqlen_k, "max_seqlen_k")
-
-    # Under torch.compile, values are symbolic: reading them would break the graph.
-    compiling = torch.compiler.is_compiling()
-    if compiling and (max_seqlen_q is None or max_seqlen_k is None):
-        raise ValueError("max_seqlen_q and max_seqlen_k must be given under torch.compile")
-    check_values = (validate or device.type == "cpu") and not compiling
+    batch, _, check_values = validate_batch(
+        block_table, cu_seqlens_q, seq_lens, causal=causal, softmax_scale=softmax_scale,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, window=window,
+        num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, query_dtype=query.dtype,
+        cache_dtype=key_cache.dtype, device=device, validate=validate, num_blocks=num_blocks,
+    )  # fmt: skip
     k_scale_t = normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values)
     v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
-    check_score_scale(float(softmax_scale), k_scale, k_scale_t, key_cache.dtype, check_values)
-    causal_flag, causal_per_seq = normalize_causal(causal, num_seqs, device)
-    window = check_window(window)
+    check_score_scale(batch.softmax_scale, k_scale, k_scale_t, key_cache.dtype, check_values)
     sinks = check_sinks(sinks, num_q_heads, device, check_values)
-
-    if check_values or max_seqlen_q is None or max_seqlen_k is None:
-        true_max_q, true_max_k, _ = check_batch_lengths(
-            cu_seqlens_q, seq_lens, block_table, num_tokens, num_blocks, block_size,
-            max_seqlen_q, max_seqlen_k,
-        )  # fmt: skip
-        max_seqlen_q = true_max_q if max_seqlen_q is None else max_seqlen_q
-        max_seqlen_k = true_max_k if max_seqlen_k is None else max_seqlen_k
-
-    return AttentionProblem(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        cu_seqlens_q=cu_seqlens_q,
-        seq_lens=seq_lens,
-        k_scale=k_scale_t,
-        v_scale=v_scale_t,
-        causal=causal_flag,
-        causal_per_seq=causal_per_seq,
-        softmax_scale=float(softmax_scale),
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        window=window,
-        sinks=sinks,
-    )
+    return AttentionProblem(batch, query, key_cache, value_cache, k_scale_t, v_scale_t, sinks)
 
 
 def validate_cache_write(

@@ -42,8 +42,6 @@ _IMPL_NAMES = frozenset(
         "Fp8NoncausalAttentionImpl",
         "Fp8NoncausalMetadata",
         "Fp8NoncausalMetadataBuilder",
-        "KERNEL_ENV",
-        "kernel_backend_from_env",
         "symmetrize_window",
     }
 )

@@ -25,7 +25,6 @@ same in vLLM 0.32 and 0.33: 0.33 only adds what this backend does not use.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -43,34 +42,20 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
-from . import config, vllm_dcp
+from . import config, registry, vllm_dcp
 from .api import reshape_and_cache
-from .dispatch import BACKEND_NAMES
 from .layouts import split_kv_cache
 from .plan import PagedAttention
 from .scales import SIXTEEN_BIT_DTYPES
 from .validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_HEAD_DIMS
 
 BACKEND_NAME = config.BACKEND_NAME
-KERNEL_ENV = "FP8_NONCAUSAL_ATTN_KERNEL"
-"""Environment variable pinning the kernels the impl calls: ``auto`` (default: CUDA, else
-Triton on GPUs; the reference on CPU), ``cuda``, ``triton`` or ``reference``."""
 
 _FP8_CACHE_DTYPES = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-
-
-def kernel_backend_from_env() -> str:
-    """The kernels :data:`KERNEL_ENV` pins (default ``auto``); ValueError for an unknown name."""
-    backend = os.environ.get(KERNEL_ENV, "auto")
-    if backend not in ("auto",) + BACKEND_NAMES:
-        raise ValueError(
-            f"{KERNEL_ENV} must be one of {('auto',) + BACKEND_NAMES}, got {backend!r}"
-        )
-    return backend
 
 
 @dataclass
@@ -175,7 +160,8 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             vllm_config.compilation_config.max_cudagraph_capture_size or 0,
             scheduler.max_num_seqs * draft_rows,
         )
-        self.kernel_backend = kernel_backend_from_env()
+        # vLLM passes no argument for it: the library's backend comes from FP8NCA_BACKEND.
+        self.kernel_backend = registry.backend_from_env()
         self.dcp = None
         dcp_size, dcp_rank = vllm_dcp.dcp_world_size_and_rank(kv_cache_spec)
         if dcp_size > 1:
@@ -209,6 +195,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             device=device,
             max_num_seqs=max(scheduler.max_num_seqs, 1),
             max_num_tokens=max_tokens,
+            backend=self.kernel_backend,
         )
 
     def build(
@@ -248,8 +235,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
         return self.attention.plan(
             m.query_start_loc, m.seq_lens, m.block_table_tensor, causal=m.causal,
             max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len,
-            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
-            backend=self.kernel_backend, window=window,
+            softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens, window=window,
         )  # fmt: skip
 
     def update_draft_decode_metadata(self, metadata: Fp8NoncausalMetadata) -> None:
@@ -335,7 +321,7 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         self.attn_type = attn_type
         # None keeps the tensor's own dtype (16-bit caches); FP8 caches arrive as uint8.
         self._cache_view_dtype = _FP8_CACHE_DTYPES.get(kv_cache_dtype)
-        self.kernel_backend = kernel_backend_from_env()
+        registry.backend_from_env()  # a bad FP8NCA_BACKEND fails when the layer is built
         # The layer's cache as (tensor, key view, value view): views are made once per tensor.
         self._cache_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 

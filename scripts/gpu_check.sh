@@ -16,7 +16,7 @@
 #   python -m dsl.build --family wgmma --out .dsl/wgmma     # 1-2 min
 #   python -m dsl.build --family tcgen05 --out .dsl/tcgen05 # ~3 min on 2 cores
 # (carry ".dsl"; GPU_CHECK_DSL_DIR names another folder). On cc 9.0 the CUDA GPU tests run again
-# with FP8NCA_CUDA_FAMILY=wgmma plus the family's own GPU tests, on cc 10.x with tcgen05; any
+# with FP8NCA_BACKEND=wgmma plus the family's own GPU tests, on cc 10.x with tcgen05; any
 # other GPU prints "<family>: skipped, needs an sm_XX GPU".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,7 +95,7 @@ for family in wgmma tcgen05; do
       | tee -a "$SUMMARY"
     continue
   fi
-  step "pytest_$family" 150 env FP8NCA_CUDA_FAMILY="$family" python3 -m pytest -q \
+  step "pytest_$family" 150 env FP8NCA_BACKEND="$family" python3 -m pytest -q \
     tests/test_dsl_families.py tests/test_cuda_gpu.py -m gpu --junitxml="$RESULTS/pytest_$family.xml"
 done
 step demo 60 python3 -m fp8_noncausal_attn

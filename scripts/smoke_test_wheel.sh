@@ -76,7 +76,7 @@ missing = [a for a in built if a.removesuffix("f") not in cubins and a not in cu
 assert not missing, f"no cubin for {missing} in {_C.__file__}:\n{listing}"
 ptx_arch = getattr(_C, "PTX_ARCH", "")
 assert not ptx_arch or ptx_arch in ptx, f"no PTX for {ptx_arch} in {_C.__file__}:\n{listing}"
-cuda = fna.available_backends()["cuda"]
+cuda = fna.available_backends()["mma_sync"]
 assert "not built" not in cuda["reason"], cuda
 
 case = make_case([8, 8], [40, 70], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
@@ -84,6 +84,6 @@ out = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
 assert out.shape == case.query.shape and bool(torch.isfinite(out.float()).all())
 print(
     f"smoke test: {package} {fna.__version__}; _C archs {built}, cubins {sorted(cubins)}, "
-    f"PTX {sorted(ptx) or 'none'}; cuda backend: {cuda['reason']}; reference ran"
+    f"PTX {sorted(ptx) or 'none'}; mma_sync backend: {cuda['reason']}; reference ran"
 )
 EOF

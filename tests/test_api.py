@@ -5,19 +5,20 @@ import sys
 
 import pytest
 import torch
-from conftest import DEVICE
+from helpers import DEVICE
 
 import fp8_noncausal_attn as fna
+from fp8_noncausal_attn import registry
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 
 
 def test_available_backends_reports_every_backend_with_a_reason():
     report = fna.available_backends()
-    for name in ("cuda", "triton", "reference"):
+    for name in registry.BACKEND_NAMES:
         assert isinstance(report[name]["available"], bool)
-        assert report[name]["reason"]
+        assert report[name]["reason"] and report[name]["status"]
     assert report["reference"]["available"]
-    assert report["auto"]["choice"] in ("cuda", "triton", "reference")
+    assert report["auto"]["choice"] in registry.AUTO_ORDER
     assert report["auto"]["reason"]
 
 
@@ -33,10 +34,31 @@ def test_auto_picks_the_reference_on_cpu_and_says_why():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
-def test_cuda_backend_on_cpu_tensors_fails_with_the_reason():
+@pytest.mark.parametrize("backend", ["mma_sync", "wgmma", "tcgen05"])
+def test_cuda_backend_on_cpu_tensors_fails_with_the_reason(backend):
     case = make_case([2], [10], seed=1)
-    with pytest.raises(RuntimeError, match="cuda"):
+    with pytest.raises(RuntimeError, match=f"backend '{backend}' is not available here: "):
+        fna.paged_attention(*case.args(), **case.kwargs(), backend=backend)
+
+
+def test_a_bad_backend_name_fails_with_the_one_text_everywhere():
+    case = make_case([2], [10], seed=1)
+    expected = r"backend must be 'auto' or one of \('mma_sync', 'triton', 'reference', 'wgmma'"
+    with pytest.raises(ValueError, match=expected):
         fna.paged_attention(*case.args(), **case.kwargs(), backend="cuda")
+    with pytest.raises(ValueError, match=expected):
+        fna.merge_attention_states([case.query], [torch.zeros(case.query.shape[:2])], backend="x")
+    with pytest.raises(ValueError, match=expected):
+        fna.PagedAttention(
+            num_q_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            block_size=16,
+            device="cpu",
+            max_num_seqs=1,
+            max_num_tokens=8,
+            backend="fa3",
+        )
 
 
 def test_ops_are_registered_with_torch_library():
@@ -150,26 +172,27 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
     opaque op, whether _C is built, missing, or the GPU backends report available (mocked):
     the backend is resolved inside the op when the graph runs, so no extension import,
     exception handling or data_ptr() arithmetic is ever traced."""
-    from fp8_noncausal_attn import dispatch
-    from fp8_noncausal_attn.backends import cuda as cuda_backend
+    from helpers.backends import Available, replace_kernels
+
+    from fp8_noncausal_attn import registry
     from fp8_noncausal_attn.backends.cuda import extension as cuda_extension
     from fp8_noncausal_attn.backends.cuda import mma_sync
-    from fp8_noncausal_attn.backends.triton import attention as triton_attention
 
     if extension == "built" and cuda_extension.load()[0] is None:
         pytest.skip("the CUDA extension is not built here")
-    monkeypatch.setattr(dispatch, "_availability", {})  # the mocks below are asked afresh
     if extension == "missing":
         monkeypatch.setattr(cuda_extension, "load", lambda: (None, "not built (test)"))
     if extension == "gpu_mocked":
         # Our backends report a GPU (torch.cuda itself stays real: Dynamo consults it).
-        for module in (cuda_backend, triton_attention):
-            monkeypatch.setattr(module, "availability", lambda: (True, "mocked GPU"))
+        for name in ("mma_sync", "triton"):
+            replace_kernels(monkeypatch, name, Available(registry.REGISTRY[name].kernels))
+    fna.available_backends()  # the mocks above are asked afresh
     for module, name in [
-        (dispatch, "resolve_backend"),
-        (dispatch, "auto_choice"),
-        (cuda_backend, "unsupported_reason"),
-        (mma_sync, "_aligned"),
+        (registry, "plan_batch"),
+        (registry, "for_device"),
+        (registry, "auto_choice"),
+        (mma_sync, "unsupported_reason"),
+        (mma_sync, "run_unsupported_reason"),
     ]:
         refuse_while_tracing(monkeypatch, module, name)  # fmt: skip
     case = make_case([3, 8], [40, 8], causal=[True, False], causal_dtype=torch.int32, seed=21)
@@ -244,19 +267,26 @@ def test_block_table_entries_past_a_sequences_pages_are_ignored():
 
 def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
     """On CUDA tensors reshape_and_cache runs the extension's kernel when _C runs here; only
-    otherwise Triton's (an optional dependency, imported only then). Checked in a fresh process
-    with the extension's availability mocked."""
+    otherwise Triton's (an optional dependency, imported only when it runs). Checked in a fresh
+    process with the backends' availability mocked."""
     code = (
         "import sys, torch\n"
-        "from fp8_noncausal_attn import api, dispatch\n"
-        "from fp8_noncausal_attn.backends import cuda\n"
-        "dispatch._availability['cuda'] = (True, 'mocked')\n"
-        "assert api.cache_writer(torch.device('cuda')) is cuda.reshape_and_cache\n"
+        "from fp8_noncausal_attn import api, registry\n"
+        "from fp8_noncausal_attn.backends import reference\n"
+        "from fp8_noncausal_attn.backends.cuda import extension, mma_sync\n"
+        "from fp8_noncausal_attn.backends.triton import attention\n"
+        "mma_sync.availability = lambda: (True, 'mocked')\n"
+        "mma_sync.device_reason = lambda device: None\n"
+        "attention.availability = lambda: (True, 'mocked')\n"
+        "registry.available_backends()\n"
+        "assert api.cache_writer(torch.device('cuda')) is extension.reshape_and_cache\n"
         "assert 'fp8_noncausal_attn.backends.triton.cache' not in sys.modules\n"
-        "dispatch._availability['cuda'] = (False, 'mocked')\n"
-        "from fp8_noncausal_attn.backends.triton import cache as triton_cache\n"
-        "assert api.cache_writer(torch.device('cuda')) is triton_cache.reshape_and_cache\n"
-        "assert api.cache_writer(torch.device('cpu')) is api.reference.reshape_and_cache\n"
+        "mma_sync.availability = lambda: (False, 'mocked')\n"
+        "registry.available_backends()\n"
+        "write = api.cache_writer(torch.device('cuda'))\n"
+        "assert write is registry.REGISTRY['triton'].reshape_and_cache\n"
+        "assert 'fp8_noncausal_attn.backends.triton.cache' not in sys.modules\n"
+        "assert api.cache_writer(torch.device('cpu')) is reference.reshape_and_cache\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -38,7 +38,7 @@ ROW_FIELDS = {
     "speedup": dict,
 }
 BACKENDS = {
-    "cuda",
+    "mma_sync",
     "triton",
     "reference",
     "vllm_triton_unified",
@@ -108,7 +108,7 @@ def test_dry_run_outputs_match_the_oracle(dry_run):
 
 def test_dry_run_speedups_cover_every_peer_on_the_shape(dry_run):
     payload, _, _ = dry_run
-    ours = {"cuda", "triton", "reference"}
+    ours = {"mma_sync", "triton", "reference"}
     by_shape: dict[tuple, list[dict]] = {}
     for row in payload["rows"]:
         key = tuple(row[k] for k in ("kind", "batch", "q_len", "kv_len", "causal", "kv_dtype"))
@@ -509,7 +509,7 @@ def prefill_payload(gpu: str, peak: float | None, frac: float | None) -> dict:
     tflops = 0.0 if frac is None else frac * peak / 1e12
     row = {
         **shape.fields(),
-        "backend": "cuda",
+        "backend": "mma_sync",
         "median_us": 1000.0,
         "tflops": tflops,
         "frac_of_copy_bw": 0.01,

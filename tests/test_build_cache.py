@@ -3,8 +3,8 @@
 import json
 from types import SimpleNamespace
 
-import dsl_helpers
 import pytest
+from helpers import dsl as dsl_helpers
 
 
 class FakeBuild:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import NUM_ATTENTION_KERNELS
 
-from fp8_noncausal_attn.backends import cuda as cuda_backend
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 
 DEFAULT_ARCHS = ("89", "90", "100f", "120")
@@ -30,9 +30,6 @@ DEFAULT_PTX = "120"
 # Kernel family -> (kernel name, its MMA instruction in SASS, its async copy instruction).
 FAMILIES = {"mma_sync": ("paged_attention_kernel", r"\bHMMA\.16816\.F32", "LDGSTS")}
 HOT_KERNELS = ("paged_attention_kernel", "merge_splits_kernel", "reshape_and_cache_kernel")
-# 64-row tile: head dims x query dtypes x caches (e4m3, e5m2, the query's own 16-bit dtype);
-# 128-row tile (paged_attention_kernel_m128): head_dim 128 x query dtypes x FP8 caches
-NUM_ATTENTION_KERNELS = 3 * 2 * 3 + 2 * 2
 
 
 def _extension_path() -> Path:
@@ -194,12 +191,12 @@ def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
     _extension_path()
     from fp8_noncausal_attn import _C
 
-    splits = mma_sync.num_splits_for(drafter_problem(batch, kv_len), resident)
+    splits = mma_sync.num_splits_for(drafter_problem(batch, kv_len).batch, resident)
     assert splits == expected
     ctas = batch * 8 * splits
     if 1 < splits < _C.MAX_SPLITS:
         assert ctas / (-(-ctas // resident) * resident) >= _C.WAVE_FILL
-    assert cuda_backend.MAX_SPLITS == _C.MAX_SPLITS
+    assert extension.MAX_SPLITS == _C.MAX_SPLITS
 
 
 @pytest.mark.parametrize(
@@ -220,8 +217,8 @@ def test_windowed_plan_sizes_splits_from_the_window(batch, window, causal, expec
     """The C++ plan sizes split-KV from the key tiles one CTA's window spans over a 128k
     context (batch x 8 tokens x 32/8 heads, d128), not from the context."""
     _extension_path()
-    problem = dataclasses.replace(drafter_problem(batch, 131072), window=window, causal=causal)
-    assert mma_sync.num_splits_for(problem, 396) == expected
+    batch = dataclasses.replace(drafter_problem(batch, 131072).batch, window=window, causal=causal)
+    assert mma_sync.num_splits_for(batch, 396) == expected
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -264,7 +261,7 @@ def test_plan_reports_grid_and_workspace(forced):
     split-KV workspace (fp32 partial O and LSE) that run() needs."""
     _extension_path()
     problem = drafter_problem(batch=3, kv_len=9000, q_len=24)
-    plan = mma_sync.kernel_plan(problem, resident=396, num_splits=forced)
+    plan = mma_sync.kernel_plan(problem.batch, resident=396, num_splits=forced)
     splits = plan["num_splits"]
     assert splits == (forced or splits) and splits >= 1
     m_tiles = -(-24 * 4 // plan["block_m"])
@@ -278,7 +275,7 @@ def test_plan_reports_grid_and_workspace(forced):
 
 
 def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
-    """cuda_backend hands the launch the sinks pointer and the window sides (a side past any
+    """mma_sync hands the launch the sinks pointer and the window sides (a side past any
     int32 position capped, -1 kept), and the plan the window and the launch-wide causal flag."""
     import contextlib
 
@@ -304,17 +301,18 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
         window=(2**40, -1), sinks=sinks,
     )  # fmt: skip
-    mma_sync.kernel_plan(problem, resident=100)
+    mma_sync.kernel_plan(problem.batch, resident=100)
     assert calls["plan"]["window_left"] == 2**31 - 1 and calls["plan"]["window_right"] == -1
     assert calls["plan"]["causal"] is True
-    unsplit = cuda_backend.CudaPlan("mma_sync", mma_sync.MmaSyncPlan(1, None, None))
-    cuda_backend.run(problem, unsplit, torch.empty_like(case.query))
+    unsplit = mma_sync.MmaSyncPlan(1, None, None)
+    mma_sync.run(problem, unsplit, torch.empty_like(case.query))
     launch = calls["launch"]
     assert launch["sinks"] == sinks.data_ptr()
     assert (launch["window_left"], launch["window_right"]) == (2**31 - 1, -1)
     calls.clear()
-    plain = dataclasses.replace(problem, window=(-1, -1), sinks=None)
-    cuda_backend.run(plain, unsplit, torch.empty_like(case.query))
+    unwindowed = dataclasses.replace(problem.batch, window=(-1, -1))
+    plain = dataclasses.replace(problem, batch=unwindowed, sinks=None)
+    mma_sync.run(plain, unsplit, torch.empty_like(case.query))
     assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
 
 
@@ -355,7 +353,7 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
 
 
 def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):
-    """cuda_backend.merge_splits (the DSL families' merge) hands _C.merge_splits the partials,
+    """extension.merge_splits (the DSL families' merge) hands _C.merge_splits the partials,
     `out` with its strides, the sinks and cu_seqlens_q; partials of another shape, dtype or
     layout, and an `out` whose head dims are strided, are refused before any launch."""
     import contextlib
@@ -376,7 +374,7 @@ def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):
     )
     ws_o, ws_lse = torch.zeros(3, 6, 4, 64), torch.zeros(3, 6, 4)
     out = torch.empty(6, 5, 64, dtype=torch.bfloat16)[:, :4]
-    cuda_backend.merge_splits(problem, ws_o, ws_lse, out)
+    extension.merge_splits(problem, ws_o, ws_lse, out)
     (call,) = calls
     assert call == {
         "device": None, "stream": 7, "ws_o": ws_o.data_ptr(), "ws_lse": ws_lse.data_ptr(),
@@ -392,7 +390,7 @@ def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):
         (ws_o, ws_lse, torch.empty(6, 4, 128, dtype=torch.bfloat16)[..., ::2]),
     ):
         with pytest.raises(ValueError):
-            cuda_backend.merge_splits(problem, bad_o, bad_lse, bad_out)
+            extension.merge_splits(problem, bad_o, bad_lse, bad_out)
     assert len(calls) == 1
 
 
@@ -423,7 +421,7 @@ def test_availability_accepts_every_gpu_the_binary_runs_on(monkeypatch, capabili
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    ok, why = cuda_backend.availability()
+    ok, why = mma_sync.availability()
     assert ok == runs, why
     if not runs:
         assert f"sm_{capability[0]}{capability[1]}" in why
@@ -445,11 +443,11 @@ def test_old_driver_makes_the_backend_unavailable(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    ok, why = cuda_backend.availability()
+    ok, why = mma_sync.availability()
     assert not ok
     assert "driver 12.4 found, 13.0 needed" in why
     ext.driver_version = lambda: 13010
-    assert cuda_backend.availability()[0]
+    assert mma_sync.availability()[0]
 
 
 def test_extension_reports_its_runtime_and_the_driver():

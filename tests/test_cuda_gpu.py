@@ -1,16 +1,13 @@
 """The compiled CUDA backend against the reference (GPU only; skipped without one)."""
 
-import dataclasses
-
 import pytest
 import torch
-from conftest import TOLERANCE
-from matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
+from helpers import GPU_BACKEND, TOLERANCE, replaced
+from helpers.matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import dispatch
-from fp8_noncausal_attn.backends import cuda as cuda_backend
-from fp8_noncausal_attn.backends.cuda import mma_sync
+from fp8_noncausal_attn import registry
+from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
@@ -24,12 +21,12 @@ NUM_CASES = 60
 
 @pytest.fixture(autouse=True)
 def _require_cuda_backend():
-    runs, why = cuda_backend.availability()
-    if not runs:
-        pytest.skip(why)
+    report = fna.available_backends()[GPU_BACKEND]
+    if not report["available"]:
+        pytest.skip(report["reason"])
 
 
-def run(case, backend="cuda", **overrides):
+def run(case, backend=GPU_BACKEND, **overrides):
     return fna.paged_attention(*case.args(), **(case.kwargs() | overrides), backend=backend)
 
 
@@ -96,11 +93,11 @@ def test_every_compiled_kernel(cache_dtype, query_dtype, head_dim, window, sinks
         device="cuda", seed=head_dim,
     )  # fmt: skip
     problem, ref, kwargs = window_problem(case, window, sinks)
-    assert dispatch.resolve_backend("auto", problem) == "cuda"
+    assert registry.plan_batch("auto", problem.batch)[0][0].name == "mma_sync"
     check(case, query_dtype, **kwargs)  # the API's path, the plan's split count
     for num_splits in (1, 3):
         out = torch.empty_like(case.query)
-        cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+        mma_sync.paged_attention(problem, out, num_splits=num_splits)
         assert relative_error(out, ref) <= TOLERANCE[query_dtype], num_splits
 
 
@@ -115,7 +112,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     out = torch.empty_like(case.query)
-    cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+    mma_sync.paged_attention(problem, out, num_splits=num_splits)
     assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
 
 
@@ -157,7 +154,7 @@ def test_drafter_shape_uses_split_kv():
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    assert mma_sync.num_splits_for(problem, mma_sync.resident_ctas(problem)) > 1
+    assert mma_sync.num_splits_for(problem, mma_sync.resident_ctas(problem.batch)) > 1
     check(case, torch.bfloat16)
 
 
@@ -212,7 +209,7 @@ def test_cuda_graph_replay_with_new_lengths(num_seqs, kv_len):
     kwargs = case.kwargs() | {"max_seqlen_k": kv_len}
 
     def step():
-        fna.paged_attention(*case.args(), **kwargs, out=out, backend="cuda")
+        fna.paged_attention(*case.args(), **kwargs, out=out, backend=GPU_BACKEND)
 
     step()
     torch.cuda.synchronize()
@@ -223,7 +220,7 @@ def test_cuda_graph_replay_with_new_lengths(num_seqs, kv_len):
     case.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    eager = fna.paged_attention(*case.args(), **kwargs, backend="cuda")
+    eager = fna.paged_attention(*case.args(), **kwargs, backend=GPU_BACKEND)
     assert torch.equal(out, eager)
     assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
 
@@ -271,7 +268,7 @@ def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
     flags = torch.tensor([5 if c else 0 for c in causal], dtype=torch.int32, device="cuda")
     tokens = case.query.shape[0]
     padded = torch.cat([case.query, torch.randn_like(case.query[:7])])
-    vllm_like = dataclasses.replace(
+    vllm_like = replaced(
         problem,
         query=padded,
         cu_seqlens_q=strided_on_device(problem.cu_seqlens_q),
@@ -279,7 +276,7 @@ def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
         causal_per_seq=strided_on_device(flags, causal_dtype),
     )
     out = torch.full_like(padded, float("nan"))
-    cuda_backend.paged_attention(vllm_like, out, num_splits=num_splits)
+    mma_sync.paged_attention(vllm_like, out, num_splits=num_splits)
     ref = run(case, backend="reference")
     assert relative_error(out[:tokens], ref) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
@@ -301,7 +298,7 @@ def test_unaligned_out_is_written_in_place(cache_dtype):
     assert out.data_ptr() % 4 == 2
     for splits in (1, 2):
         out.fill_(float("nan"))
-        cuda_backend.paged_attention(problem, out, num_splits=splits)
+        mma_sync.paged_attention(problem, out, num_splits=splits)
         assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
         assert flat[0].item() == 3.0 and flat[-1].item() == 3.0
 
@@ -330,7 +327,7 @@ def test_cuda_cache_write_is_bit_exact(cache_dtype):
     kv = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=cache_dtype, device="cuda")
     key_cache, value_cache = kv[..., :dim].transpose(1, 2), kv[..., dim:].transpose(1, 2)
     expected = kv.clone()
-    cuda_backend.reshape_and_cache(CacheWrite(key, value, key_cache, value_cache, slot_mapping,
+    extension.reshape_and_cache(CacheWrite(key, value, key_cache, value_cache, slot_mapping,
                                               k_scale, v_scale))  # fmt: skip
     reference.reshape_and_cache(CacheWrite(
         key, value, expected[..., :dim].transpose(1, 2), expected[..., dim:].transpose(1, 2),
@@ -353,7 +350,7 @@ def test_occupancy_query_restores_the_callers_device():
 
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_merge_entry_merges_partials_of_another_family(with_sinks):
-    """cuda_backend.merge_splits (the _C merge kernel, as the DSL families call it) on random
+    """extension.merge_splits (the _C merge kernel, as the DSL families call it) on random
     fp32 partials: an empty split (LSE -inf, O NaN) never read, each sink once, the padded rows
     past cu_seqlens_q[-1] zero, `out` written through its strides."""
     case = make_case([3, 2], [40, 9], num_q_heads=8, num_kv_heads=2, device="cuda", seed=29,
@@ -367,7 +364,7 @@ def test_merge_entry_merges_partials_of_another_family(with_sinks):
     ws_lse = torch.randn(3, 7, 8, device="cuda", generator=gen) * 6
     ws_o[1, 2], ws_lse[1, 2] = float("nan"), -float("inf")
     out = torch.full((7, 9, 64), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :8]
-    cuda_backend.merge_splits(problem, ws_o, ws_lse, out)
+    extension.merge_splits(problem, ws_o, ws_lse, out)
     torch.cuda.synchronize()
     sink = (sinks * 1.4426950408889634 if with_sinks else torch.full((8,), -float("inf"),
             device="cuda")).expand(7, 8)  # fmt: skip
@@ -385,7 +382,7 @@ def test_a_batch_of_only_padding_is_zeroed():
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    empty = dataclasses.replace(
+    empty = replaced(
         problem,
         cu_seqlens_q=problem.cu_seqlens_q[:1],
         seq_lens=problem.seq_lens[:0],
@@ -393,7 +390,7 @@ def test_a_batch_of_only_padding_is_zeroed():
         causal_per_seq=None,
     )
     out = torch.full_like(case.query, float("nan"))
-    cuda_backend.paged_attention(empty, out)
+    mma_sync.paged_attention(empty, out)
     assert torch.equal(out, torch.zeros_like(out))
 
 
@@ -410,7 +407,7 @@ def test_window_and_sinks_match_reference(causal, window, sinks, num_splits):
     )  # fmt: skip
     problem, ref, _ = window_problem(case, window, sinks)
     out = torch.full_like(case.query, float("nan"))
-    cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+    mma_sync.paged_attention(problem, out, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(out[-3:], torch.zeros_like(out[-3:]))
@@ -437,11 +434,9 @@ def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
     for cache in (case.key_cache, case.value_cache):
         cache.view(torch.uint8)[poisoned] = 0x7F  # e4m3 NaN
     out = torch.empty_like(case.query)
-    cuda_backend.paged_attention(problem, out, num_splits=num_splits)
+    mma_sync.paged_attention(problem, out, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
     unwindowed = torch.empty_like(case.query)
-    cuda_backend.paged_attention(
-        dataclasses.replace(problem, window=(-1, -1)), unwindowed, num_splits=num_splits
-    )
+    mma_sync.paged_attention(replaced(problem, window=(-1, -1)), unwindowed, num_splits=num_splits)
     assert not torch.isfinite(unwindowed.float()).all()

@@ -1,7 +1,7 @@
 """Lane-level CPU emulation of the mma.sync CUDA kernels, driven by the kernels' own index maps.
 
 CI has no GPU, so the kernels' data movement is replayed here in float64, one lane at a time.
-The index maps are not copied: the test extension ``fp8nca_host_hooks`` (tests/host_hooks.py)
+The index maps are not copied: the test extension ``fp8nca_host_hooks`` (helpers/host_hooks.py)
 runs csrc/mma_sync/index_maps.h and csrc/common/index_tensors.h compiled for the CPU (the same
 ``__host__ __device__`` functions the kernels call), so a wrong map in the kernel source gives a
 visibly wrong answer here: the paged cp.async tile copies (16-byte units, XOR-swizzled K rows,
@@ -16,15 +16,14 @@ the sink once). Only the mma.sync m16n8k16 fragment layouts and ldmatrix (the PT
 (exact) FP8 -> 16-bit conversion are modelled in Python.
 """
 
-import dataclasses
 import functools
 import math
 
-import host_hooks
 import numpy as np
 import pytest
 import torch
-from conftest import TOLERANCE
+from helpers import TOLERANCE, host_hooks, replaced
+from helpers.lse import LAYOUTS, lse_case, run_backend, shard_problem
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
@@ -339,7 +338,7 @@ def emulate(problem, num_splits, lse=None):
     plan's tile (64 or 128 query rows) and grid. Every output row starts as NaN, so a row no CTA
     writes shows up. ``lse`` (numpy [num_tokens, num_q_heads], split launches only) receives the
     merge's natural-log LSE, -inf for padded rows, as merge.cu writes it for return_lse."""
-    plan = mma_sync.kernel_plan(problem, resident=1, num_splits=num_splits)
+    plan = mma_sync.kernel_plan(problem.batch, resident=1, num_splits=num_splits)
     assert plan["num_splits"] == num_splits
     T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
     assert (plan["threads"], plan["smem_bytes"]) == (T["threads"], T["smem"])
@@ -549,7 +548,7 @@ def test_emulated_128_row_tile_matches_reference(cache, query, causal, window, s
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
     )
-    plan = mma_sync.kernel_plan(problem, resident=1, num_splits=splits)
+    plan = mma_sync.kernel_plan(problem.batch, resident=1, num_splits=splits)
     assert (plan["block_m"], plan["threads"], plan["m_tiles"]) == (128, 256, 2)
     assert plan["kernel_name"] == "paged_attention_kernel_m128"
     out = emulate(problem, splits).to(query)
@@ -652,8 +651,6 @@ def test_emulated_key_shards_give_the_reference_states(splits):
     """Decode-context-parallel shards (test_lse_merge's dcp4_interleave8 layout): fewer keys than
     query rows, and a sequence with none, on a bidirectional launch; the kernel's rows match the
     reference's states (rows with no key: zeros, LSE -inf)."""
-    from test_lse_merge import LAYOUTS, lse_case, run_backend, shard_problem
-
     case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
     for keys in LAYOUTS["dcp4_interleave8"]:
         problem = shard_problem(case, keys)
@@ -771,7 +768,7 @@ def test_emulated_windowed_launch_loads_only_the_windows_tiles(splits):
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
     # Without the window the poisoned pages are read: the check bites.
-    unwindowed = emulate(dataclasses.replace(problem, window=(-1, -1)), splits)
+    unwindowed = emulate(replaced(problem, window=(-1, -1)), splits)
     assert not torch.isfinite(unwindowed).all()
 
 
@@ -839,7 +836,7 @@ def test_emulated_kernel_reads_vllm_index_tensors_in_place(causal_dtype, splits)
     )
     padding = torch.randn(5, *case.query.shape[1:]).to(case.query.dtype)
     flags = torch.tensor([7 if c else 0 for c in causal], dtype=torch.int32)  # nonzero = causal
-    vllm_like = dataclasses.replace(
+    vllm_like = replaced(
         problem,
         query=torch.cat([problem.query, padding]),
         cu_seqlens_q=strided(problem.cu_seqlens_q),

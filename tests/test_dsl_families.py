@@ -1,26 +1,34 @@
 """The CUTLASS-DSL families (wgmma, tcgen05) in the package: the AOT library found and loaded with
-ctypes, the variant picked for a batch (or refused by reason), the host preconditions, the opt-in
-selection (FP8NCA_CUDA_FAMILY / plan(family=)) with its fallback to mma_sync, the launch's C
-arguments, the split-KV merge, and the package build of a library (setup.py's command).
+ctypes, the variant picked for a batch (or refused by reason), the host preconditions, their
+selection (by name only: ``auto`` never picks them, a named one that cannot serve a call raises),
+the launch's C arguments, the split-KV merge, and the package build of a library (setup.py's
+command).
 
-NEVER RUN ON HARDWARE: on CPU the GPU, ``_C`` and the library's launch are mocked as the other
-cuda-backend tests mock them; the ``gpu`` tests at the end run each family on its own GPU.
+NEVER RUN ON HARDWARE: on CPU the GPU, ``_C`` and the library's launch are mocked
+(tests/helpers/gpu_mock.py); the ``gpu`` tests at the end run each family on its own GPU.
 """
 
 import ctypes
-import dataclasses
 import importlib.util
 import math
 import os
 import re
-import warnings
-from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TOLERANCE
+from helpers import TOLERANCE, replaced
+from helpers.backends import auto_takes_cpu_tensors
+from helpers.gpu_mock import (
+    DEFAULT_TABLES,
+    FakeLibrary,
+    attention,
+    layer_args,
+    merge_reference,
+    mock_gpu,
+    plan_case,
+    problem_of,
+)
 
 import fp8_noncausal_attn as fna
 from dsl import build
@@ -28,130 +36,20 @@ from dsl.common import launch
 from dsl.tcgen05 import layouts as tcgen05_layouts
 from dsl.tcgen05 import traits as tcgen05_traits
 from dsl.wgmma import traits as wgmma_traits
-from fp8_noncausal_attn import dispatch
-from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn import registry
 from fp8_noncausal_attn.backends.cuda import dsl as dsl_families
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
-from fp8_noncausal_attn.backends.cuda import family as kernel_family
 from fp8_noncausal_attn.backends.reference import gather_sequence_kv
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.plan import Workspace
 from fp8_noncausal_attn.synthetic import make_case, relative_error
-from fp8_noncausal_attn.validation import validate_attention
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TABLES = {
-    "wgmma": [f"{v.name}@{a}" for a in wgmma_traits.ARCHS for v in build.WGMMA_VARIANTS],
-    "tcgen05": [f"{v.name}@{a}" for a in tcgen05_traits.ARCHS for v in build.VARIANTS],
-}
 # The one variant per family the build test compiles (about 10-15 s each here).
 SMALL_BUILDS = {
     "wgmma": ("sm_90a", "wgmma_d64_m64_bf16_e4m3"),
     "tcgen05": ("sm_100f", "tcgen05_d128_n32_bf16_e4m3"),
 }
-
-
-class FakeLibrary:
-    """A family's library as the loader sees it, with a recording (or emulating) launch and a
-    recording load that returns ``load_status``."""
-
-    def __init__(self, names: list[str], launch=None, load_status: int = 0) -> None:
-        self.path = Path("/fake/libfp8nca.so")
-        self.variants = tuple(dsl_families.parse_variant(i, n) for i, n in enumerate(names))
-        self.calls: list[tuple[int, dict]] = []
-        self.loads: list[int] = []
-        self._launch = launch
-        self._load_status = load_status
-
-    def load(self, index: int) -> int:
-        self.loads.append(index)
-        return self._load_status
-
-    def launch(self, index: int, arguments: dict) -> int:
-        self.calls.append((index, arguments))
-        return self._launch(index, arguments) if self._launch else 0
-
-
-def merge_reference(ws_o, ws_lse, out, sinks=None):
-    """The split-KV merge formula of csrc/cascade/merge_row.h in PyTorch (the ``_C`` merge
-    kernel extension.merge_splits runs, which a mocked GPU cannot): weights 2^(lse - top)
-    over log2 LSEs with top = max(LSE, sink), each split's O already normalised; natural-log
-    sinks join the denominator once; a split with LSE -inf is never read (a NaN one is); a row
-    no split saw gets zeros."""
-    top = ws_lse.amax(0)
-    sink = None
-    if sinks is not None:
-        sink = (sinks.float() * math.log2(math.e)).expand_as(top)
-        top = torch.maximum(top, sink)
-    top = torch.where(top == -math.inf, 0.0, top)
-    weights = torch.exp2(ws_lse - top).unsqueeze(-1)
-    total = weights.sum(0)
-    if sink is not None:
-        total = total + torch.exp2(sink - top).unsqueeze(-1)
-    merged = torch.where(weights != 0, weights * ws_o, 0.0).sum(0)
-    out.copy_(torch.where(total > 0, merged / total, 0.0))
-
-
-def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, split_calls=None):
-    """A GPU of ``capability`` with ``_C`` (its split merge by :func:`merge_reference`; its
-    split planner takes a forced count, else 1, and records its calls in ``split_calls``) and the
-    families' libraries (``{family: library}``) mocked; CPU tensors stand for device ones."""
-
-    def plan_splits(num_splits, **kwargs):
-        (split_calls if split_calls is not None else []).append(kwargs)
-        return max(num_splits, 1)
-
-    ext = SimpleNamespace(
-        plan=lambda **kwargs: {"num_splits": 1},
-        plan_splits=plan_splits,
-        paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
-            kwargs
-        ),
-    )
-    libraries = libraries or {}
-    monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
-    monkeypatch.setattr(cuda_backend, "unsupported_reason", lambda problem: None)
-    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
-    monkeypatch.setattr(extension, "merge_splits", lambda problem, ws_o, ws_lse, out: (
-        merge_reference(ws_o, ws_lse, out, problem.sinks)))  # fmt: skip
-    monkeypatch.setattr(mma_sync, "resident_ctas", lambda problem: 132)
-    monkeypatch.setattr(dsl_families, "device_capability", lambda device: capability)
-    monkeypatch.setattr(dsl_families, "resident_ctas", lambda device: 132)
-    monkeypatch.setattr(
-        dsl_families,
-        "load_library",
-        lambda family: (libraries[family], "") if family in libraries else (None, "not built"),
-    )
-    monkeypatch.setattr(kernel_family, "_warned", set())
-    monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
-        cuda_stream=0))  # fmt: skip
-    monkeypatch.delenv(cuda_backend.FAMILY_ENV, raising=False)
-
-
-def problem_of(case, **overrides):
-    kwargs = case.kwargs() | overrides
-    return validate_attention(
-        *case.args(), **kwargs, softmax_scale=None, out=None, validate=False
-    )  # fmt: skip
-
-
-def attention(case, **kwargs):
-    return fna.PagedAttention(
-        num_q_heads=case.query.shape[1], num_kv_heads=case.key_cache.shape[2],
-        head_dim=case.query.shape[2], block_size=case.key_cache.shape[1],
-        query_dtype=case.query.dtype, cache_dtype=case.key_cache.dtype, device="cpu",
-        max_num_seqs=8, max_num_tokens=64, **kwargs,
-    )  # fmt: skip
-
-
-def plan_case(attn, case, **kwargs):
-    return attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=case.causal,
-                     backend="cuda", **kwargs)  # fmt: skip
-
-
-def layer_args(case):
-    return case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale
 
 
 # ---- the library and its C interface ------------------------------------------------------
@@ -257,7 +155,7 @@ def test_a_package_build_loads_and_lists_its_variants(package_build, family, mon
             status = library.load(0)
             assert status > 0 and library.load(0) == status
             assert library.launch(0, zeros) == status
-        report = fna.available_backends()["cuda"]["families"][family]
+        report = fna.available_backends()[family]
         assert f"{library.path}: 1 variant(s)" in report["reason"]
         assert report["available"] is False  # no GPU here
     finally:
@@ -353,7 +251,7 @@ def test_split_count_comes_from_the_one_planner_with_the_variants_tiles(
     mock_gpu(monkeypatch, capability, libraries={family: library}, split_calls=calls)
     case = make_case([3, 5], [300, 21], seed=4, head_dim=128)
     problem = problem_of(case, window=(64, 0))
-    plan = dsl_families.plan(dsl_families.FAMILIES[family], problem, None, None)
+    plan = dsl_families.plan(dsl_families.FAMILIES[family], problem.batch, None, None)
     (call,) = calls
     assert call["block_m"] == plan.variant.rows
     assert call["block_n"] == dsl_families.FAMILIES[family].key_tile(128)
@@ -394,139 +292,125 @@ def test_layer_tensors_the_kernels_cannot_take_are_refused_by_reason():
 
 
 def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
+    """A batch's device, index tensors and sizes (sinks are a layer's: no plan refuses them)."""
+    monkeypatch.setattr(extension, "device_reason", lambda device: None)
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: (9, 0))
-    wgmma = dsl_families.FAMILIES["wgmma"]
+    wgmma, tcgen05 = dsl_families.FAMILIES["wgmma"], dsl_families.FAMILIES["tcgen05"]
     case = make_case([3, 5], [40, 21], seed=2)
-    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case)) is None
-    sinks = torch.randn(8)
-    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case, window=(8, 0))) is None
-    assert dsl_families.plan_unsupported_reason(wgmma, problem_of(case, sinks=sinks)) is None
+
+    def reason(family, of=case, **overrides):
+        return dsl_families.plan_unsupported_reason(family, problem_of(of, **overrides).batch)
+
+    assert reason(wgmma) is None
+    assert reason(wgmma, window=(8, 0)) is None
     strided = make_case([3, 5], [40, 21], index_step=2, seed=2)
-    assert "cu_seqlens_q must be contiguous" in dsl_families.plan_unsupported_reason(
-        wgmma, problem_of(strided)
-    )
-    tcgen05 = dsl_families.FAMILIES["tcgen05"]
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) == (
-        "needs an sm_100/sm_103 (B200, B300) GPU, this one is sm_90"
-    )
+    assert "cu_seqlens_q must be contiguous" in reason(wgmma, strided)
+    assert reason(tcgen05) == "needs an sm_100/sm_103 (B200, B300) GPU, this one is sm_90"
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: (10, 0))
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case)) is None
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, window=(8, -1))) is None
-    assert dsl_families.plan_unsupported_reason(tcgen05, problem_of(case, sinks=sinks)) is None
+    assert reason(tcgen05) is None
+    assert reason(tcgen05, window=(8, -1)) is None
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: None)
-    assert "need CUDA tensors" in dsl_families.plan_unsupported_reason(wgmma, problem_of(case))
+    assert "need CUDA tensors" in reason(wgmma)
 
 
-# ---- opt-in selection and fallback ---------------------------------------------------------
+# ---- selection: by name only, refused by reason ------------------------------------------
 
 
-def test_mma_sync_stays_the_default(monkeypatch):
+def test_auto_never_picks_a_dsl_family(monkeypatch):
+    """On a GPU where wgmma's library is built and loads, auto still picks mma_sync (the
+    families have never run on hardware); nothing of wgmma is loaded or launched."""
     wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"])
     mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
     case = make_case([3, 5], [40, 21], seed=3)
+    auto_takes_cpu_tensors(monkeypatch, "mma_sync")
+    assert fna.available_backends()["wgmma"]["available"]
     attn = attention(case)
-    plan = plan_case(attn, case)
-    assert (plan.backend, plan.family, plan.family_reason) == ("cuda", "mma_sync", "")
-    assert plan.backend_plan.fallback is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        attn.run(*layer_args(case), plan=plan)
-    assert not wgmma.calls
+    plan = plan_case(attn, case, backend="auto")
+    assert plan.backend == "mma_sync"
+    # the layers mma_sync cannot take run on the next auto would pick (Triton: CUDA tensors only)
+    assert [planned.name for planned in plan.chain] == ["mma_sync", "reference"]
+    attn.run(*layer_args(case), plan=plan)
+    assert not wgmma.calls and not wgmma.loads
 
 
-@pytest.mark.parametrize("how", ["environment", "argument"])
-def test_opt_in_picks_the_family_at_plan_time(monkeypatch, how):
+@pytest.mark.parametrize("how", ["constructor", "plan"])
+def test_naming_a_family_plans_it(monkeypatch, how):
     wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"])
     mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
     case = make_case([3, 5], [40, 21], seed=4)  # R = 5 x 4 = 20 rows per KV head
-    attn = attention(case)
-    if how == "environment":
-        monkeypatch.setenv(cuda_backend.FAMILY_ENV, "wgmma")
-        plan = plan_case(attn, case)
+    if how == "constructor":
+        attn = attention(case, backend="wgmma")
+        plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=case.causal)
     else:
-        monkeypatch.setenv(cuda_backend.FAMILY_ENV, "tcgen05")  # the argument wins
-        plan = plan_case(attn, case, family="wgmma")
-    assert (plan.family, plan.family_reason) == ("wgmma", "")
-    dsl = plan.backend_plan.family_plan
+        plan = plan_case(attention(case), case, backend="wgmma")
+    assert plan.backend == "wgmma" and len(plan.chain) == 1
+    dsl = plan.chain[0].plan
     assert dsl.variant.name == "wgmma_d64_m64_bf16_e4m3@sm_90a"
     assert (dsl.row_tiles, dsl.num_splits) == (1, 1)
     assert wgmma.loads == [dsl.variant.index]  # loaded at plan time, before any launch
     assert wgmma.calls == []
 
 
-def test_a_variant_that_does_not_load_falls_back_at_plan_time_with_the_cuda_error(monkeypatch):
+def test_a_variant_that_does_not_load_is_refused_at_plan_time_with_the_cuda_error(monkeypatch):
     """A cubin the driver refuses (here: CUDA error 209, no kernel image for the device) is
-    reported when the plan is made, and mma_sync runs; nothing is launched."""
+    reported when the plan is made; nothing is launched."""
     wgmma = FakeLibrary(DEFAULT_TABLES["wgmma"], load_status=209)
     mock_gpu(monkeypatch, libraries={"wgmma": wgmma})
     case = make_case([3, 5], [40, 21], seed=4)
     reason = (
-        "wgmma refused, mma_sync runs: wgmma_d64_m64_bf16_e4m3@sm_90a did not load (CUDA error 209)"
+        "backend 'wgmma' does not support this call: wgmma_d64_m64_bf16_e4m3@sm_90a did not "
+        "load (CUDA error 209)"
     )
-    with pytest.warns(RuntimeWarning, match=re.escape(reason)):
-        plan = plan_case(attention(case), case, family="wgmma")
-    assert (plan.family, plan.family_reason) == ("mma_sync", reason)
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
+        plan_case(attention(case), case, backend="wgmma")
     assert len(wgmma.loads) == 1 and wgmma.calls == []
 
 
 @pytest.mark.parametrize(
     "capability,family,libraries,reason",
     [
-        ((10, 0), "wgmma", ("wgmma",), "wgmma refused, mma_sync runs: needs an sm_90 (H100, "
-                                       "H200) GPU, this one is sm_100"),
-        ((10, 3), "tcgen05", (), "tcgen05 refused, mma_sync runs: not built"),
-        ((10, 0), "tcgen05", ("tcgen05",), "tcgen05 refused, mma_sync runs: no built variant "
-                                           "for page_size 8 (built: 16..256)"),
+        ((10, 0), "wgmma", ("wgmma",), "backend 'wgmma' is not available here: needs an sm_90 "
+                                       "(H100, H200) GPU, this one is sm_100"),
+        ((10, 3), "tcgen05", (), "backend 'tcgen05' is not available here: not built"),
+        ((10, 0), "tcgen05", ("tcgen05",), "backend 'tcgen05' does not support this call: no "
+                                           "built variant for page_size 8 (built: 16..256)"),
     ],
 )  # fmt: skip
-def test_a_refused_request_falls_back_to_mma_sync_with_the_reason_once(
+def test_a_named_family_that_cannot_serve_the_batch_raises_the_reason(
     monkeypatch, capability, family, libraries, reason
 ):
+    """A named backend never leaves for another: the reason is the error, at plan time."""
     tables = {name: FakeLibrary(DEFAULT_TABLES[name]) for name in libraries}
     mock_gpu(monkeypatch, capability=capability, libraries=tables)
-    monkeypatch.setenv(cuda_backend.FAMILY_ENV, family)
     # a page size the family builds, unless the reason is the page size (head_dim 64: both)
     block_size = 8 if "page_size" in reason else 16
     case = make_case([3, 5], [40, 21], head_dim=64, block_size=block_size, seed=5)
-    attn = attention(case)
-    with pytest.warns(RuntimeWarning, match=re.escape(reason)):
-        plan = plan_case(attn, case)
-    assert (plan.family, plan.family_reason) == ("mma_sync", reason)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per reason
-        assert plan_case(attn, case).family_reason == reason
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
+        plan_case(attention(case), case, backend=family)
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
+        fna.paged_attention(*case.args(), **case.kwargs(), backend=family)
 
 
-def test_unknown_family_names_fail_by_name(monkeypatch):
-    mock_gpu(monkeypatch)
+def test_unknown_backend_names_fail_by_name(monkeypatch):
     case = make_case([3, 5], [40, 21], seed=6)
-    attn = attention(case)
-    with pytest.raises(ValueError, match=r"family must be one of \('mma_sync', 'wgmma'"):
-        plan_case(attn, case, family="hopper")
-    monkeypatch.setenv(cuda_backend.FAMILY_ENV, "wgmma2")
-    with pytest.raises(ValueError, match="FP8NCA_CUDA_FAMILY must be one of .* got 'wgmma2'"):
-        plan_case(attn, case)
+    expected = r"backend must be 'auto' or one of \('mma_sync', 'triton', 'reference', 'wgmma'"
+    with pytest.raises(ValueError, match=expected):
+        plan_case(attention(case), case, backend="hopper")
+    with pytest.raises(ValueError, match=expected):
+        attention(case, backend="cuda")
+    monkeypatch.setenv(registry.BACKEND_ENV, "wgmma2")
+    with pytest.raises(ValueError, match="FP8NCA_BACKEND must be 'auto' or one of .* got 'wgmma2'"):
+        registry.backend_from_env()
 
 
-def test_family_off_the_cuda_backend_says_so():
-    case = make_case([3, 5], [40, 21], seed=7)
-    plan = attention(case).plan(case.cu_seqlens_q, case.seq_lens, case.block_table,
-                                backend="reference", family="wgmma")  # fmt: skip
-    assert plan.family is None
-    assert plan.family_reason == "family 'wgmma' is a CUDA family, reference runs"
-
-
-def test_available_backends_reports_each_family(monkeypatch):
-    monkeypatch.setenv(cuda_backend.FAMILY_ENV, "tcgen05")
-    families = fna.available_backends()["cuda"]["families"]
-    assert set(families) == {"mma_sync", "wgmma", "tcgen05"}
+def test_available_backends_lists_every_name_with_its_status():
+    report = fna.available_backends()
+    assert set(report) == {"reference", "triton", "mma_sync", "wgmma", "tcgen05", "auto"}
     for name in ("wgmma", "tcgen05"):
-        assert (
-            "compiled and SASS-checked, NEVER RUN ON HARDWARE; opt-in" in families[name]["status"]
-        )
-        assert "auto never picks it" in families[name]["status"]
-        assert families[name]["reason"]
-    assert families["tcgen05"].get("requested") and not families["wgmma"].get("requested")
+        assert "compiled and SASS-checked, NEVER RUN ON HARDWARE" in report[name]["status"]
+        assert "auto never picks it" in report[name]["status"]
+        assert report[name]["reason"] and report[name]["auto"] is False
+    assert report["auto"]["order"] == ["mma_sync", "triton", "reference"]
 
 
 # ---- the launch ------------------------------------------------------------------------------
@@ -619,7 +503,7 @@ SPLIT_CASE = make_case([3, 1, 0, 4], [300, 260, 50, 4], causal=[True, False, Tru
 def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
     monkeypatch, num_splits, kept, family, capability, variant
 ):
-    """cuda_backend.run on a wgmma or tcgen05 plan (head_dim 64): one launch with the batch's
+    """A wgmma or tcgen05 plan's run (head_dim 64): one launch with the batch's
     pointers, strides and sizes; padding rows zero (out starts as NaN); with 3 splits (one empty
     for the 4-key sequence) the partials merge to the reference, whether allocated per launch or
     views of a kept workspace planned for more rows than the layer has."""
@@ -631,7 +515,7 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
     planned, workspace = problem, None
     if kept:
         workspace = Workspace(4096, 8, 64, torch.device("cpu"))
-        planned = dataclasses.replace(problem, query=SPLIT_CASE.query.new_empty(16, 8, 64))
+        planned = replaced(problem, num_tokens=16)
         rows = (num_splits, problem.num_tokens, 8)
         buffers["ws_lse"] = workspace.part_lse[: math.prod(rows)].view(rows)
         buffers["ws_o"] = workspace.part_out[: math.prod(rows)].view(*rows, 64)
@@ -644,9 +528,10 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
             return tensor
 
         monkeypatch.setattr(torch, "empty", empty)
-    plan = cuda_backend.plan(planned, workspace, num_splits=num_splits, family=family)
-    assert plan.family == family and plan.family_plan.num_splits == num_splits
-    cuda_backend.run(problem, plan, out)
+    kernels = dsl_families.FAMILIES[family]
+    plan = kernels.plan(planned.batch, workspace, num_splits)
+    assert plan.family == family and plan.num_splits == num_splits
+    kernels.run(problem, plan, out)
     ((index, arguments),) = library.calls
     assert library.variants[index].name == variant
     assert (arguments["row_tiles"], arguments["num_splits"]) == (1, num_splits)  # R = 4 x 4
@@ -667,9 +552,8 @@ def test_run_passes_the_caches_page_shift(monkeypatch, page, family, capability)
     out = torch.full_like(case.query, math.nan)
     library = FakeLibrary(DEFAULT_TABLES[family], emulated_launch(problem, out, {}, case))
     mock_gpu(monkeypatch, capability=capability, libraries={family: library})
-    plan = cuda_backend.plan(problem, None, num_splits=1, family=family)
-    assert plan.family == family
-    cuda_backend.run(problem, plan, out)
+    kernels = dsl_families.FAMILIES[family]
+    kernels.run(problem, kernels.plan(problem.batch, None, 1), out)
     ((_, arguments),) = library.calls
     assert arguments["page_shift"] == {16: 4, 32: 5, 128: 7, 256: 8}[page]
 
@@ -713,9 +597,10 @@ def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
     monkeypatch.setattr(torch, "empty", empty)
     library = FakeLibrary(DEFAULT_TABLES[family], checked)
     mock_gpu(monkeypatch, capability, libraries={family: library})
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family and plan.family_plan.num_splits == num_splits
-    cuda_backend.run(problem, plan, out)
+    kernels = dsl_families.FAMILIES[family]
+    plan = kernels.plan(problem.batch, None, num_splits)
+    assert plan.family == family and plan.num_splits == num_splits
+    kernels.run(problem, plan, out)
     assert seen["window"] == window
     expected_sinks = sinks if with_sinks else torch.full((8,), -math.inf)
     assert torch.equal(seen["sinks"], expected_sinks)
@@ -730,13 +615,13 @@ def test_run_passes_the_window_and_sinks_and_merges_the_sink_once(
         assert not relative_error(unsunk[:8], expected[:8]) <= TOLERANCE[torch.bfloat16]
 
 
-def test_a_layer_the_family_cannot_take_runs_on_mma_sync_with_a_warning(monkeypatch):
+def test_a_layer_the_named_family_cannot_take_raises_the_reason(monkeypatch):
     mma_calls = []
     library = FakeLibrary(DEFAULT_TABLES["wgmma"])
     mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
     case = make_case([3, 5], [40, 21], seed=9)
     attn = attention(case)
-    plan = plan_case(attn, case, family="wgmma")
+    plan = plan_case(attn, case, backend="wgmma")
     attn.run(*layer_args(case), plan=plan)
     assert len(library.calls) == 1 and not mma_calls
     numel = case.query.numel()
@@ -744,9 +629,9 @@ def test_a_layer_the_family_cannot_take_runs_on_mma_sync_with_a_warning(monkeypa
         case.query.shape
     )  # 8-byte aligned: mma_sync takes it, the DSL kernels do not
     query.copy_(case.query)
-    with pytest.warns(RuntimeWarning, match="wgmma cannot take this layer, mma_sync runs: query"):
+    with pytest.raises(RuntimeError, match="can run this layer's tensors: wgmma: query needs"):
         attn.run(query, *layer_args(case)[1:], plan=plan)
-    assert len(library.calls) == 1 and len(mma_calls) == 1
+    assert len(library.calls) == 1 and not mma_calls
 
 
 # ---- on the GPU (skipped without one) ------------------------------------------------------
@@ -763,7 +648,7 @@ def gpu_family_or_skip(family):
     library, why = dsl_families.load_library(family)
     if library is None:
         pytest.skip(why)
-    runs, why = cuda_backend.availability()
+    runs, why = mma_sync.availability()
     if not runs:
         pytest.skip(why)
 
@@ -778,14 +663,10 @@ GPU_CASES = [
 
 
 def _run_on_the_family(problem, family: str, num_splits: int | None) -> torch.Tensor:
-    """Plan ``problem`` on ``family`` (asserting it is not refused) and run it into a NaN-filled
-    output, with any run-time fallback warning raised as an error."""
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family, plan.family_reason
+    """Plan ``problem`` on ``family`` and run it into a NaN-filled output."""
+    kernels = dsl_families.FAMILIES[family]
     out = torch.full_like(problem.query, math.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no run-time fallback
-        cuda_backend.run(problem, plan, out)
+    kernels.run(problem, kernels.plan(problem.batch, None, num_splits), out)
     return out
 
 
@@ -881,13 +762,11 @@ def test_every_built_variant_matches_the_reference_on_its_gpu(family, variant, n
         seed=variant.rows + variant.head_dim,
     )  # fmt: skip
     problem = problem_of(case, window=window)
-    plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=family)
-    assert plan.family == family, plan.family_reason
-    assert plan.family_plan.variant.name == name
+    kernels = dsl_families.FAMILIES[family]
+    plan = kernels.plan(problem.batch, None, num_splits)
+    assert plan.variant.name == name
     out = torch.full_like(problem.query, math.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no run-time fallback
-        cuda_backend.run(problem, plan, out)
+    kernels.run(problem, plan, out)
     torch.cuda.synchronize()  # a hang or a fault shows here, at this variant
     expected = fna.paged_attention(*case.args(), **case.kwargs(), window=window,
                                    backend="reference")  # fmt: skip
@@ -905,9 +784,9 @@ def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
     attn = fna.PagedAttention(num_q_heads=16, num_kv_heads=2, head_dim=128, block_size=16,
                               device="cuda", max_num_seqs=4, max_num_tokens=16)  # fmt: skip
     plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
-                     max_seqlen_q=4, max_seqlen_k=500, num_tokens=6, backend="cuda",
-                     family=family)  # fmt: skip
-    assert plan.family == family, plan.family_reason
+                     max_seqlen_q=4, max_seqlen_k=500, num_tokens=6,
+                     backend=family)  # fmt: skip
+    assert plan.backend == family
     expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     out = torch.empty_like(case.query)
     attn.run(*layer_args(case), out=out)  # warm-up: loads the cubin outside the capture
@@ -924,10 +803,10 @@ def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
 @pytest.mark.parametrize(
     "capability,expected",
     [
-        ("9.0", ["step pytest_wgmma 150 env FP8NCA_CUDA_FAMILY=wgmma", "tcgen05: skipped, needs an "
+        ("9.0", ["step pytest_wgmma 150 env FP8NCA_BACKEND=wgmma", "tcgen05: skipped, needs an "
                  "sm_100 GPU (this one is cc 9.0)"]),
         ("10.3", ["wgmma: skipped, needs an sm_90 GPU (this one is cc 10.3)",
-                  "step pytest_tcgen05 150 env FP8NCA_CUDA_FAMILY=tcgen05"]),
+                  "step pytest_tcgen05 150 env FP8NCA_BACKEND=tcgen05"]),
         ("8.9", ["wgmma: skipped, needs an sm_90 GPU", "tcgen05: skipped, needs an sm_100 GPU"]),
     ],
 )  # fmt: skip

@@ -15,7 +15,6 @@ can report and every variant the Triton launch can take, so a variant added with
 fails on the CPU. The ``gpu`` tests skip without a GPU.
 """
 
-import dataclasses
 import inspect
 import itertools
 import math
@@ -24,11 +23,9 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from conftest import DEVICE, TOLERANCE
-from test_cuda_build import NUM_ATTENTION_KERNELS
+from helpers import DEVICE, NUM_ATTENTION_KERNELS, TOLERANCE, replaced
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn.backends import cuda as cuda_backend
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES
@@ -150,7 +147,7 @@ def mma_q_len(head_dim: int, cache_dtype: torch.dtype, block_m: int) -> int:
 
 def mma_kernel_of(problem, num_splits=None) -> tuple:
     """(head_dim, query dtype, cache dtype, kernel name, rows per CTA) the C++ plan reports."""
-    report = mma_sync.kernel_plan(problem, resident=264, num_splits=num_splits)
+    report = mma_sync.kernel_plan(problem.batch, resident=264, num_splits=num_splits)
     q, kv = problem.query.dtype, problem.key_cache.dtype
     return (problem.head_dim, q, kv, report["kernel_name"], report["block_m"])
 
@@ -161,10 +158,10 @@ def compiled_mma_kernels() -> set[tuple]:
     kernels = set()
     for head_dim, q, kv in itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES):
         _, problem, _ = build(head_dim, q, kv, 1, "bidirectional", "full", 16, 0, "cpu")
-        if mma_sync.unsupported_reason(problem) is not None:
+        if mma_sync.sizes_reason(problem.batch) is not None:
             continue
         for q_len in range(1, 65):
-            kernels.add(mma_kernel_of(dataclasses.replace(problem, max_seqlen_q=q_len)))
+            kernels.add(mma_kernel_of(replaced(problem, max_seqlen_q=q_len)))
     return kernels
 
 
@@ -207,7 +204,7 @@ def mma_id(kernel) -> str:
 def test_every_mma_sync_kernel_matches_the_reference(kernel, mask, window, page_size):
     """Each compiled kernel on the tile its row names, unsplit and with 3 forced splits (the
     plan reports both), against the reference on the same cache."""
-    runs, why = cuda_backend.availability()
+    runs, why = mma_sync.availability()
     if not runs:
         pytest.skip(why)
     head_dim, q, kv, block_m = kernel
@@ -216,12 +213,13 @@ def test_every_mma_sync_kernel_matches_the_reference(kernel, mask, window, page_
                                  page_size, seed, "cuda")  # fmt: skip
     expected = reference(case, extra)
     for num_splits in SPLITS:
-        report = mma_sync.kernel_plan(problem, mma_sync.resident_ctas(problem), num_splits)
+        batch = problem.batch
+        report = mma_sync.kernel_plan(batch, mma_sync.resident_ctas(batch), num_splits)
         assert (report["block_m"], report["num_splits"]) == (block_m, num_splits), report
-        plan = cuda_backend.plan(problem, None, num_splits=num_splits, family=mma_sync.name)
-        assert plan.family == mma_sync.name and plan.family_plan.num_splits == num_splits
+        plan = mma_sync.plan(batch, None, num_splits)
+        assert plan.num_splits == num_splits
         out = torch.full_like(problem.query, math.nan)
-        cuda_backend.run(problem, plan, out)
+        mma_sync.run(problem, plan, out)
         torch.cuda.synchronize()  # a fault shows here, at this kernel
         check_against(out, expected, q, (report["kernel_name"], num_splits))
 
@@ -262,7 +260,8 @@ def triton_launches(problem, num_splits, monkeypatch, return_lse=False) -> dict[
         patch.setattr(triton_attention, "_merge_splits_kernel", _Recorder("merge", calls))
         out = torch.empty_like(problem.query)
         lse = torch.empty(problem.query.shape[:2]) if return_lse else None
-        triton_attention.run(problem, triton_attention.plan(problem, None, num_splits), out, lse)
+        plan = triton_attention.plan(problem.batch, None, num_splits)
+        triton_attention.run(problem, plan, out, lse)
     return dict(calls)
 
 
@@ -294,7 +293,7 @@ def triton_variants_to_cover(monkeypatch) -> dict[str, set]:
     for head_dim, q, kv in itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES):
         _, problem, _ = build(head_dim, q, kv, 1, "bidirectional", "full", 16, 0, "cpu")
         for q_len in range(1, 65):
-            variant = triton_variant(dataclasses.replace(problem, max_seqlen_q=q_len), 1,
+            variant = triton_variant(replaced(problem, max_seqlen_q=q_len), 1,
                                      monkeypatch)  # fmt: skip
             tiles.add(variant["tile"])
     both = (False, True)
@@ -352,7 +351,7 @@ def test_every_triton_variant_matches_the_reference(case):
     never one), against the reference on the same cache."""
     seed = TRITON_CASES.index(case)
     paged, problem, extra = triton_case(case, seed, DEVICE)
-    plan = triton_attention.plan(problem, None, case.num_splits)
+    plan = triton_attention.plan(problem.batch, None, case.num_splits)
     assert (plan.launch.num_splits > 1) == (case.num_splits > 1), plan.launch
     out = torch.full_like(problem.query, math.nan)
     lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE) if case.return_lse else None

@@ -12,14 +12,30 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICE, TOLERANCE
-from test_reference import float64_attention
+from helpers import DEVICE, TOLERANCE
+from helpers.gpu_mock import (
+    DEFAULT_TABLES,
+    FakeLibrary,
+    attention,
+    layer_args,
+    mock_gpu,
+    plan_case,
+    problem_of,
+)
+from helpers.lse import (
+    KV_LENS,
+    LAYOUTS,
+    interleaved_shards,
+    lse_case,
+    run_backend,
+    shard_problem,
+)
+from helpers.oracle import float64_attention
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends import reference
+from fp8_noncausal_attn.backends.cuda import dsl, extension, mma_sync
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
-from fp8_noncausal_attn.problem import AttentionProblem
-from fp8_noncausal_attn.scales import normalize_scale
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 
 # Absolute LSE error against float64: fp32 scores of LSEs up to ~40 (the reference, Triton's
@@ -27,10 +43,6 @@ from fp8_noncausal_attn.synthetic import make_case, relative_error
 # comes from fp32 row maxima and sums.
 LSE_TOLERANCE = {"cpu": 1e-4, "cuda": 2e-3}[DEVICE]
 SINKS = [25.0, -40.0, 0.5, 3.0]  # per q head: one outweighs every key, one changes nothing
-# Key counts of lse_case's two sequences (3 and 4 query rows): 300 keys are three of the
-# interpreter's key tiles. Sharded, dcp3_interleave16 and dcp4_interleave8 leave the first
-# sequence with no key on their last rank, and with fewer keys than query rows on another.
-KV_LENS = [21, 300]
 
 
 def lse_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -58,14 +70,6 @@ LSE_CASES = [
     (torch.float8_e4m3fn, torch.bfloat16, [True, False], (6, 3), True),
     (torch.bfloat16, torch.bfloat16, [False, True], (20, -1), False),
 ]
-
-
-def lse_case(cache_dtype, query_dtype, causal, seed=3):
-    return make_case(
-        [3, 4], KV_LENS, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-        cache_dtype=cache_dtype, query_dtype=query_dtype, causal=causal, padded_rows=2,
-        device=DEVICE, seed=seed,
-    )  # fmt: skip
 
 
 def lse_launch(cache_dtype, query_dtype, causal, window, sinks, validate=False):
@@ -116,7 +120,7 @@ TRITON_CASES += [(*LSE_CASES[3], 1), (*LSE_CASES[3], 3)]
 def test_triton_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
     """The unsplit kernel writes the LSE itself, the split launch's merge writes it."""
     case, problem, out, lse = lse_launch(cache_dtype, query_dtype, causal, window, sinks)
-    plan = triton_attention.launch_plan(problem, splits)
+    plan = triton_attention.launch_plan(problem.batch, splits)
     assert plan.num_splits == splits
     triton_attention.launch(problem, plan, out, lse=lse)
     exact_out, exact_lse = float64_attention(
@@ -165,83 +169,12 @@ def test_return_lse_under_torch_compile():
 # ------------------------------------------------------------------- shards merged to the whole
 
 
-def interleaved_shards(kv_len: int, ranks: int, interleave: int) -> list[list[int]]:
-    """The keys each decode-context-parallel rank holds: position j lives on rank
-    (j // interleave) % ranks (vLLM's cp_kv_cache_interleave_size layout)."""
-    return [[j for j in range(kv_len) if (j // interleave) % ranks == r] for r in range(ranks)]
-
-
-def shard_problem(case, shard_keys, causal=False, sinks=None):
-    """An AttentionProblem over the keys ``shard_keys[seq]`` (positions of sequence seq) only:
-    their K/V bytes copied into a fresh paged cache, in that order. Built without validation so
-    that a shard may hold fewer keys than the sequence has query rows, or none (the kernels'
-    empty state); the public API refuses such a call (SPEC §3)."""
-    block_size = case.key_cache.shape[1]
-    lengths = [len(keys) for keys in shard_keys]
-    pages = [-(-n // block_size) for n in lengths]
-    width = max(max(pages), 1)
-    num_blocks = sum(pages) + 1
-    key_cache = torch.zeros((num_blocks, *case.key_cache.shape[1:]), dtype=case.key_cache.dtype)
-    value_cache = torch.zeros_like(key_cache)
-    block_table = torch.zeros((len(lengths), width), dtype=torch.int32)
-    as_bytes = torch.uint8 if key_cache.element_size() == 1 else torch.int16
-    old_caches = (case.key_cache.cpu().view(as_bytes), case.value_cache.cpu().view(as_bytes))
-    old_table = case.block_table.cpu()
-    page = 0
-    for seq, keys in enumerate(shard_keys):
-        for slot, j in enumerate(keys):
-            if slot % block_size == 0:
-                block_table[seq, slot // block_size] = page
-                page += 1
-            src = old_table[seq, j // block_size].item(), j % block_size
-            dst = block_table[seq, slot // block_size].item(), slot % block_size
-            for new, old in zip((key_cache, value_cache), old_caches, strict=True):
-                new.view(as_bytes)[dst] = old[src]
-    device = case.query.device
-    num_kv_heads = key_cache.shape[2]
-    return AttentionProblem(
-        query=case.query, key_cache=key_cache.to(device), value_cache=value_cache.to(device),
-        block_table=block_table.to(device), cu_seqlens_q=case.cu_seqlens_q,
-        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
-        k_scale=normalize_scale(case.k_scale, "k_scale", num_kv_heads, device, False),
-        v_scale=normalize_scale(case.v_scale, "v_scale", num_kv_heads, device, False),
-        causal=causal, causal_per_seq=None, softmax_scale=case.query.shape[-1] ** -0.5,
-        max_seqlen_q=max(case.q_lens), max_seqlen_k=max(max(lengths), 1), sinks=sinks,
-    )  # fmt: skip
-
-
-def run_backend(name, problem):
-    """(out, lse) of ``problem`` on backend ``name``, both pre-filled with NaN."""
-    out = torch.full_like(problem.query, math.nan)
-    lse = torch.full(problem.query.shape[:2], math.nan, device=problem.query.device)
-    module = fna.dispatch.backend_module(name)
-    module.run(problem, module.plan(problem, None), out, lse)
-    return out, lse
-
-
-def shard_layouts(kv_lens):
-    """name -> per-shard list of each sequence's keys (disjoint, covering every key)."""
-    layouts = {}
-    # Uneven contiguous shards, one of them empty for the second sequence.
-    cuts = [(0, 5, 5, kv_lens[0]), (0, 31, kv_lens[1], kv_lens[1])]
-    layouts["uneven_with_empty"] = [[list(range(c[k], c[k + 1])) for c in cuts] for k in range(3)]
-    for ranks, interleave in ((2, 1), (3, 16), (4, 8)):
-        per_seq = [interleaved_shards(kv, ranks, interleave) for kv in kv_lens]
-        layouts[f"dcp{ranks}_interleave{interleave}"] = [
-            [per_seq[s][r] for s in range(len(kv_lens))] for r in range(ranks)
-        ]
-    return layouts
-
-
-LAYOUTS = shard_layouts(KV_LENS)
-
-
 def merge_backends():
     names = ["reference"]
     if DEVICE == "cuda" or triton_attention.interpreting():
         names.append("triton")
-    if DEVICE == "cuda" and fna.available_backends()["cuda"]["available"]:
-        names.append("cuda")
+    if DEVICE == "cuda" and fna.available_backends()["mma_sync"]["available"]:
+        names.append("mma_sync")
     return names
 
 
@@ -452,22 +385,17 @@ def test_merge_refuses_bad_input_by_name():
 # ------------------------------------------------------------------------- the CUDA kernels
 
 
-def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
-    """With the GPU mocked (test_dsl_families.mock_gpu): mma_sync runs an unsplit plan with two
-    splits' partials and then the LSE-only merge pass; a DSL family's split plan hands the LSE
-    to its merge; its unsplit plan runs on mma_sync, with a warning."""
-    dsl_tests = pytest.importorskip("test_dsl_families")
-    from fp8_noncausal_attn.backends import cuda as cuda_backend
-    from fp8_noncausal_attn.backends.cuda import extension
-
+def test_cuda_families_take_the_lse_from_the_split_merge(monkeypatch):
+    """With the GPU mocked (helpers.gpu_mock): mma_sync runs an unsplit plan with two splits'
+    partials and then the LSE-only merge pass; a DSL family's split plan hands the LSE to its
+    merge; a DSL family's unsplit plan cannot return it and says so."""
     mma_calls, merges = [], []
-    library = dsl_tests.FakeLibrary(dsl_tests.DEFAULT_TABLES["wgmma"])
-    dsl_tests.mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
+    library = FakeLibrary(DEFAULT_TABLES["wgmma"])
+    mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
     monkeypatch.setattr(extension, "merge_splits", lambda *args: merges.append(args), raising=True)
     case = make_case([3, 5], [40, 21], seed=9)
-    attn = dsl_tests.attention(case)
-    out, lse = attn.run(*dsl_tests.layer_args(case), plan=dsl_tests.plan_case(attn, case),
-                        return_lse=True)  # fmt: skip
+    attn = attention(case)
+    out, lse = attn.run(*layer_args(case), plan=plan_case(attn, case), return_lse=True)
     (call,) = [c["fields"] for c in mma_calls]  # the launch passes AttnParams by field name
     assert call["num_splits"] == 2 and call["ws_o"] and call["ws_lse"]
     ((problem, ws_o, ws_lse, merged_out, merged_lse),) = merges
@@ -475,17 +403,17 @@ def test_cuda_backend_takes_the_lse_from_the_split_merge(monkeypatch):
     assert ws_lse.shape == (2, 8, 8) and ws_o.shape == (2, 8, 8, 64)
 
     mma_calls.clear(), merges.clear()
-    unsplit = dsl_tests.plan_case(attn, case, family="wgmma")
-    with pytest.warns(RuntimeWarning, match="an unsplit plan has no partial LSEs"):
-        attn.run(*dsl_tests.layer_args(case), plan=unsplit, return_lse=True)
-    assert not library.calls and mma_calls[0]["fields"]["num_splits"] == 2 and len(merges) == 1
+    unsplit = plan_case(attn, case, backend="wgmma")
+    with pytest.raises(ValueError, match="wgmma: an unsplit plan cannot return the LSE"):
+        attn.run(*layer_args(case), plan=unsplit, return_lse=True)
+    assert not library.calls and not mma_calls and not merges
 
-    merges.clear()
-    problem = dsl_tests.problem_of(case)
-    split = cuda_backend.plan(problem, None, num_splits=3, family="wgmma")
+    problem = problem_of(case)
+    wgmma = dsl.FAMILIES["wgmma"]
+    split = wgmma.plan(problem.batch, None, 3)
     out = torch.empty_like(case.query)
     lse = torch.empty(case.query.shape[:2])
-    cuda_backend.run(problem, split, out, lse)
+    wgmma.run(problem, split, out, lse)
     assert len(library.calls) == 1
     ((_, ws_o, ws_lse, merged_out, merged_lse),) = merges
     assert merged_out is out and merged_lse is lse and ws_lse.shape[0] == 3
@@ -534,12 +462,12 @@ def test_merge_entry_passes_the_lse_output(monkeypatch):
 def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
     """mma_sync: an unsplit plan (1) runs the split epilogue with two splits for the LSE, a
     split plan (3) takes it from its own partials; None: the plan's own choice."""
-    if not fna.available_backends()["cuda"]["available"]:
+    if not fna.available_backends()["mma_sync"]["available"]:
         pytest.skip("the CUDA extension does not run here")
     case, problem, out, lse = lse_launch(
         cache_dtype, query_dtype, causal, window, sinks, validate=True
     )
-    fna.backends.cuda.paged_attention(problem, out, num_splits=splits, lse=lse)
+    mma_sync.paged_attention(problem, out, num_splits=splits, lse=lse)
     exact_out, exact_lse = float64_attention(
         case, window=window, sinks=SINKS if sinks else None, return_lse=True
     )
@@ -549,16 +477,16 @@ def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sink
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_cuda_shard_states_merge_to_the_whole(layout):
-    if not fna.available_backends()["cuda"]["available"]:
+    if not fna.available_backends()["mma_sync"]["available"]:
         pytest.skip("the CUDA extension does not run here")
     case = lse_case(torch.float8_e4m3fn, torch.bfloat16, False, seed=11)
     sinks = torch.tensor(SINKS, device=DEVICE)
     states = [
-        run_backend("cuda", shard_problem(case, keys, sinks=sinks if r == 0 else None))
+        run_backend("mma_sync", shard_problem(case, keys, sinks=sinks if r == 0 else None))
         for r, keys in enumerate(LAYOUTS[layout])
     ]
     exact_out, exact_lse = float64_attention(case, sinks=SINKS, return_lse=True)
     out, lse = fna.merge_attention_states(
-        [s[0] for s in states], [s[1] for s in states], backend="cuda"
+        [s[0] for s in states], [s[1] for s in states], backend="mma_sync"
     )
     check_state(out, lse, exact_out, exact_lse, torch.bfloat16)

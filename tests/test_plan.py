@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from conftest import DEVICE, TOLERANCE
+from helpers import DEVICE, TOLERANCE
+from helpers.backends import RecordingBackend, auto_takes_cpu_tensors, replace_kernels
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import api, dispatch, plan
+from fp8_noncausal_attn import api, plan, registry
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.plan import PagedAttention, Workspace
@@ -53,8 +54,7 @@ def test_one_plan_runs_every_layer_like_the_one_shot_call(backend):
         layer.block_table, layer.cu_seqlens_q = layers[0].block_table, layers[0].cu_seqlens_q
         layer.seq_lens, layer.causal = layers[0].seq_lens, layers[0].causal
     attn = wrapper_for(layers[0])
-    plan_for(attn, layers[0], backend=backend)
-    assert attn.backend == backend
+    assert plan_for(attn, layers[0], backend=backend).backend == backend
     for layer in layers:
         out = attn.run(layer.query, layer.key_cache, layer.value_cache, layer.k_scale,
                        layer.v_scale)  # fmt: skip
@@ -229,7 +229,7 @@ def test_the_workspace_is_allocated_at_construction_and_bounds_the_splits():
         workspace.partials(33, 64)
     tiny = PagedAttention(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
                           device=DEVICE, max_num_seqs=1, max_num_tokens=1)  # fmt: skip
-    assert tiny.workspace.rows == 32 * dispatch.max_splits()
+    assert tiny.workspace.rows == 32 * registry.max_splits()
 
 
 def test_triton_splits_into_the_kept_workspace():
@@ -241,7 +241,7 @@ def test_triton_splits_into_the_kept_workspace():
                                  validate=False)  # fmt: skip
     workspace = Workspace(4 * problem.num_tokens * problem.num_q_heads, problem.num_q_heads,
                           problem.head_dim, problem.query.device)  # fmt: skip
-    planned = triton_attention.plan(problem, workspace, num_splits=4)
+    planned = triton_attention.plan(problem.batch, workspace, num_splits=4)
     assert planned.launch.num_splits == 4
     assert planned.part_out.data_ptr() == workspace.part_out.data_ptr()
     out = torch.empty_like(case.query)
@@ -250,7 +250,7 @@ def test_triton_splits_into_the_kept_workspace():
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
     assert torch.all(out[-PADDED:] == 0)
     # A workspace too small for the asked count caps it: no split, no partial buffers.
-    capped = triton_attention.plan(problem, Workspace(8, 8, 64, problem.query.device), 4)
+    capped = triton_attention.plan(problem.batch, Workspace(8, 8, 64, problem.query.device), 4)
     assert capped.launch.num_splits == 1 and capped.part_out is None
 
 
@@ -268,7 +268,7 @@ def test_plan_with_max_lengths_reads_no_device_value():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("backend", ["triton", "mma_sync"])
 def test_cuda_graph_replays_run_with_changing_lengths_like_eager(backend):
     """A plan made at a large max_seqlen_k (vLLM captures at max_model_len), run() captured in a
     CUDA graph, then the lengths, causal flags and query rewritten in place between replays:
@@ -323,6 +323,39 @@ def test_plan_and_run_inside_one_compiled_function():
     compiled = torch.compile(step, fullgraph=True, backend="eager")
     out = compiled(*case.args()[:3], case.block_table, case.cu_seqlens_q, case.seq_lens,
                    case.causal, case.k_scale, case.v_scale)  # fmt: skip
-    assert attn.backend == "auto"  # deferred to the op
     expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     assert torch.equal(out, expected)
+
+
+class RefusesMisalignedQueries(RecordingBackend):
+    """A backend whose kernels take only 16-byte aligned queries (as the CUDA families')."""
+
+    def run_unsupported_reason(self, problem, out):
+        return None if problem.query.data_ptr() % 16 == 0 else "query needs a 16-byte aligned base"
+
+
+def test_auto_plans_where_a_layer_its_backend_cannot_take_runs(monkeypatch):
+    """auto decides at plan time where a layer the first backend cannot take runs (the next
+    backend of its order that plans the batch): run() never re-plans. A named backend raises
+    with the reason instead."""
+    case = mixed_case(5, device="cpu")  # where auto's next backend is the reference
+    fussy = RefusesMisalignedQueries()
+    replace_kernels(monkeypatch, "mma_sync", fussy)
+    auto_takes_cpu_tensors(monkeypatch, "mma_sync")
+    attn = wrapper_for(case, device="cpu")
+    plan = plan_for(attn, case)
+    assert [planned.name for planned in plan.chain] == ["mma_sync", "reference"]
+    layer = (case.key_cache, case.value_cache, case.k_scale, case.v_scale)
+    attn.run(case.query, *layer)
+    assert len(fussy.runs) == 1 and len(fussy.plans) == 1
+    numel = case.query.numel()
+    shifted = torch.empty(numel + 8, dtype=case.query.dtype)[4 : 4 + numel]
+    query = shifted.view(case.query.shape).copy_(case.query)  # 8-byte aligned
+    out = attn.run(query, *layer)
+    assert len(fussy.runs) == 1 and len(fussy.plans) == 1  # neither run nor planned again
+    expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
+    assert torch.equal(out, expected)
+    named = plan_for(attn, case, backend="mma_sync")
+    assert [planned.name for planned in named.chain] == ["mma_sync"]
+    with pytest.raises(RuntimeError, match="mma_sync: query needs a 16-byte aligned base"):
+        attn.run(query, *layer, plan=named)

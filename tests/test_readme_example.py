@@ -124,9 +124,11 @@ def test_demo_says_when_only_the_reference_ran(monkeypatch, capsys):
         fna,
         "available_backends",
         lambda: {
-            "cuda": {"available": False, "reason": "the CUDA extension is not built"},
+            "mma_sync": {"available": False, "reason": "the CUDA extension is not built"},
             "triton": {"available": False, "reason": "triton is not installed"},
             "reference": {"available": True, "reason": "plain PyTorch"},
+            "wgmma": {"available": False, "reason": "libfp8nca_wgmma.so is not built"},
+            "tcgen05": {"available": False, "reason": "libfp8nca_tcgen05.so is not built"},
             "auto": {"choice": "reference", "reason": "the only one"},
         },
     )

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from dsl_helpers import (
+from helpers.dsl import (
     PtxFlow,
     barrier_init_problems,
     cached_dsl_build,

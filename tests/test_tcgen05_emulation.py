@@ -21,8 +21,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import TOLERANCE
-from dsl_helpers import (
+from helpers import TOLERANCE
+from helpers.dsl import (
     causal_off_by_one,
     emulate_launch,
     extreme_scale_case,
@@ -349,7 +349,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
 
 
 def emulate(problem, variant, num_splits: int) -> torch.Tensor:
-    """The whole launch and the merge (tests/dsl_helpers.py) over this family's CTA."""
+    """The whole launch and the merge (tests/helpers/dsl.py) over this family's CTA."""
     return emulate_launch(problem, variant, num_splits, emulate_cta)
 
 

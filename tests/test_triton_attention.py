@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE, TOLERANCE
-from matrix import build_case, sampled_matrix
+from helpers import DEVICE, TOLERANCE
+from helpers.matrix import build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends import reference as reference_backend
@@ -60,7 +60,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    assert triton_attention.launch_plan(problem, num_splits).num_splits > 1
+    assert triton_attention.launch_plan(problem.batch, num_splits).num_splits > 1
     out = torch.empty_like(case.query)
     triton_attention.paged_attention(problem, out, num_splits=num_splits)
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
@@ -220,7 +220,7 @@ def test_merge_reads_no_unwritten_partials():
     """NaN-filled workspace: padding rows and splits with no keys must not reach the output."""
     case = make_case([8, 1], [300, 20], padded_rows=5, device=DEVICE, seed=17)
     problem = problem_of(case)
-    plan = triton_attention.launch_plan(problem, num_splits=3)
+    plan = triton_attention.launch_plan(problem.batch, num_splits=3)
     out_shape, lse_shape = triton_attention.workspace_shapes(3, 14, 8, 64)
     part_out = torch.full(out_shape, float("nan"), device=DEVICE)
     part_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
@@ -274,7 +274,7 @@ def test_graph_replay_split_rule_spreads_real_lengths():
     kv_lens = [512, 300]
     case = make_case([4, 4], kv_lens, num_q_heads=4, num_kv_heads=1, device=DEVICE, seed=16)
     problem = problem_of(case, max_seqlen_k=32768)
-    plan = triton_attention.launch_plan(problem, num_splits=4)
+    plan = triton_attention.launch_plan(problem.batch, num_splits=4)
     assert plan.num_splits == 4
     out_shape, lse_shape = triton_attention.workspace_shapes(4, 8, 4, 64)
     part_out = torch.full(out_shape, float("nan"), device=DEVICE)
@@ -293,7 +293,7 @@ def test_graph_replay_split_rule_spreads_real_lengths():
 def test_preallocated_workspace_slices_are_used_through_strides():
     case = make_case([8, 3], [300, 90], causal=True, device=DEVICE, seed=19)
     problem = problem_of(case)
-    plan = triton_attention.launch_plan(problem, num_splits=3)
+    plan = triton_attention.launch_plan(problem.batch, num_splits=3)
     assert plan.num_splits == 3
     # A max-batch buffer (more splits and tokens than this batch), every other split.
     part_out = torch.full((6, 20, 8, 64), float("nan"), device=DEVICE)[::2]
@@ -329,7 +329,7 @@ def test_production_tile_configuration(head_dim, num_splits, cache_dtype, query_
     problem = problem_of(case)
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
-        plan = triton_attention.launch_plan(problem, num_splits=num_splits)
+        plan = triton_attention.launch_plan(problem.batch, num_splits=num_splits)
     if cache_dtype.itemsize == 1:
         assert plan.block_n == (64 if head_dim == 128 else 32)
     assert plan.block_n < 128

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import DEVICE
+from helpers import DEVICE
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.triton import cache as triton_cache

@@ -1,7 +1,7 @@
 """Every Triton kernel variant compiles for sm_90 and sm_100 as launched, without spills.
 
-``gpu_compile_check.py`` captures the launchers' own launches and compiles them with the JIT's
-launch-time specialisation (no GPU needed); a variant with stack or local memory fails it.
+``helpers/gpu_compile_check.py`` captures the launchers' own launches and compiles them with the
+JIT's launch-time specialisation (no GPU needed); a variant with stack or local memory fails it.
 """
 
 import os
@@ -20,11 +20,8 @@ TESTS = Path(__file__).parent
 
 def expected_kernels() -> int:
     """Attention variants (plus the merge when split) and cache writes the check compiles."""
-    sys.path.insert(0, str(TESTS))
-    try:
-        import gpu_compile_check as check
-    finally:
-        sys.path.remove(str(TESTS))
+    from helpers import gpu_compile_check as check
+
     from fp8_noncausal_attn.backends.triton import cache as triton_cache
 
     attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
@@ -37,7 +34,7 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), str(TESTS), env.get("PYTHONPATH", "")])
     result = subprocess.run(
-        [sys.executable, str(TESTS / "gpu_compile_check.py"), str(cc)],
+        [sys.executable, str(TESTS / "helpers" / "gpu_compile_check.py"), str(cc)],
         env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     lines = [line for line in result.stdout.splitlines() if line.startswith(f"cc{cc} ")]

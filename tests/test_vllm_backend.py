@@ -18,13 +18,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TOLERANCE
+from helpers import TOLERANCE
 
 pytest.importorskip(
     "vllm", reason="vLLM is not installed (pip install --no-deps -r requirements-vllm.txt)"
 )
 
 import vllm  # noqa: E402
+from helpers.vllm import BLACKWELL, HOPPER, drafter_config  # noqa: E402
 from vllm.config import (  # noqa: E402
     AttentionConfig,
     CacheConfig,
@@ -41,7 +42,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 import fp8_noncausal_attn as fna  # noqa: E402
-from fp8_noncausal_attn import config, vllm_backend, vllm_impl  # noqa: E402
+from fp8_noncausal_attn import config, registry, vllm_backend, vllm_impl  # noqa: E402
 from fp8_noncausal_attn.synthetic import relative_error  # noqa: E402
 from fp8_noncausal_attn.vllm_backend import (  # noqa: E402
     Fp8NoncausalAttentionBackend,
@@ -50,7 +51,6 @@ from fp8_noncausal_attn.vllm_backend import (  # noqa: E402
 )
 
 ENTRY_POINT = "fp8_noncausal_attn.vllm_backend:register"
-HOPPER, BLACKWELL = DeviceCapability(9, 0), DeviceCapability(10, 0)
 FP8_VIEW = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 # A DFlash-like drafter layer: GQA 4, head_size 64, FP8 cache with per-KV-head scales.
@@ -64,16 +64,6 @@ LAYER_NAME = "drafter.layers.0.self_attn.attn"
 # K/V magnitudes differ 20x between the two KV heads: a dropped or broadcast scale saturates
 # or loses one head entirely.
 HEAD_MAGNITUDE = torch.tensor([3.0, 60.0])
-
-
-def drafter_config(**overrides):
-    selector = {
-        "head_size": 128, "dtype": torch.bfloat16, "kv_cache_dtype": "fp8", "block_size": 16,
-        "use_mla": False, "has_sink": False, "use_sparse": False, "use_mm_prefix": False,
-        "use_per_head_quant_scales": True, "device_capability": HOPPER,
-        "attn_type": "decoder", "use_non_causal": True,
-    }  # fmt: skip
-    return selector | overrides
 
 
 @pytest.fixture
@@ -380,10 +370,10 @@ def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_
     assert meta.num_actual_tokens == sum(Q_LENS)
     # The plan keeps vLLM's int32 per-request buffer itself (updated in place between replays).
     assert meta.attention is attention
-    assert meta.plan.causal_per_seq is common.causal
+    assert meta.plan.batch.causal_per_seq is common.causal
     assert meta.plan.backend == "reference" and attention.workspace.part_out is workspace
     uniform = builder.build(0, common.replace(causal=False))
-    assert uniform.causal is False and uniform.plan.causal_per_seq is None
+    assert uniform.causal is False and uniform.plan.batch.causal_per_seq is None
     assert uniform.plan is not meta.plan
 
 
@@ -524,7 +514,7 @@ def test_padded_strided_int32_causal_batch_matches_float64(
     tensor, a padded request and padded num_actual_tokens, strided views of persistent buffers
     and max_seq_len 4x the longest sequence (a graph captured at max_model_len); cache write +
     forward through the builder's plan, against float64. Padded rows are exactly zero."""
-    monkeypatch.setenv(vllm_backend.KERNEL_ENV, kernel)
+    monkeypatch.setenv(registry.BACKEND_ENV, kernel)
     gen = torch.Generator().manual_seed(7)
     num_blocks = 24
     softmax_scale = HEAD_SIZE**-0.5
@@ -679,7 +669,7 @@ def test_drafter_layer_with_sliding_window_and_sinks_matches_float64(vllm_config
     context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
     layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
     meta = make_builder(vllm_config, layer).build(0, common)
-    assert meta.plan.window == (5, 5) and list(meta.plans) == [(5, 0)]
+    assert meta.plan.batch.window == (5, 5) and list(meta.plans) == [(5, 0)]
     new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
     new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
     num_tokens = sum(Q_LENS)
@@ -741,8 +731,8 @@ def test_impl_refuses_what_the_kernels_cannot_do(kwargs, error, match):
 
 
 def test_unknown_kernel_name_in_the_environment_is_refused(monkeypatch):
-    monkeypatch.setenv(vllm_backend.KERNEL_ENV, "flashinfer")
-    with pytest.raises(ValueError, match=vllm_backend.KERNEL_ENV):
+    monkeypatch.setenv(registry.BACKEND_ENV, "flashinfer")
+    with pytest.raises(ValueError, match=registry.BACKEND_ENV):
         Fp8NoncausalAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "fp8")
 
 

@@ -15,11 +15,12 @@ import threading
 
 import pytest
 import torch
-from conftest import TOLERANCE
+from helpers import TOLERANCE
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import vllm.distributed.parallel_state as parallel_state  # noqa: E402
+from helpers.vllm import drafter_config  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
@@ -50,8 +51,6 @@ SINKS = [30.0, -40.0, 1.0, 4.0, -2.0, 0.0, 8.0, -60.0]  # one per query head of 
 def test_the_backend_declares_dcp_and_the_lse_for_decode():
     """vLLM's selector accepts DCP for the drafter configuration; the impl says it returns the
     natural-log LSE (vLLM's DCP combine reads lse_base_on_e)."""
-    from test_vllm_backend import drafter_config
-
     from fp8_noncausal_attn.vllm_backend import (
         Fp8NoncausalAttentionBackend,
         Fp8NoncausalAttentionImpl,

@@ -7,11 +7,12 @@ The reference itself is checked against float64 in test_reference.py.
 
 import pytest
 import torch
-from conftest import DEVICE, TOLERANCE
+from helpers import DEVICE, TOLERANCE
+from helpers.backends import RecordingBackend, auto_takes_cpu_tensors, replace_kernels
 
 import fp8_noncausal_attn as fna
 from benchmarks import shapes
-from fp8_noncausal_attn.backends import cuda as cuda_backend
+from fp8_noncausal_attn import registry
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
@@ -189,50 +190,50 @@ def test_bad_sinks_are_refused_by_name(sinks, _, error, message):
 
 
 def test_cuda_backend_takes_window_and_sinks_like_a_plain_call():
-    """The CUDA kernels run windows and sinks (tests/test_cuda_kernel_emulation.py, and on a GPU
-    tests/test_cuda_gpu.py): neither adds a reason to refuse a call."""
-    case = make_case([2], [20], num_q_heads=4, num_kv_heads=2)
+    """A window is a batch property every CUDA family plans like a plain batch; sinks are a
+    layer's and no plan sees them."""
+    case = make_case([2, 3], [20, 40], num_q_heads=4, num_kv_heads=2, seed=4)
     plain = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    for kwargs in ({"window": (7, 0)}, {"window": (-1, 3)}, {"sinks": sinks_tensor(device="cpu")}):
+    for window in ((7, 0), (-1, 3)):
         problem = validate_attention(
-            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
-        )
-        assert cuda_backend.unsupported_reason(problem) == cuda_backend.unsupported_reason(plain)
+            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+            window=window,
+        )  # fmt: skip
+        for name in ("mma_sync", "wgmma", "tcgen05"):
+            kernels = registry.REGISTRY[name].kernels
+            assert kernels.unsupported_reason(problem.batch) == kernels.unsupported_reason(
+                plain.batch
+            )
 
 
 def test_plan_on_cuda_runs_window_and_sinks_there(monkeypatch):
-    """Sinks come per layer, at run time, after a plan chose the CUDA kernels (mocked here as
-    runnable on CPU tensors): the run stays on the CUDA kernels and passes them the sinks; a
-    windowed plan picks them too."""
-    from fp8_noncausal_attn import dispatch
-
-    monkeypatch.setattr(dispatch, "_availability", {"cuda": (True, "mocked")})
-    monkeypatch.setattr(cuda_backend, "unsupported_reason", lambda problem: None)
-    cuda_runs = []
-    monkeypatch.setattr(cuda_backend, "plan", lambda problem, workspace: None)
-    monkeypatch.setattr(cuda_backend, "run", lambda *args: cuda_runs.append(args))
-    monkeypatch.setattr(cuda_backend, "run_unsupported_reason", lambda problem, out: None)
+    """Sinks come per layer, at run time, after a plan chose the CUDA kernels (a recording
+    backend in mma_sync's registry entry, taking CPU tensors): the run stays on them and passes
+    them the sinks; a windowed plan picks them too."""
+    cuda_kernels = RecordingBackend()
+    replace_kernels(monkeypatch, "mma_sync", cuda_kernels)
     case = make_case([2, 3], [20, 40], num_q_heads=4, num_kv_heads=2, seed=4)
+    auto_takes_cpu_tensors(monkeypatch, "mma_sync")
     attn = fna.PagedAttention(
         num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device="cpu",
         max_num_seqs=2, max_num_tokens=8,
     )  # fmt: skip
     args = (case.query, case.key_cache, case.value_cache, case.k_scale, case.v_scale)
     sinks = sinks_tensor(device="cpu")
-    for backend in ("auto", "cuda"):
+    for backend in ("auto", "mma_sync"):
         plan = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, causal=False,
                          backend=backend)  # fmt: skip
-        assert plan.backend == "cuda"
+        assert plan.backend == "mma_sync"
         attn.run(*args, sinks=sinks, plan=plan)
-        ((problem, _, _),) = cuda_runs
+        ((problem, _, _, _),) = cuda_kernels.runs
         assert problem.sinks is sinks
-        cuda_runs.clear()
+        cuda_kernels.runs.clear()
     windowed = attn.plan(case.cu_seqlens_q, case.seq_lens, case.block_table, window=(4, 4))
-    assert windowed.backend == "cuda"
+    assert windowed.backend == "mma_sync"
     attn.run(*args, plan=windowed)
-    ((problem, _, _),) = cuda_runs
+    ((problem, _, _, _),) = cuda_kernels.runs
     assert problem.window == (4, 4)
 
 

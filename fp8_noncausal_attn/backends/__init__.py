@@ -1,5 +1,5 @@
 """The backends (SPEC §4): ``reference`` (PyTorch), ``triton/`` (Triton kernels) and ``cuda/``
-(the compiled kernel families). Each backend module implements the contract of
-:class:`fp8_noncausal_attn.dispatch.Backend`; :mod:`fp8_noncausal_attn.dispatch` chooses among
+(the compiled kernel families ``mma_sync``, ``wgmma``, ``tcgen05``). Each implements
+:class:`.protocol.Backend`; :mod:`fp8_noncausal_attn.registry` lists them and chooses among
 them. Nothing here imports the API layer.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..masking import visible_range
-from ..problem import AttentionProblem, CacheWrite
+from ..problem import AttentionProblem, Batch, CacheWrite
 from ..scales import dequantize, quantize
 
 
@@ -17,7 +17,15 @@ def availability() -> tuple[bool, str]:
     return True, "plain PyTorch: runs on every device, fp32 math, reads lengths on the host"
 
 
-def unsupported_reason(problem: AttentionProblem) -> str | None:
+def device_reason(device: torch.device) -> str | None:
+    return None
+
+
+def unsupported_reason(batch: Batch) -> str | None:
+    return None
+
+
+def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
     return None
 
 
@@ -126,8 +134,9 @@ def reshape_and_cache(write: CacheWrite) -> None:
         cache.view(as_bytes)[blocks, offsets] = stored.view(as_bytes)
 
 
-def plan(problem: AttentionProblem, workspace: object = None) -> None:
-    """Backend contract (``dispatch.Backend``): nothing to plan, no workspace used."""
+def plan(batch: Batch, workspace: object = None, num_splits: int | None = None) -> None:
+    """Backend contract (``backends.protocol.Backend``): nothing to plan, no workspace used, no
+    splits."""
     return None
 
 

@@ -2,7 +2,7 @@
 // index maps, the cache quantisation and the split-KV merge row, compiled for the CPU by a host
 // C++ compiler (the functions are FP8NCA_HD, see csrc/common/host_device.h), so that the CPU
 // tests (tests/test_cuda_kernel_emulation.py) run the very maps the kernels use. Built and
-// loaded by tests/host_hooks.py; needs no CUDA toolkit.
+// loaded by tests/helpers/host_hooks.py; needs no CUDA toolkit.
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>

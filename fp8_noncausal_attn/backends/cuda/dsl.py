@@ -1,14 +1,13 @@
-"""The CUTLASS-DSL kernel families of the CUDA backend: ``wgmma`` (Hopper, sm_90a) and
-``tcgen05`` (Blackwell, sm_100f), compiled ahead of time into one shared library per family
-(``libfp8nca_<family>.so``, libc only, the cubins inside) and called here through ctypes. Each
-:class:`Family` is a :class:`~fp8_noncausal_attn.backends.cuda.family.KernelFamily`.
+"""The CUTLASS-DSL kernel families: ``wgmma`` (Hopper, sm_90a) and ``tcgen05`` (Blackwell,
+sm_100f), compiled ahead of time into one shared library per family (``libfp8nca_<family>.so``,
+libc only, the cubins inside) and called here through ctypes. Each :class:`Family` is a backend
+(:class:`~fp8_noncausal_attn.backends.protocol.Backend`): ``backend="wgmma"`` /
+``backend="tcgen05"``. Their split planner, split merge and cache write are ``_C``'s.
 
 NEVER RUN ON HARDWARE: both libraries are compiled and their SASS checked on CPU machines
-(dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They are therefore opt-in only
-(``FP8NCA_CUDA_FAMILY=wgmma`` / ``tcgen05``, or ``PagedAttention.plan(family=...)``), ``auto``
-never picks them, and a request they cannot serve falls back to the portable mma.sync family with
-the reason (in the plan's ``family_reason`` and a warning, once per reason). Both run sliding
-windows and attention sinks.
+(dsl/, docs/wgmma.md, docs/tcgen05.md); no GPU has executed them. They therefore run only when
+named, ``auto`` never picks them, and a call they cannot serve raises with the reason. Both run
+sliding windows and attention sinks.
 
 Where the libraries come from: the package build compiles them when ``FP8NCA_BUILD_DSL=1``
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
@@ -41,12 +40,12 @@ from pathlib import Path
 
 import torch
 
-from ...problem import AttentionProblem
+from ...problem import AttentionProblem, Batch
+from ..protocol import Refused
 from . import extension
-from .family import Refused
 
 LIBRARY_DIR_ENV = "FP8NCA_DSL_LIBRARY_DIR"
-STATUS = "compiled and SASS-checked, NEVER RUN ON HARDWARE; opt-in"
+STATUS = "compiled and SASS-checked, NEVER RUN ON HARDWARE"
 
 
 @dataclass(frozen=True)
@@ -62,15 +61,38 @@ class Family:
         are whole tiles."""
         return 64 if self.name == "wgmma" and head_dim > 128 else 128
 
-    # The KernelFamily contract (family.py).
-    def unsupported_reason(self, problem: AttentionProblem) -> str | None:
+    # The backend contract (backends/protocol.py).
+    def availability(self) -> tuple[bool, str]:
         library, why = load_library(self.name)
-        return why if library is None else plan_unsupported_reason(self, problem)
+        if library is None:
+            return False, why
+        runs, why = extension.availability()
+        if not runs:
+            return False, why
+        why_not = self.device_reason(torch.device("cuda"))
+        if why_not is not None:
+            return False, why_not
+        return True, f"{library.path}: {len(library.variants)} variant(s); {why}"
 
-    def plan(self, problem: AttentionProblem, workspace, num_splits: int | None) -> DslPlan:
-        return plan(self, problem, workspace, num_splits)
+    def device_reason(self, device: torch.device) -> str | None:
+        capability = device_capability(device)
+        if capability is None:
+            return "the DSL families need CUDA tensors"
+        if capability not in self.archs:
+            major, minor = capability
+            return f"needs an {self.gpus} GPU, this one is sm_{major}{minor}"
+        return extension.device_reason(device)
 
-    def run_unsupported_reason(self, problem: AttentionProblem, out: torch.Tensor) -> str | None:
+    def unsupported_reason(self, batch: Batch) -> str | None:
+        library, why = load_library(self.name)
+        return why if library is None else plan_unsupported_reason(self, batch)
+
+    def plan(self, batch: Batch, workspace=None, num_splits: int | None = None) -> DslPlan:
+        return plan(self, batch, workspace, num_splits)
+
+    def run_unsupported_reason(
+        self, problem: AttentionProblem, out: torch.Tensor | None
+    ) -> str | None:
         return run_unsupported_reason(problem, out)
 
     def run(
@@ -280,21 +302,18 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor) -> str 
     return None
 
 
-def plan_unsupported_reason(family: Family, problem: AttentionProblem) -> str | None:
+def plan_unsupported_reason(family: Family, batch: Batch) -> str | None:
     """None when the batch's sizes, index tensors and device suit ``family``, else why not."""
-    capability = device_capability(problem.query.device)
-    if capability is None:
-        return "the DSL families need CUDA tensors"
-    if capability not in family.archs:
-        major, minor = capability
-        return f"needs an {family.gpus} GPU, this one is sm_{major}{minor}"
+    why_not = family.device_reason(batch.device)
+    if why_not is not None:
+        return why_not
     # The C interface takes no strides for these two: they are read as packed int32 vectors.
     for name in ("cu_seqlens_q", "seq_lens"):
-        tensor = getattr(problem, name)
+        tensor = getattr(batch, name)
         if tensor.shape[0] > 1 and tensor.stride(0) != 1:
             return f"{name} must be contiguous (the DSL kernels take no stride for it)"
-    if problem.num_seqs > MAX_GRID_Z:
-        return f"at most {MAX_GRID_Z} sequences per launch, got {problem.num_seqs}"
+    if batch.num_seqs > MAX_GRID_Z:
+        return f"at most {MAX_GRID_Z} sequences per launch, got {batch.num_seqs}"
     return None
 
 
@@ -311,21 +330,21 @@ class DslPlan:
     ws_lse: torch.Tensor | None  # float32 [splits, tokens, q_heads] (log2), or None
 
 
-def plan(family: Family, problem: AttentionProblem, workspace, num_splits: int | None) -> DslPlan:
+def plan(family: Family, batch: Batch, workspace, num_splits: int | None) -> DslPlan:
     """Plan time (host sizes only): the variant, its row tiles and the split count from _C's
     planner (``num_splits`` forces it; ``workspace``, ``fp8_noncausal_attn.plan.Workspace`` or
     None, bounds it and holds the partials). The variant's cubin is loaded here, so that a
     failure refuses the family now and the first launch may be inside a CUDA-graph capture.
     Raises :class:`Refused` with why not."""
-    why = family.unsupported_reason(problem)
+    why = family.unsupported_reason(batch)
     if why is not None:
         raise Refused(why)
     library, _ = load_library(family.name)
-    arch = family.archs[device_capability(problem.query.device)]
-    rows = max(problem.max_seqlen_q, 1) * problem.group_size
+    arch = family.archs[device_capability(batch.device)]
+    rows = max(batch.max_seqlen_q, 1) * batch.group_size
     variant, why = choose_variant(
-        library.variants, arch, problem.head_dim, problem.query.dtype, problem.key_cache.dtype,
-        problem.block_size, rows,
+        library.variants, arch, batch.head_dim, batch.query_dtype, batch.cache_dtype,
+        batch.block_size, rows,
     )  # fmt: skip
     if variant is None:
         raise Refused(why)
@@ -335,15 +354,15 @@ def plan(family: Family, problem: AttentionProblem, workspace, num_splits: int |
     row_tiles = -(-rows // variant.rows)
     # The one split-KV planner (csrc/common/plan.h), with this variant's tiles.
     num_splits = extension.loaded().plan_splits(
-        **extension.plan_sizes(problem), resident_ctas=resident_ctas(problem.query.device),
-        block_m=variant.rows, block_n=family.key_tile(problem.head_dim),
+        **extension.plan_sizes(batch), resident_ctas=resident_ctas(batch.device),
+        block_m=variant.rows, block_n=family.key_tile(batch.head_dim),
         num_splits=num_splits or 0,
     )  # fmt: skip
     ws_o = ws_lse = None
     if workspace is not None and num_splits > 1:
-        num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
+        num_splits = min(num_splits, workspace.max_splits(batch.num_tokens))
         if num_splits > 1:
-            ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
+            ws_o, ws_lse = workspace.partials(num_splits, batch.num_tokens)
     return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse)
 
 
@@ -399,8 +418,8 @@ def run(
     """Launch the planned variant, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
     (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge, which also writes
     ``lse`` (float32 [num_tokens, num_q_heads], natural log) when given: a plan that does not
-    split cannot return it (the CUDA backend runs such a call on mma_sync). Asynchronous on the
-    current stream; :func:`run_unsupported_reason` must have accepted the tensors."""
+    split cannot return it (it raises). Asynchronous on the current stream;
+    :func:`run_unsupported_reason` must have accepted the tensors."""
     if lse is not None and plan.num_splits == 1:
         raise ValueError(f"{plan.family}: an unsplit plan cannot return the LSE")
     device = problem.query.device
@@ -437,28 +456,3 @@ def run(
     if plan.num_splits > 1:
         extra = () if lse is None else (lse,)
         extension.merge_splits(problem, ws_o, ws_lse, out, *extra)
-
-
-def report(cuda_available: bool) -> dict[str, dict[str, object]]:
-    """Each DSL family for ``available_backends()``: ``{"available", "status", "reason"}``,
-    with whether its library is here and suits this GPU."""
-    families: dict[str, dict[str, object]] = {}
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    for name, family in FAMILIES.items():
-        library, why = load_library(name)
-        if library is not None:
-            why = f"{library.path}: {len(library.variants)} variant(s)"
-            if capability is None:
-                why += "; no CUDA GPU visible"
-            elif capability not in family.archs:
-                why += (
-                    f"; needs an {family.gpus} GPU, this one is sm_{capability[0]}{capability[1]}"
-                )
-        available = library is not None and cuda_available and capability in family.archs
-        families[name] = {
-            "available": available,
-            "status": f"{STATUS} (FP8NCA_CUDA_FAMILY={name} or PagedAttention.plan(family="
-            f"{name!r}); auto never picks it)",
-            "reason": why,
-        }
-    return families

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from ...problem import AttentionProblem, CacheWrite
+from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
 # Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
@@ -111,27 +111,53 @@ def arch_reason(device: torch.device) -> str | None:
     )
 
 
-def window_sides(problem: AttentionProblem) -> tuple[int, int]:
+def availability() -> tuple[bool, str]:
+    """Whether ``_C`` loads and runs on this machine's GPU, and why (not): every CUDA kernel
+    family needs it (mma_sync's kernels, and the split planner, merge and cache write that the
+    CUTLASS-DSL families share with it)."""
+    ext, why = load()
+    if ext is None:
+        return False, why
+    if not torch.cuda.is_available():
+        return False, "the CUDA extension is built, but no CUDA GPU is visible"
+    why_not = driver_reason(ext) or arch_reason(torch.device("cuda", torch.cuda.current_device()))
+    if why_not is not None:
+        return False, why_not
+    archs = ", ".join(f"sm_{arch}" for arch in built_archs())
+    return True, f"_C built for {archs}, PTX for compute_{ext.PTX_ARCH}"
+
+
+def device_reason(device: torch.device) -> str | None:
+    """None when ``_C``'s kernels take tensors on ``device``, else why not."""
+    if device.type != "cuda":
+        return "the CUDA kernels need CUDA tensors"
+    ext, why = load()
+    if ext is None:
+        return why
+    return arch_reason(device)
+
+
+def window_sides(problem: AttentionProblem | Batch) -> tuple[int, int]:
     """The problem's ``(left, right)`` window as the kernels take it: -1 = unbounded, others
     capped at INT32_MAX (already past any position)."""
     left, right = problem.window
     return min(left, _INT32_MAX), min(right, _INT32_MAX)
 
 
-def plan_sizes(problem: AttentionProblem) -> dict[str, int | bool]:
+def plan_sizes(batch: Batch) -> dict[str, int | bool]:
     """The host sizes the split-KV planner reads (``_C.plan`` and ``_C.plan_splits`` keywords):
     sequences, heads, ``max_seqlen_q/k``, the window as the kernels take it and whether every
     sequence is causal (per-sequence flags live on the device: planned as bidirectional)."""
-    window_left, window_right = window_sides(problem)
+    window_left, window_right = window_sides(batch)
     return {
-        "num_seqs": problem.num_seqs,
-        "num_q_heads": problem.num_q_heads,
-        "num_kv_heads": problem.num_kv_heads,
-        "max_seqlen_q": problem.max_seqlen_q,
-        "max_seqlen_k": problem.max_seqlen_k,
+        "num_seqs": batch.num_seqs,
+        "num_q_heads": batch.num_q_heads,
+        "num_kv_heads": batch.num_kv_heads,
+        "max_seqlen_q": batch.max_seqlen_q,
+        "max_seqlen_k": batch.max_seqlen_k,
         "window_left": window_left,
         "window_right": window_right,
-        "causal": problem.causal_per_seq is None and bool(problem.causal),
+        "causal": batch.causal_per_seq is None and bool(batch.causal),
     }
 
 

@@ -1,7 +1,7 @@
 """The portable mma.sync kernel family (csrc/mma_sync: cp.async multi-stage KV loads), compiled
-into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for the newest: the
-CUDA backend's default and its fallback. Its plan comes from the C++ plan function
-(csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
+into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for the newest:
+``backend="mma_sync"``, ``auto``'s first choice on a GPU. Its plan comes from the C++ plan
+function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
 allocator (graph-safe). Nothing here synchronises with the host.
 """
 
@@ -13,12 +13,22 @@ from dataclasses import dataclass
 
 import torch
 
-from ...problem import AttentionProblem
+from ...problem import AttentionProblem, Batch
 from . import extension
 
-# This module is a KernelFamily (family.py): name, unsupported_reason, plan, run_unsupported_reason
-# and run.
-name = "mma_sync"
+# This module is a backend (backends/protocol.py): whether it runs here and on which tensors is
+# whether _C does.
+
+
+def availability() -> tuple[bool, str]:
+    """Whether the compiled kernels run here, and why not."""
+    runs, why = extension.availability()
+    return runs, f"mma.sync kernels (cp.async) in {why}" if runs else why
+
+
+def device_reason(device: torch.device) -> str | None:
+    """None when the kernels take tensors on ``device`` (``_C`` runs on it)."""
+    return extension.device_reason(device)
 
 
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
@@ -26,22 +36,23 @@ def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
     return t.data_ptr() % nbytes == 0 and all((s * size) % nbytes == 0 for s in strides)
 
 
-def unsupported_reason(problem: AttentionProblem) -> str | None:
-    """None when the kernels can run ``problem`` (``_C`` must be loaded and run on its
-    device)."""
-    q, k = problem.query, problem.key_cache
+def unsupported_reason(batch: Batch) -> str | None:
+    """None when the kernels can run ``batch`` (``_C`` must be loaded and run on its device)."""
+    return device_reason(batch.device) or sizes_reason(batch)
+
+
+def sizes_reason(batch: Batch) -> str | None:
+    """None when the kernels compiled into ``_C`` (which must be loaded) take the batch's dtypes
+    and sizes, whatever its device."""
     # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
-    if k.dtype.itemsize == 2 and k.dtype != q.dtype:
+    if batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype:
         return (
-            f"a {k.dtype} cache under a {q.dtype} query runs on Triton (fp32 dots): converting "
-            "bf16 keys to fp16 could overflow"
+            f"a {batch.cache_dtype} cache under a {batch.query_dtype} query runs on Triton (fp32 "
+            "dots): converting bf16 keys to fp16 could overflow"
         )
-    why_not = run_unsupported_reason(problem, None)
-    if why_not is not None:
-        return why_not
     most = extension.loaded().MAX_SEQS
-    if problem.num_seqs > most:
-        return f"at most {most} sequences per launch, got {problem.num_seqs}"
+    if batch.num_seqs > most:
+        return f"at most {most} sequences per launch, got {batch.num_seqs}"
     return None
 
 
@@ -67,24 +78,22 @@ def _resident_ctas(
     return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype, block_m), 1)
 
 
-def resident_ctas(problem: AttentionProblem) -> int:
-    """CTAs of this problem's kernel (the tile the plan picks for its rows per KV head) the whole
+def resident_ctas(batch: Batch) -> int:
+    """CTAs of this batch's kernel (the tile the plan picks for its rows per KV head) the whole
     GPU holds at once (occupancy x SMs)."""
     codes = extension.DTYPE_CODES
-    kv_dtype = codes[problem.key_cache.dtype]
-    rows = max(problem.max_seqlen_q, 1) * problem.group_size
+    kv_dtype = codes[batch.cache_dtype]
+    rows = max(batch.max_seqlen_q, 1) * batch.group_size
     return _resident_ctas(
-        problem.query.device.index,
-        problem.head_dim,
-        codes[problem.query.dtype],
+        batch.device.index,
+        batch.head_dim,
+        codes[batch.query_dtype],
         kv_dtype,
-        extension.loaded().block_m_for(problem.head_dim, kv_dtype, rows),
+        extension.loaded().block_m_for(batch.head_dim, kv_dtype, rows),
     )
 
 
-def kernel_plan(
-    problem: AttentionProblem, resident: int, num_splits: int | None = None
-) -> dict[str, object]:
+def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> dict[str, object]:
     """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
     for more than 64 rows per KV head on an FP8 cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
@@ -98,19 +107,19 @@ def kernel_plan(
     sizes the splits from the keys one query tile's window spans, not from the context.
     """
     return extension.loaded().plan(
-        **extension.plan_sizes(problem),
-        num_tokens=problem.num_tokens,
-        head_dim=problem.head_dim,
-        kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
+        **extension.plan_sizes(batch),
+        num_tokens=batch.num_tokens,
+        head_dim=batch.head_dim,
+        kv_dtype=extension.DTYPE_CODES[batch.cache_dtype],
         resident_ctas=resident,
         num_splits=num_splits or 0,
     )
 
 
-def num_splits_for(problem: AttentionProblem, resident: int) -> int:
+def num_splits_for(batch: Batch, resident: int) -> int:
     """Split-KV count for ``resident`` CTA slots: 1 unless (seqs x KV heads x M tiles) CTAs
     leave the GPU underused, else the fewest splits that fill whole waves (the C++ plan)."""
-    return int(kernel_plan(problem, resident)["num_splits"])
+    return int(kernel_plan(batch, resident)["num_splits"])
 
 
 @dataclass(frozen=True)
@@ -124,17 +133,27 @@ class MmaSyncPlan:
     ws_lse: torch.Tensor | None
 
 
-def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
+def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
     """By default :func:`num_splits_for` chooses the split count, capped by what ``workspace``
     (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
-    num_splits = int(kernel_plan(problem, resident_ctas(problem), num_splits)["num_splits"])
+    num_splits = int(kernel_plan(batch, resident_ctas(batch), num_splits)["num_splits"])
     if workspace is None or num_splits == 1:
         return MmaSyncPlan(num_splits, None, None)
-    num_splits = min(num_splits, workspace.max_splits(problem.num_tokens))
+    num_splits = min(num_splits, workspace.max_splits(batch.num_tokens))
     if num_splits == 1:
         return MmaSyncPlan(1, None, None)
-    ws_o, ws_lse = workspace.partials(num_splits, problem.num_tokens)
+    ws_o, ws_lse = workspace.partials(num_splits, batch.num_tokens)
     return MmaSyncPlan(num_splits, ws_o, ws_lse)
+
+
+def paged_attention(
+    problem: AttentionProblem,
+    out: torch.Tensor,
+    num_splits: int | None = None,
+    lse: torch.Tensor | None = None,
+) -> None:
+    """One-shot form: plan the problem's batch (``num_splits`` forces the count) and run."""
+    run(problem, plan(problem.batch, None, num_splits), out, lse)
 
 
 def run(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...problem import AttentionProblem
+from ...problem import AttentionProblem, Batch
 from ...scales import LOG2E
 
 try:
@@ -59,9 +59,18 @@ def availability() -> tuple[bool, str]:
     return False, "no CUDA GPU, and TRITON_INTERPRET=1 is not set for the CPU interpreter"
 
 
-def unsupported_reason(problem: AttentionProblem) -> str | None:
-    if problem.query.device.type == "cpu" and not interpreting():
+def device_reason(device: torch.device) -> str | None:
+    if device.type == "cpu" and not interpreting():
         return "CPU tensors need TRITON_INTERPRET=1"
+    return None
+
+
+def unsupported_reason(batch: Batch) -> str | None:
+    return device_reason(batch.device)
+
+
+def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
+    """Every layer the batch's plan takes: the kernels read any strides and alignment."""
     return None
 
 
@@ -320,10 +329,9 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def needs_fp32_dots(problem: AttentionProblem) -> bool:
+def needs_fp32_dots(batch: Batch) -> bool:
     """A 16-bit cache of the other 16-bit dtype than the query's cannot be converted exactly."""
-    cache_dtype = problem.key_cache.dtype
-    return cache_dtype.itemsize == 2 and cache_dtype != problem.query.dtype
+    return batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype
 
 
 @dataclass(frozen=True)
@@ -353,26 +361,24 @@ def workspace_shapes(
     return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
 
 
-def _tiles_for_dots(
-    problem: AttentionProblem, block_m: int, block_n: int
-) -> tuple[int, int, int, int]:
+def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) of a launch.
 
     The IEEE fp32 dots (``needs_fp32_dots``) are FMA loops whose operands each thread holds over
     the whole head dim: with the 16-bit tiles they spilled 11-16 KB of stack per thread at d128.
     16 x 16 tiles, 4 warps and one stage compile without spills for head_dim 64-256 on sm_90
-    and sm_100 (tests/gpu_compile_check.py); that rare path streams the KV once per 16 rows.
+    and sm_100 (tests/helpers/gpu_compile_check.py); that rare path streams the KV once per 16 rows.
     Otherwise 4 warps while the fp32 O tile (block_m x head_dim) is at most 64 registers per
     thread, else 8: 4 warps spilled at 128 rows x d128 (200 B on sm_90), 8 warps at 32 rows x
     d256 (16 B on sm_100, where ptxas stopped at 128 registers).
     """
-    if needs_fp32_dots(problem) and not interpreting():
+    if needs_fp32_dots(batch) and not interpreting():
         return 16, 16, 4, 1
-    return block_m, block_n, 4 if block_m * problem.head_dim <= 64 * 128 else 8, 2
+    return block_m, block_n, 4 if block_m * batch.head_dim <= 64 * 128 else 8, 2
 
 
 def launch_plan(
-    problem: AttentionProblem, num_splits: int | None = None, *, max_splits: int = MAX_SPLITS
+    batch: Batch, num_splits: int | None = None, *, max_splits: int = MAX_SPLITS
 ) -> TritonLaunchPlan:
     """Tile sizes, grid and split count for a call; host arithmetic only (no device sync).
 
@@ -382,33 +388,33 @@ def launch_plan(
     key tiles of ``max_seqlen_k``; each program derives its own key range from the real
     ``seq_lens``, so a plan made for a long ``max_seqlen_k`` still splits short sequences.
     """
-    rows = max(problem.max_seqlen_q * problem.group_size, 1)
+    rows = max(batch.max_seqlen_q * batch.group_size, 1)
     block_m = max(16, min(128, triton.next_power_of_2(rows)))
-    if problem.head_dim == 256:
+    if batch.head_dim == 256:
         block_m = min(block_m, 64)
-    block_n = 128 if interpreting() else (64 if problem.head_dim <= 128 else 32)
-    block_m, block_n, num_warps, num_stages = _tiles_for_dots(problem, block_m, block_n)
+    block_n = 128 if interpreting() else (64 if batch.head_dim <= 128 else 32)
+    block_m, block_n, num_warps, num_stages = _tiles_for_dots(batch, block_m, block_n)
     num_q_tiles = triton.cdiv(rows, block_m)
-    key_span = problem.max_seqlen_k
-    left, right = problem.window
-    if left >= 0 and (right >= 0 or problem.causal_per_seq is None and problem.causal):
+    key_span = batch.max_seqlen_k
+    left, right = batch.window
+    if left >= 0 and (right >= 0 or batch.causal_per_seq is None and batch.causal):
         # A query tile reads at most left + (its tokens - 1) + right + 1 keys (right 0 if causal).
-        key_span = min(key_span, left + problem.max_seqlen_q + max(right, 0))
+        key_span = min(key_span, left + batch.max_seqlen_q + max(right, 0))
     key_tiles = max(triton.cdiv(key_span, block_n), 1)
     if num_splits is None:
-        programs = problem.num_seqs * problem.num_kv_heads * num_q_tiles
+        programs = batch.num_seqs * batch.num_kv_heads * num_q_tiles
         num_splits = 1
-        if problem.query.is_cuda:
-            target = 2 * _multiprocessor_count(problem.query.device.index or 0)
+        if batch.device.type == "cuda":
+            target = 2 * _multiprocessor_count(batch.device.index or 0)
             num_splits = min(max(target // max(programs, 1), 1), max_splits)
     num_splits = max(1, min(num_splits, key_tiles, max_splits))
     padding_tiles = (
-        0 if num_splits > 1 else triton.cdiv(problem.num_tokens * problem.group_size, block_m)
+        0 if num_splits > 1 else triton.cdiv(batch.num_tokens * batch.group_size, block_m)
     )
-    if problem.causal_per_seq is not None:
+    if batch.causal_per_seq is not None:
         mask_mode = 2
     else:
-        mask_mode = int(problem.causal)
+        mask_mode = int(batch.causal)
     return TritonLaunchPlan(
         block_m=block_m,
         block_n=block_n,
@@ -417,8 +423,8 @@ def launch_plan(
         num_warps=num_warps,
         num_stages=num_stages,
         mask_mode=mask_mode,
-        dot_fp32=interpreting() or needs_fp32_dots(problem),
-        grid=(problem.num_seqs * num_q_tiles + padding_tiles, problem.num_kv_heads, num_splits),
+        dot_fp32=interpreting() or needs_fp32_dots(batch),
+        grid=(batch.num_seqs * num_q_tiles + padding_tiles, batch.num_kv_heads, num_splits),
     )
 
 
@@ -550,7 +556,7 @@ def paged_attention(
 ) -> None:
     """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim] (and
     ``lse`` [num_tokens, num_q_heads] float32, natural log, when given)."""
-    launch(problem, launch_plan(problem, num_splits), out, lse=lse)
+    launch(problem, launch_plan(problem.batch, num_splits), out, lse=lse)
 
 
 def merge_states(
@@ -580,7 +586,7 @@ def merge_states(
     )  # fmt: skip
 
 
-# Backend contract (dispatch.Backend): plan once per batch, run per layer.
+# Backend contract (backends.protocol.Backend): plan once per batch, run per layer.
 
 
 @dataclass(frozen=True)
@@ -592,16 +598,16 @@ class TritonPlan:
     part_lse: torch.Tensor | None
 
 
-def plan(problem: AttentionProblem, workspace=None, num_splits: int | None = None) -> TritonPlan:
+def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> TritonPlan:
     """Host-only plan; with a workspace (``fp8_noncausal_attn.plan.Workspace``) the split count
     is capped by what it holds and the partials are its views. ``num_splits`` forces a count."""
     if workspace is None:
-        return TritonPlan(launch_plan(problem, num_splits), None, None)
-    max_splits = min(MAX_SPLITS, workspace.max_splits(problem.num_tokens))
-    decided = launch_plan(problem, num_splits, max_splits=max_splits)
+        return TritonPlan(launch_plan(batch, num_splits), None, None)
+    max_splits = min(MAX_SPLITS, workspace.max_splits(batch.num_tokens))
+    decided = launch_plan(batch, num_splits, max_splits=max_splits)
     if decided.num_splits == 1:
         return TritonPlan(decided, None, None)
-    part_out, part_lse = workspace.partials(decided.num_splits, problem.num_tokens)
+    part_out, part_lse = workspace.partials(decided.num_splits, batch.num_tokens)
     return TritonPlan(decided, part_out, part_lse)
 
 

@@ -334,7 +334,7 @@ def barrier_init_problems(flow: PtxFlow) -> list[str]:
 # Where the build tests keep the DSL families' builds, one folder per hash of everything a build
 # depends on (minutes of compile time each); FP8NCA_TEST_CACHE=off builds afresh every time.
 TEST_CACHE_ENV = "FP8NCA_TEST_CACHE"
-DSL_SOURCES = Path(__file__).resolve().parent.parent / "dsl"
+DSL_SOURCES = Path(__file__).resolve().parents[2] / "dsl"
 
 
 def dsl_build_key(family: str, archs: list[str], variants: list) -> str:

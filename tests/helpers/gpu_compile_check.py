@@ -1,8 +1,8 @@
 """Compile every shipped Triton kernel variant for a GPU target, as launched, with no GPU present.
 
 Run in a subprocess without TRITON_INTERPRET (the interpreter replaces kernels with Python
-functions), by ``test_triton_compile.py``: ``python gpu_compile_check.py CC``. Each variant's
-launch is captured from the launcher itself (``triton_attention.paged_attention``,
+functions), by ``test_triton_compile.py``: ``python tests/helpers/gpu_compile_check.py CC``.
+Each variant's launch is captured from the launcher itself (``triton_attention.paged_attention``,
 ``triton_cache.reshape_and_cache`` on CPU tensors) and compiled with the specialisation Triton's
 JIT applies at launch (16-byte divisibility of aligned pointers and of integer arguments that are
 multiples of 16, the plan's constexprs, num_warps and num_stages): see

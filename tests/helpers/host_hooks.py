@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "ext" / "host_hooks.cpp"
 NAME = "fp8nca_host_hooks"
 
