@@ -241,3 +241,77 @@ def test_the_printed_call_carries_what_the_preparation_makes():
     assert ignored == [f"{path}/file" for path in call["carry"]]
     for path in prepare.EXPECTED:
         assert any(path.startswith(folder + "/") for folder in plan.CARRY), path
+
+
+def test_fa3_call_passes_what_vllm_passes(monkeypatch):
+    """benchmarks/fa3_peer.fwd_call gives torch.ops._vllm_fa3_C.fwd the arguments, in order,
+    that vLLM 0.33's flash_attn_varlen_func(fa_version=3) gives it for the same paged call."""
+    import importlib.util
+
+    import torch
+
+    from benchmarks import fa3_peer
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vllm is not installed (requirements-vllm.txt)")
+    interface = Path(spec.origin).parent / "vllm_flash_attn" / "flash_attn_interface.py"
+    loader = importlib.util.spec_from_file_location("_fa_interface_under_test", interface)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)  # its relative imports of the libraries fail: caught
+    seen: list[tuple] = []
+    monkeypatch.setattr(
+        torch.ops._vllm_fa3_C, "fwd", lambda *a: seen.append(a) or (a[6], None, None, None),
+        raising=False,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(6, 8, 64, generator=g).to(torch.float8_e4m3fn)
+    key_cache = torch.randn(5, 16, 2, 64, generator=g).to(torch.float8_e4m3fn)
+    value_cache = torch.randn(5, 16, 2, 64, generator=g).to(torch.float8_e4m3fn)
+    out = torch.empty(6, 8, 64, dtype=torch.bfloat16)
+    block_table = torch.tensor([[3, 1], [0, 4]], dtype=torch.int32)
+    cu_seqlens_q = torch.tensor([0, 4, 6], dtype=torch.int32)
+    seq_lens = torch.tensor([20, 9], dtype=torch.int32)
+    descales = [torch.rand(2, 2, generator=g) for _ in range(3)]
+    sinks = torch.randn(8, generator=g)
+    common = dict(max_seqlen_q=4, max_seqlen_k=20, causal=False, softmax_scale=0.3)
+    fa3_peer.fwd_call(
+        query, key_cache, value_cache, out, block_table, cu_seqlens_q, seq_lens, **common,
+        q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], window=(7, 5),
+        sinks=sinks,
+    )()  # fmt: skip
+    module.flash_attn_varlen_func(
+        query, key_cache, value_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seq_lens,
+        block_table=block_table, out=out, q_descale=descales[0], k_descale=descales[1],
+        v_descale=descales[2], window_size=[7, 5], s_aux=sinks, fa_version=3, **common,
+    )  # fmt: skip
+    ours, theirs = seen
+    assert len(ours) == len(theirs)
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert type(a) is type(b) and (a is b or a == b), (index, a, b)
+
+
+def test_a_killed_run_leaves_the_finished_steps_in_out(tmp_path):
+    """The whole command killed mid-step (as the device tool's limit would): the summary and
+    the tarball in $OUT hold every step finished before (the hanging job's own `timeout` still
+    ends it at its box)."""
+    import time
+
+    env = {**os.environ, "GPU_CHECK_STUB_HANG": "benchmarks.attention"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tools.gpu_check", str(tmp_path), "--dry-run"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    steps: list[str] = []
+    deadline = time.monotonic() + 30
+    while "correctness" not in steps and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (tmp_path / plan.SUMMARY).is_file():
+            steps = [s["step"] for s in json.loads((tmp_path / plan.SUMMARY).read_text())["steps"]]
+    process.kill()
+    process.wait()
+    summary = json.loads((tmp_path / plan.SUMMARY).read_text())
+    assert [s["step"] for s in summary["steps"]] == list(plan.STEP_NAMES[:5])
+    assert summary["complete"] is False
+    with tarfile.open(tmp_path / plan.LOGS) as tar:
+        assert "gpu_check/correctness-pytest.log" in tar.getnames()
