@@ -319,6 +319,27 @@ class PtxFlow:
         return False
 
 
+def empty_split_lse_problems(flow: PtxFlow) -> list[str]:
+    """Empty when the kernel selects an LSE of -inf (an empty split) and every such select on
+    a float compared with 0 (the row sum l) compares unordered-not-equal, ``setp.neu``: a NaN l
+    (a NaN in the inputs) then keeps its NaN LSE, which the merge passes on, instead of reading
+    as an empty split that the merge drops (``setp.gt`` is false for NaN)."""
+    compares = {}
+    for op in flow.ops:
+        setp = re.fullmatch(r"setp\.(\w+)\.f32\s+(%p\d+), %r\d+, 0f00000000", op)
+        if setp:
+            compares[setp[2]] = setp[1]
+    selects = [
+        select[1]
+        for op in flow.ops
+        if (select := re.fullmatch(r"selp\.f32\s+%r\d+, %r\d+, 0fFF800000, (%p\d+)", op))
+    ]
+    on_zero = [compares[p] for p in selects if p in compares]
+    if not on_zero:
+        return ["no select of -inf on a float compared with 0"]
+    return [f"setp.{cmp} selects the empty split's -inf" for cmp in on_zero if cmp != "neu"]
+
+
 def barrier_init_problems(flow: PtxFlow) -> list[str]:
     """An mbarrier initialisation that can reach the CTA's first sync without
     ``fence.mbarrier_init`` (the fence that makes the inits visible to the async proxy, which

@@ -12,6 +12,7 @@ from dsl_helpers import (
     barrier_init_problems,
     cached_dsl_build,
     check_library_names_every_variant,
+    empty_split_lse_problems,
 )
 
 from dsl import build, sass_check
@@ -201,6 +202,7 @@ CHECKS = {
     "TMEM free": tmem_free_problems,
     "hand-off fences": handoff_fence_problems,
     "MMA barrier order": mma_barrier_problems,
+    "empty split LSE": empty_split_lse_problems,
 }
 # Per check, planted bugs: (regular expression, replacement) applied once to a kernel's PTX.
 PLANTED = {
@@ -220,6 +222,8 @@ PLANTED = {
         # BMM2's arrival after its first wait (BMM1 would wait on 3 once more than BMM2 arrives)
         (r"(\tbar\.sync \t2, 64;\n(?:.*\n){0,4}?)\tbar\.arrive 3, 64;\n", "\\1"),
     ],
+    # a NaN row sum read as an empty split (l > 0 instead of l != 0)
+    "empty split LSE": [(r"setp\.neu\.f32", "setp.gt.f32")],
     "hand-off fences": [
         # the converter's fence before it hands converted items to the MMA warps
         (

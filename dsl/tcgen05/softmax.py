@@ -371,8 +371,10 @@ class SoftmaxRole:
                 token = X.row_token(r, work.group)
                 head = X.row_head(r, work.group, work.kv_head)
                 if split_mode:
+                    # l = 0: no key in this split (-inf, the merge skips it); a NaN l (a NaN
+                    # in the cache) is no empty split: its NaN LSE reaches the merge.
                     lse = -acc_dtype.inf
-                    if l_sum > 0.0:
+                    if l_sum != 0.0:
                         lse = m_scaled + cute.math.log2(l_sum, fastmath=False)
                     idx = (
                         cutlass.Int64(work.split) * args.num_tokens + work.q_start + token

@@ -227,7 +227,9 @@ if triton is not None:
             acc = acc * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_sink)
             m_i = m_sink
-        has_keys = l_i > 0
+        # l = 0: the row saw no key here (an empty state, lse -inf). A NaN l (a NaN in the cache,
+        # query or scales) is no empty state: it stays NaN in the output and the LSE.
+        has_keys = l_i != 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
             # Partial results: fp32 part_out [splits, tokens, q_heads, HEAD_DIM] and the row's
@@ -293,8 +295,9 @@ if triton is not None:
             part_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
             mask=split_valid, other=float("-inf"),
         ) * lse_to_log2  # fmt: skip
-        # A split with no keys (lse = -inf) has weight 0; its partial is not read at all.
-        has_keys = lse > float("-inf")
+        # A split with no keys (lse = -inf) has weight 0; its partial is not read at all. A NaN
+        # lse is no empty split: its NaN weight reaches the output and the merged LSE.
+        has_keys = lse != float("-inf")
         lse_max = tl.max(lse, 0)
         if SINKS:
             sink = tl.load(sinks_ptr + head) * 1.4426950408889634  # log2 units, as lse
@@ -309,10 +312,10 @@ if triton is not None:
         total = tl.sum(weight, 0)
         if SINKS:
             total += tl.exp2(sink - lse_max)
-        merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+        merged = tl.sum(parts * weight[:, None], 0) / tl.where(total != 0, total, 1.0)
         tl.store(out_row, merged.to(out_ptr.dtype.element_ty), mask=dim_valid)
         if RETURN_LSE:
-            merged_lse = tl.where(total > 0, lse_max + tl.log2(tl.where(total > 0, total, 1.0)),
+            merged_lse = tl.where(total != 0, lse_max + tl.log2(tl.where(total != 0, total, 1.0)),
                                   float("-inf"))  # fmt: skip
             tl.store(lse_out, merged_lse * 0.6931471805599453)
 
