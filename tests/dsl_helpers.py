@@ -319,6 +319,38 @@ class PtxFlow:
         return False
 
 
+def tmem_load_wait_problems(flow: PtxFlow) -> list[str]:
+    """Empty when no ``tcgen05.ld``'s destination registers are touched before a
+    ``tcgen05.wait::ld`` on any path (the PTX ISA leaves them undefined until then). Plain
+    ``mov`` copies (the DSL packs the registers into 64-bit ones before the wait and unpacks
+    them after) carry the registers on; any other instruction naming one is a use."""
+    loads = flow.find(r"tcgen05\.ld\.")
+    if not loads:
+        return ["no tcgen05.ld"]
+    problems = []
+    for start in loads:
+        loaded = frozenset(re.findall(r"%\w+", re.search(r"\{[^}]*\}", flow.ops[start])[0]))
+        todo = [(i, loaded) for i in flow.successors[start]]
+        seen = set()
+        while todo:
+            i, carried = todo.pop()
+            if (i, carried) in seen or i >= len(flow.ops):
+                continue
+            seen.add((i, carried))
+            op = flow.ops[i]
+            if re.match(r"tcgen05\.wait::ld", op):
+                continue
+            copy = re.fullmatch(r"mov\.b\d+\s+(\{[^}]*\}|%\w+),\s*(\{[^}]*\}|%\w+)", op)
+            if copy:
+                if carried & set(re.findall(r"%\w+", copy[2])):
+                    carried = carried | set(re.findall(r"%\w+", copy[1]))
+            elif carried & set(re.findall(r"%\w+", op)):
+                problems.append(f"{op!r} uses a register of {flow.ops[start][:50]}... unwaited")
+                break
+            todo.extend((j, carried) for j in flow.successors[i])
+    return problems
+
+
 def empty_split_lse_problems(flow: PtxFlow) -> list[str]:
     """Empty when the kernel selects an LSE of -inf (an empty split) and every such select on
     a float compared with 0 (the row sum l) compares unordered-not-equal, ``setp.neu``: a NaN l

@@ -13,6 +13,7 @@ from dsl_helpers import (
     cached_dsl_build,
     check_library_names_every_variant,
     empty_split_lse_problems,
+    tmem_load_wait_problems,
 )
 
 from dsl import build, sass_check
@@ -202,6 +203,7 @@ CHECKS = {
     "TMEM free": tmem_free_problems,
     "hand-off fences": handoff_fence_problems,
     "MMA barrier order": mma_barrier_problems,
+    "TMEM load wait": tmem_load_wait_problems,
     "empty split LSE": empty_split_lse_problems,
 }
 # Per check, planted bugs: (regular expression, replacement) applied once to a kernel's PTX.
@@ -221,6 +223,14 @@ PLANTED = {
         (r"\tbar\.sync \t3, 64;\n", ""),  # BMM1 arrives on 2 twice in a row
         # BMM2's arrival after its first wait (BMM1 would wait on 3 once more than BMM2 arrives)
         (r"(\tbar\.sync \t2, 64;\n(?:.*\n){0,4}?)\tbar\.arrive 3, 64;\n", "\\1"),
+    ],
+    # O's registers read (rescaled) before the wait of their 32x32b load
+    "TMEM load wait": [
+        (
+            r"(\ttcgen05\.ld\.sync\.aligned\.32x32b.*\n(?:(?!\ttcgen05\.wait).*\n)*?)"
+            r"\ttcgen05\.wait::ld\.sync\.aligned;\n",
+            r"\1",
+        )
     ],
     # a NaN row sum read as an empty split (l > 0 instead of l != 0)
     "empty split LSE": [(r"setp\.neu\.f32", "setp.gt.f32")],

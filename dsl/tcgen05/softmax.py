@@ -597,6 +597,7 @@ class SoftmaxRole:
             for c in cutlass.range_constexpr(self.v.rows // L.COLUMN_CHUNK):
                 acc = cute.make_rmem_tensor(o_shape, self.acc_dtype)
                 cute.copy(load_o, tStO[(None, c, 0, 0, dm)], acc)
+                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld before acc is read
                 for i in cutlass.range_constexpr(L.COLUMN_CHUNK):
                     acc[i] = acc[i] * s_correction[c * L.COLUMN_CHUNK + i]
                 cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])
