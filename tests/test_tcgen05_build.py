@@ -138,6 +138,17 @@ def tmem_free_problems(flow: PtxFlow) -> list[str]:
     return ["no named barrier orders every softmax TMEM access before tcgen05.dealloc"]
 
 
+def tmem_alloc_warp_problems(flow: PtxFlow) -> list[str]:
+    """Empty when one warp, and the same one, allocates and frees TMEM (as CUTLASS's and FA4's
+    kernels do), by the warp-index branches that lead to tcgen05.alloc and tcgen05.dealloc."""
+    warps = T.THREADS // 32
+    alloc = flow.warps_reaching(r"tcgen05\.alloc", warps)
+    dealloc = flow.warps_reaching(r"tcgen05\.dealloc", warps)
+    if len(alloc) != 1 or alloc != dealloc:
+        return [f"tcgen05.alloc by warps {sorted(alloc)}, tcgen05.dealloc by {sorted(dealloc)}"]
+    return []
+
+
 def handoff_fence_problems(flow: PtxFlow) -> list[str]:
     """Empty when every TMEM hand-off between threads is fenced: an mbarrier wait reaches a
     tcgen05.ld / st / mma only through ``after_thread_sync``, a tcgen05.ld / st reaches an
@@ -203,6 +214,7 @@ CHECKS = {
     "TMEM free": tmem_free_problems,
     "hand-off fences": handoff_fence_problems,
     "MMA barrier order": mma_barrier_problems,
+    "TMEM alloc warp": tmem_alloc_warp_problems,
     "TMEM load wait": tmem_load_wait_problems,
     "empty split LSE": empty_split_lse_problems,
 }
@@ -223,6 +235,10 @@ PLANTED = {
         (r"\tbar\.sync \t3, 64;\n", ""),  # BMM1 arrives on 2 twice in a row
         # BMM2's arrival after its first wait (BMM1 would wait on 3 once more than BMM2 arrives)
         (r"(\tbar\.sync \t2, 64;\n(?:.*\n){0,4}?)\tbar\.arrive 3, 64;\n", "\\1"),
+    ],
+    # the allocation moved to the BMM1 warp (warp 8), the dealloc left in BMM2's (warp 9)
+    "TMEM alloc warp": [
+        (r"(\tsetp\.ne\.b32 \t%p\d+, %r\d+, )9(;\n(?:.*\n){0,3}\ttcgen05\.alloc)", r"\g<1>8\2")
     ],
     # O's registers read (rescaled) before the wait of their 32x32b load
     "TMEM load wait": [
@@ -250,7 +266,9 @@ PLANTED = {
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_ptx_synchronisation_holds_on_every_path(built, check):
     """Every kernel's kept PTX: barrier inits fenced before the first sync, TMEM freed after the
-    softmax's last access (also for a CTA without key tiles), TMEM hand-offs fenced."""
+    softmax's last access (also for a CTA without key tiles) by the warp that allocated it, TMEM
+    hand-offs fenced, TMEM loads waited for before their registers are used, a NaN split LSE
+    kept."""
     for symbol, text in kept_ptx(built).items():
         assert CHECKS[check](PtxFlow(text)) == [], symbol
 
