@@ -83,8 +83,9 @@ def _reshape_and_cache_kernel(
     FORMAT: tl.constexpr,
     FMAX: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0)
-    head = tl.program_id(1)
+    # int64 offsets: tokens x the token stride passes 2^31 elements in a long prefill.
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token)
     if slot < 0:
         return
