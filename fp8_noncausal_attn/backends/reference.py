@@ -24,12 +24,19 @@ def unsupported_reason(problem: AttentionProblem) -> str | None:
 def gather_sequence_kv(
     problem: AttentionProblem, seq: int, kv_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Real (dequantised) K and V of one sequence, float32 ``[kv_len, num_kv_heads, head_dim]``."""
+    """Real (dequantised) K and V of one sequence, float32 ``[kv_len, num_kv_heads, head_dim]``.
+
+    The scale's rank chooses the rule: ``[num_kv_heads]``, real K = stored K * k_scale[kv_head];
+    per token and head, ``[num_blocks, block_size, num_kv_heads]`` (any strides, e.g. vLLM's
+    scales inline in the page), real K = stored K * k_scale[block, slot, kv_head].
+    """
     num_pages = -(-kv_len // problem.block_size)
     pages = problem.block_table[seq, :num_pages].long()
 
     def gather(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         rows = cache[pages].reshape(-1, problem.num_kv_heads, problem.head_dim)[:kv_len]
+        if scale.dim() == 3:
+            scale = scale[pages].reshape(-1, problem.num_kv_heads)[:kv_len]
         return dequantize(rows, scale)
 
     return gather(problem.key_cache, problem.k_scale), gather(problem.value_cache, problem.v_scale)
