@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Copy vLLM 0.33.0's Triton unified attention kernel (and the one helper module it imports) out
-# of the vLLM wheel into .peers/ (git-ignored: vLLM code is never committed). benchmarks/vllm_peer.py
-# loads it from there; carry .peers/ to a machine without registry access.
+# Copy vLLM 0.33.0's Triton unified attention kernel (and the one helper module it imports) and
+# its FlashAttention 3 library (xz-packed: 170 MB -> 12 MB) out of the vLLM wheel into .peers/
+# (git-ignored: vLLM code is never committed). benchmarks/vllm_peer.py and benchmarks/fa3_peer.py
+# load them from there; carry .peers/ to a machine without registry access.
 #
 #   benchmarks/fetch_peers.sh            # downloads the wheel with pip (no dependencies)
 #   WHEEL=/path/to/vllm-0.33.0-*.whl benchmarks/fetch_peers.sh   # or uses one you have
@@ -21,7 +22,9 @@ if [ -z "$wheel" ]; then
 fi
 
 "$PYTHON" - "$wheel" "$DEST" <<'PY'
+import lzma
 import pathlib
+import shutil
 import sys
 import zipfile
 
@@ -36,4 +39,10 @@ with zipfile.ZipFile(wheel) as archive:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(archive.read(name))
         print(f"{target} ({target.stat().st_size} bytes) from {pathlib.Path(wheel).name}")
+    library = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
+    packed = dest / f"{library}.xz"
+    packed.parent.mkdir(parents=True, exist_ok=True)
+    with archive.open(library) as source, lzma.open(packed, "wb", preset=6) as target:
+        shutil.copyfileobj(source, target)
+    print(f"{packed} ({packed.stat().st_size} bytes) from {pathlib.Path(wheel).name}")
 PY

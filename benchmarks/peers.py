@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import vllm_peer
+from tools.gpu_check.backends import CUDA_FAMILIES
+
+from . import fa3_peer, vllm_peer
 from .inputs import Case, gathered_kv
 from .shapes import Shape
 
-PEER_NAMES = ("vllm_triton_unified", "torch_sdpa", "flex_attention", "flashinfer")
+PEER_NAMES = ("vllm_triton_unified", "fa3_fp8_query", "torch_sdpa", "flex_attention", "flashinfer")
 
 
 class Unsupported(Exception):
@@ -100,7 +102,8 @@ class Adapter:
 
 
 class Ours(Adapter):
-    """``fp8_noncausal_attn.paged_attention(..., backend=name)`` with per-KV-head scales."""
+    """``fp8_noncausal_attn.paged_attention`` on backend ``name`` (a flat name:
+    tools.gpu_check.backends.OURS) with per-KV-head scales."""
 
     ours = True
 
@@ -143,9 +146,10 @@ class Ours(Adapter):
             "sinks": case.sinks,
         }
         problem = validate_attention(*arguments, **options, validate=False)
-        reason = registry.REGISTRY[self.name].kernels.unsupported_reason(problem.batch)
-        if reason is not None:
-            raise Unsupported(reason)
+        try:  # a family that cannot plan the batch has no row here
+            registry.plan_batch(self.name, problem.batch)
+        except RuntimeError as refusal:
+            raise Unsupported(str(refusal)) from None
 
         def run() -> None:
             paged_attention(*arguments, **options, backend=self.name)
@@ -210,6 +214,59 @@ class VllmTritonUnified(ScalarScaled):
             scalar_k_scale=k_scale,
             scalar_v_scale=v_scale,
             window=window,
+            sinks=case.sinks,
+        )
+        return Prepared(run=run, result=lambda: out)
+
+
+class Fa3Fp8Query(Adapter):
+    name = "fa3_fp8_query"
+    note = (
+        "vLLM 0.33's FlashAttention 3 (_vllm_fa3_C from its wheel, sm_90 only) as its "
+        "FLASH_ATTN backend runs an FP8 cache on Hopper: the query quantised to e4m3 with one "
+        "per-tensor scale (its amax over the e4m3 maximum), per-(sequence, KV head) K/V "
+        "descales, the same paged cache; rel_err includes the FP8 query's rounding; windows "
+        "and sinks (s_aux) passed"
+    )
+
+    def unavailable(self, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs a CUDA device"
+        if torch.cuda.get_device_capability(device)[0] != 9:
+            return "FA3 runs on Hopper (sm_90) only"
+        try:
+            fa3_peer.load()
+        except (FileNotFoundError, OSError, RuntimeError) as error:
+            return failure_reason(error)
+        return None
+
+    def prepare(self, case: Case) -> Prepared:
+        from fp8_noncausal_attn.scales import finite_max
+
+        shape = case.shape
+        if not shape.quantized:
+            raise Unsupported("this peer is FA3 over an FP8 cache with an FP8 query")
+        e4m3 = torch.float8_e4m3fn
+        q_scale = case.query.float().abs().amax().clamp_min(1e-12) / finite_max(e4m3)
+        query = (case.query.float() / q_scale).to(e4m3)
+        per_sequence = (shape.batch, shape.num_kv_heads)
+        out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
+        run = fa3_peer.fwd_call(
+            query,
+            case.key_cache,
+            case.value_cache,
+            out,
+            case.block_table,
+            case.cu_seqlens_q,
+            case.seq_lens,
+            max_seqlen_q=shape.q_len,
+            max_seqlen_k=shape.kv_len,
+            causal=shape.causal,
+            softmax_scale=case.softmax_scale,
+            q_descale=q_scale.reshape(1, 1).expand(per_sequence).contiguous(),
+            k_descale=case.k_scale[None, :].expand(per_sequence).contiguous(),
+            v_descale=case.v_scale[None, :].expand(per_sequence).contiguous(),
+            window=shape.window,
             sinks=case.sinks,
         )
         return Prepared(run=run, result=lambda: out)
@@ -334,7 +391,10 @@ class FlashInfer(ScalarScaled):
 
     def unavailable(self, device: torch.device) -> str | None:
         if importlib.util.find_spec("flashinfer") is None:
-            return "absent: flashinfer is not importable here"
+            return (
+                "absent: flashinfer is not importable here (it cannot travel to the GPU "
+                "machine: its wheels are over 560 MB, the carry limit 64 MiB)"
+            )
         if device.type != "cuda":
             return "needs a CUDA device"
         return None
@@ -390,8 +450,14 @@ class FlashInfer(ScalarScaled):
 
 
 def adapters(device: torch.device) -> list[Adapter]:
-    """Ours first (the compiled and Triton kernels; on CPU the reference also stands in for
-    them, and the CUDA backend is listed with the reason it does not run), then the peers."""
-    ours = ("mma_sync", "triton") if device.type == "cuda" else ("mma_sync", "triton", "reference")
-    peers: list[Adapter] = [VllmTritonUnified(), TorchSdpa(), FlexAttention(), FlashInfer()]
+    """Ours first (every compiled family and Triton; on CPU the reference also stands in for
+    them, and the CUDA families are listed with the reason they do not run), then the peers."""
+    ours = [*CUDA_FAMILIES, "triton"] + (["reference"] if device.type != "cuda" else [])
+    peers: list[Adapter] = [
+        VllmTritonUnified(),
+        Fa3Fp8Query(),
+        TorchSdpa(),
+        FlexAttention(),
+        FlashInfer(),
+    ]
     return [Ours(name) for name in ours] + peers

@@ -233,6 +233,24 @@ def full() -> list[Shape]:
     return _unique_within_cap(shapes)
 
 
+# The drafter grid the GPU check measures (tools/gpu_check), in the order it measures it: a
+# cut-off run keeps the middle of the grid first, then its ends.
+GRID_KV_LENS = (16384, 131072, 4096, 65536)
+GRID_BATCHES = (32, 64)
+GRID_Q_LENS = (8, 16)
+
+
+def grid() -> list[Shape]:
+    """Batch 32 and 64 x q_len 8 and 16 x context 4k, 16k, 64k, 128k; the drafter's heads
+    (32 q / 8 KV, head_dim 128), e4m3 cache with per-head scales, bidirectional."""
+    return [
+        _drafter(batch=batch, q_len=q_len, kv_len=kv_len)
+        for kv_len in GRID_KV_LENS
+        for batch in GRID_BATCHES
+        for q_len in GRID_Q_LENS
+    ]
+
+
 def dry_run() -> list[Shape]:
     """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, a kv sweep, prefill,
     a sliding window spanning pages with both masks, sinks).
@@ -269,4 +287,4 @@ def _unique_within_cap(shapes: list[Shape]) -> list[Shape]:
     return kept
 
 
-PRESETS = {"dry-run": dry_run, "quick": quick, "full": full}
+PRESETS = {"dry-run": dry_run, "quick": quick, "grid": grid, "full": full}

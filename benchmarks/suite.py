@@ -34,7 +34,7 @@ TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3}
 # Wall-clock seconds each peer may spend in a preset (FlexAttention compiles every shape anew,
 # about as long as the rest of --quick): past it the peer is skipped on the remaining shapes,
 # with that reason. Our backends are never cut.
-PEER_BUDGET_S = {"quick": 40.0}
+PEER_BUDGET_S = {"quick": 40.0, "grid": 15.0}
 # torch.compile recompiles FlexAttention for every shape; past its default limit it would
 # silently fall back to the unfused eager implementation.
 RECOMPILE_LIMIT = 1024

@@ -165,6 +165,15 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
         self.dcp = None
         dcp_size, dcp_rank = vllm_dcp.dcp_world_size_and_rank(kv_cache_spec)
         if dcp_size > 1:
+            if vllm_config.parallel_config.use_ubatching:
+                # vLLM's micro-batch metadata (split_attn_metadata) drops the per-request causal
+                # flags: bidirectional requests would run causal. vLLM's V2 runner refuses the
+                # same combination.
+                raise NotImplementedError(
+                    f"{BACKEND_NAME} does not support dual batch overlap with context "
+                    "parallelism (enable_dbo or ubatch_size > 1 with "
+                    "decode_context_parallel_size > 1)"
+                )
             if self.layer_windows != [(-1, -1)]:
                 raise NotImplementedError(
                     f"{BACKEND_NAME} does not run sliding windows under decode context parallelism"

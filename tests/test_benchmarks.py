@@ -39,9 +39,12 @@ ROW_FIELDS = {
 }
 BACKENDS = {
     "mma_sync",
+    "wgmma",
+    "tcgen05",
     "triton",
     "reference",
     "vllm_triton_unified",
+    "fa3_fp8_query",
     "torch_sdpa",
     "flex_attention",
     "flashinfer",
@@ -108,7 +111,7 @@ def test_dry_run_outputs_match_the_oracle(dry_run):
 
 def test_dry_run_speedups_cover_every_peer_on_the_shape(dry_run):
     payload, _, _ = dry_run
-    ours = {"mma_sync", "triton", "reference"}
+    ours = {"mma_sync", "wgmma", "tcgen05", "triton", "reference"}
     by_shape: dict[tuple, list[dict]] = {}
     for row in payload["rows"]:
         key = tuple(row[k] for k in ("kind", "batch", "q_len", "kv_len", "causal", "kv_dtype"))
@@ -270,6 +273,31 @@ def test_accuracy_command_writes_results_that_match_its_routes(tmp_path):
         assert f"{best[kv_len]:.2e}" in row
 
 
+def test_cache_format_study_orders_the_formats():
+    """On a drafter's K/V the unquantised cache is exact but for output rounding, every
+    quantised format shows its rounding and none is broken, and FP8 with scale 1.0 (values of
+    order 0.01-0.1 in e4m3's subnormals) loses to int8 with per-token-head scales."""
+    entries = accuracy.run_cache_formats(accuracy.accuracy_shapes("dry-run"))
+    columns = [*accuracy.CACHE_FORMATS, *accuracy.FP8_QUERY_OVER]
+    for kv_len in accuracy.ACCURACY_KV_LENS["dry-run"]:
+        errors = {e["format"]: e["rel_err"] for e in entries if e["kv_len"] == kv_len}
+        assert list(errors) == columns
+        assert errors["unquantised"] < 1e-3
+        for column in columns[1:]:
+            assert 5 * errors["unquantised"] < errors[column] < 0.5, (kv_len, column, errors)
+        assert errors["int8_per_token_head"] < errors["fp8_scale_1"]
+
+
+def test_committed_cache_format_table_is_its_json(tmp_path):
+    results = REPO / "benchmarks" / "results"
+    payload = json.loads((results / "accuracy-cache-formats-quick-cpu.json").read_text())
+    rendered = tmp_path / "formats.md"
+    accuracy.write_cache_formats_markdown(rendered, payload)
+    assert rendered.read_text() == (results / "accuracy-cache-formats-quick-cpu.md").read_text()
+    kv_lens = sorted({e["kv_len"] for e in payload["cache_formats"]})
+    assert kv_lens == list(accuracy.ACCURACY_KV_LENS["quick"])
+
+
 def test_vllm_kernel_loads_without_touching_sys_modules():
     if not all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
         pytest.skip("vLLM's kernel is not in .peers/ (run benchmarks/fetch_peers.sh)")
@@ -322,11 +350,9 @@ def test_windowed_bytes_scale_with_the_window_not_the_context():
         assert small.first_key == start // 16 * 16 and small.keys_read >= left + 1
 
 
-def test_gpu_check_runs_the_windowed_drafter():
+def test_the_presets_hold_the_windowed_drafter():
     assert shapes.windowed_drafter() in shapes.quick()
     assert shapes.windowed_drafter(sinks=True) in shapes.full()
-    script = (REPO / "scripts" / "gpu_check.sh").read_text()
-    assert "benchmarks.attention --quick" in script
 
 
 def _direct_attention(case, seq: int, token: int, head: int) -> torch.Tensor:

@@ -791,46 +791,12 @@ def test_family_plan_runs_every_layer_and_replays_in_a_cuda_graph(family):
     out = torch.empty_like(case.query)
     attn.run(*layer_args(case), out=out)  # warm-up: loads the cubin outside the capture
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    eager = out.clone()
     out.zero_()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         attn.run(*layer_args(case), out=out)
     graph.replay()
     torch.cuda.synchronize()
-    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
-
-
-@pytest.mark.parametrize(
-    "capability,expected",
-    [
-        ("9.0", ["step pytest_wgmma 150 env FP8NCA_BACKEND=wgmma", "tcgen05: skipped, needs an "
-                 "sm_100 GPU (this one is cc 9.0)"]),
-        ("10.3", ["wgmma: skipped, needs an sm_90 GPU (this one is cc 10.3)",
-                  "step pytest_tcgen05 150 env FP8NCA_BACKEND=tcgen05"]),
-        ("8.9", ["wgmma: skipped, needs an sm_90 GPU", "tcgen05: skipped, needs an sm_100 GPU"]),
-    ],
-)  # fmt: skip
-def test_gpu_check_runs_each_family_only_on_its_gpu(tmp_path, capability, expected):
-    """scripts/gpu_check.sh's DSL block, with nvidia-smi and its step runner stubbed."""
-    import subprocess
-
-    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    block = script[script.index("# The DSL families on their own GPU") : script.index("step demo")]
-    for family in ("wgmma", "tcgen05"):
-        (tmp_path / "dsl" / family).mkdir(parents=True)
-        (tmp_path / "dsl" / family / f"libfp8nca_{family}.so").write_bytes(b"")
-    stubs = (
-        f"nvidia-smi() {{ echo {capability}; }}\n"
-        'step() { echo "step $*"; }\n'
-        f"SUMMARY={tmp_path / 'summary.txt'}\nRESULTS={tmp_path}\n"
-        f"GPU_CHECK_DSL_DIR={tmp_path / 'dsl'}\n"
-    )
-    done = subprocess.run(["bash", "-c", stubs + block], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert len(lines) == 2
-    for line, start in zip(lines, expected, strict=True):
-        assert line.startswith(start), line
-    assert "tests/test_dsl_families.py tests/test_cuda_gpu.py -m gpu" in done.stdout or (
-        capability == "8.9"
-    )
+    # The replay launches the same kernels on the same inputs: bit for bit the eager answer.
+    assert torch.equal(out, eager)

@@ -36,6 +36,7 @@ import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.cuda import dsl, extension, mma_sync
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
+from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 
 # Absolute LSE error against float64: fp32 scores of LSEs up to ~40 (the reference, Triton's
@@ -127,6 +128,41 @@ def test_triton_lse_matches_float64(cache_dtype, query_dtype, causal, window, si
         case, window=window, sinks=SINKS if sinks else None, return_lse=True
     )
     check_state(out, lse, exact_out, exact_lse, query_dtype)
+
+
+# Sequence 1's key in the last of three splits (keys 256..299); causal rows 1..3 see it, row 0
+# does not.
+NAN_KEY = 297
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("poisoned", ["key", "query"])
+@pytest.mark.parametrize("backend,splits", [("reference", None), ("triton", 1), ("triton", 3)])
+def test_a_nan_reaches_the_rows_that_read_it(backend, splits, poisoned, causal):
+    """SPEC §5: a NaN key in one split's keys, or a NaN query element, makes exactly the rows
+    that read it NaN, output and LSE, on every split (a NaN row sum is no empty split, and the
+    merge passes it on); the other rows stay right. A bf16 cache: Triton's interpreter reads FP8
+    NaN bytes as finite."""
+    case, problem, out, lse = lse_launch(torch.bfloat16, torch.bfloat16, causal, (-1, -1), False)
+    exact_out, exact_lse = float64_attention(case, return_lse=True)
+    reads = torch.zeros(exact_lse.shape, dtype=torch.bool)
+    if poisoned == "key":
+        page = case.block_table[1, NAN_KEY // 16]
+        problem.key_cache[page, NAN_KEY % 16, 1, 5] = math.nan
+        start, end = visible_range(torch.arange(4), 4, KV_LENS[1], causal)
+        reads[3:7, 2:] = ((start <= NAN_KEY) & (NAN_KEY < end))[:, None]  # kv head 1's q heads
+    else:
+        problem.query[4, 2, 7] = math.nan
+        reads[4, 2] = True
+    if backend == "reference":
+        reference.paged_attention(problem, out, lse)
+    else:
+        plan = triton_attention.launch_plan(problem.batch, splits)
+        assert plan.num_splits == splits
+        triton_attention.launch(problem, plan, out, lse=lse)
+    assert torch.isnan(out[reads]).all() and torch.isnan(lse[reads]).all()
+    assert relative_error(exact_out[~reads], out[~reads]) < TOLERANCE[torch.bfloat16]
+    assert lse_error(lse[~reads], exact_lse[~reads]) < LSE_TOLERANCE
 
 
 def test_plan_run_and_one_shot_return_the_same_lse():
@@ -331,6 +367,24 @@ def test_merge_takes_strided_lses_as_vllm_passes_them():
     for merger in merge_backends():
         out, lse = fna.merge_attention_states(list(outs), transposed, backend=merger)
         assert max(merge_error(out, lse, outs, lses)) < LSE_TOLERANCE
+
+
+@pytest.mark.parametrize("merger", merge_backends())
+def test_merge_passes_a_nan_state_on(merger):
+    """A NaN lse (a state whose keys held a NaN) is no empty state: that row's output and LSE
+    are NaN; a NaN in a state's output reaches that element only; the other rows stay right."""
+    outs, lses = random_states(3, seed=4)
+    lses[1, 3, 2] = math.nan
+    outs[2, 4, 0, 7] = math.nan
+    out, lse = fna.merge_attention_states(list(outs), list(lses), backend=merger)
+    assert torch.isnan(out[3, 2]).all() and torch.isnan(lse[3, 2])
+    assert torch.isnan(out[4, 0, 7]) and torch.isfinite(lse[4, 0])
+    exact_out, exact_lse = float64_merge(outs, lses)
+    finite = torch.ones(lse.shape, dtype=torch.bool)
+    finite[3, 2] = finite[4, 0] = False
+    out_error = relative_error(exact_out[finite], out[finite].double().cpu())
+    assert out_error < MERGE_TOLERANCE[torch.float32]
+    assert lse_error(lse[finite], exact_lse[finite]) < LSE_TOLERANCE
 
 
 def overflowing_merge(outs, lses, out, lse):

@@ -12,6 +12,8 @@ from helpers.dsl import (
     barrier_init_problems,
     cached_dsl_build,
     check_library_names_every_variant,
+    empty_split_lse_problems,
+    tmem_load_wait_problems,
 )
 
 from dsl import build, sass_check
@@ -136,6 +138,17 @@ def tmem_free_problems(flow: PtxFlow) -> list[str]:
     return ["no named barrier orders every softmax TMEM access before tcgen05.dealloc"]
 
 
+def tmem_alloc_warp_problems(flow: PtxFlow) -> list[str]:
+    """Empty when one warp, and the same one, allocates and frees TMEM (as CUTLASS's and FA4's
+    kernels do), by the warp-index branches that lead to tcgen05.alloc and tcgen05.dealloc."""
+    warps = T.THREADS // 32
+    alloc = flow.warps_reaching(r"tcgen05\.alloc", warps)
+    dealloc = flow.warps_reaching(r"tcgen05\.dealloc", warps)
+    if len(alloc) != 1 or alloc != dealloc:
+        return [f"tcgen05.alloc by warps {sorted(alloc)}, tcgen05.dealloc by {sorted(dealloc)}"]
+    return []
+
+
 def handoff_fence_problems(flow: PtxFlow) -> list[str]:
     """Empty when every TMEM hand-off between threads is fenced: an mbarrier wait reaches a
     tcgen05.ld / st / mma only through ``after_thread_sync``, a tcgen05.ld / st reaches an
@@ -201,6 +214,9 @@ CHECKS = {
     "TMEM free": tmem_free_problems,
     "hand-off fences": handoff_fence_problems,
     "MMA barrier order": mma_barrier_problems,
+    "TMEM alloc warp": tmem_alloc_warp_problems,
+    "TMEM load wait": tmem_load_wait_problems,
+    "empty split LSE": empty_split_lse_problems,
 }
 # Per check, planted bugs: (regular expression, replacement) applied once to a kernel's PTX.
 PLANTED = {
@@ -220,6 +236,20 @@ PLANTED = {
         # BMM2's arrival after its first wait (BMM1 would wait on 3 once more than BMM2 arrives)
         (r"(\tbar\.sync \t2, 64;\n(?:.*\n){0,4}?)\tbar\.arrive 3, 64;\n", "\\1"),
     ],
+    # the allocation moved to the BMM1 warp (warp 8), the dealloc left in BMM2's (warp 9)
+    "TMEM alloc warp": [
+        (r"(\tsetp\.ne\.b32 \t%p\d+, %r\d+, )9(;\n(?:.*\n){0,3}\ttcgen05\.alloc)", r"\g<1>8\2")
+    ],
+    # O's registers read (rescaled) before the wait of their 32x32b load
+    "TMEM load wait": [
+        (
+            r"(\ttcgen05\.ld\.sync\.aligned\.32x32b.*\n(?:(?!\ttcgen05\.wait).*\n)*?)"
+            r"\ttcgen05\.wait::ld\.sync\.aligned;\n",
+            r"\1",
+        )
+    ],
+    # a NaN row sum read as an empty split (l > 0 instead of l != 0)
+    "empty split LSE": [(r"setp\.neu\.f32", "setp.gt.f32")],
     "hand-off fences": [
         # the converter's fence before it hands converted items to the MMA warps
         (
@@ -236,7 +266,9 @@ PLANTED = {
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_ptx_synchronisation_holds_on_every_path(built, check):
     """Every kernel's kept PTX: barrier inits fenced before the first sync, TMEM freed after the
-    softmax's last access (also for a CTA without key tiles), TMEM hand-offs fenced."""
+    softmax's last access (also for a CTA without key tiles) by the warp that allocated it, TMEM
+    hand-offs fenced, TMEM loads waited for before their registers are used, a NaN split LSE
+    kept."""
     for symbol, text in kept_ptx(built).items():
         assert CHECKS[check](PtxFlow(text)) == [], symbol
 

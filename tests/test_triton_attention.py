@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
+from helpers.far_offsets import far_apart_views
 from helpers.matrix import build_case, sampled_matrix
 
 import fp8_noncausal_attn as fna
@@ -338,3 +339,25 @@ def test_production_tile_configuration(head_dim, num_splits, cache_dtype, query_
     triton_attention.launch(problem, plan, out)
     assert (out[11:] == 0).all()
     assert relative_error(out, reference(case)) <= TOLERANCE[query_dtype]
+
+
+@pytest.mark.parametrize(
+    "far_dim,num_splits,padded_rows",
+    [(0, 1, 0), (0, 3, 0), (0, 1, 1), (0, 3, 1), (1, 1, 0), (1, 3, 0)],
+)
+def test_offsets_past_int32_reach_the_right_rows(far_dim, num_splits, padded_rows):
+    """Query, out and LSE rows (far_dim 0: tokens; 1: heads) 2^31 elements apart give the bits
+    of a compact launch: every offset product is 64-bit (an int32 one wraps to another row)."""
+    case = make_case(
+        [3 - padded_rows], [300], num_q_heads=3, num_kv_heads=1, padded_rows=padded_rows,
+        device=DEVICE, seed=22,
+    )  # fmt: skip
+    out = torch.empty_like(case.query)
+    lse = torch.empty(case.query.shape[:2], device=DEVICE)
+    triton_attention.paged_attention(problem_of(case), out, num_splits, lse)
+    assert triton_attention.launch_plan(problem_of(case).batch, num_splits).num_splits == num_splits
+    assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
+    case.query, far_out = far_apart_views([case.query, torch.full_like(out, float("nan"))], far_dim)
+    (far_lse,) = far_apart_views([torch.full_like(lse, float("nan"))], far_dim)
+    triton_attention.paged_attention(problem_of(case), far_out, num_splits, far_lse)
+    assert torch.equal(far_out, out) and torch.equal(far_lse, lse)

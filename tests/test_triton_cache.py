@@ -3,6 +3,7 @@
 import pytest
 import torch
 from helpers import DEVICE
+from helpers.far_offsets import far_apart_views
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
@@ -82,6 +83,27 @@ def test_cache_write_saturates_and_never_stores_inf(cache_dtype, query_dtype, bi
             assert torch.isfinite(rows).all(), module.__name__
             expected = sign * fmax * torch.tensor([1.0, -1.0]).repeat(4)
             assert torch.equal(rows[:, :, :8].cpu(), expected.expand(num_tokens, heads, 8))
+        written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
+    assert torch.equal(written[0][0], written[1][0])
+    assert torch.equal(written[0][1], written[1][1])
+
+
+@pytest.mark.parametrize("far_dim", [0, 1])
+def test_cache_write_offsets_past_int32(far_dim):
+    """Key and value rows (far_dim 0: tokens; 1: heads) 2^31 elements apart are read where they
+    lie: the same bytes as from compact copies (an int32 offset product wraps to another row)."""
+    gen = torch.Generator().manual_seed(2)
+    key, value = torch.randn(2, 3, 3, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    scale = (torch.rand(3, generator=gen) + 0.3).to(DEVICE)
+    slots = torch.tensor([5, 17, 2], device=DEVICE)
+    written = []
+    for rows in ([key, value], far_apart_views([key, value], far_dim)):
+        key_cache, value_cache = allocate_cache(2, 16, 3, 64, torch.float8_e4m3fn, None, DEVICE)
+        for cache in (key_cache, value_cache):
+            cache.view(torch.uint8).fill_(7)
+        triton_cache.reshape_and_cache(
+            CacheWrite(*rows, key_cache, value_cache, slots, scale, scale)
+        )
         written.append((cache_bytes(key_cache), cache_bytes(value_cache)))
     assert torch.equal(written[0][0], written[1][0])
     assert torch.equal(written[0][1], written[1][1])

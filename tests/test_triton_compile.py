@@ -22,11 +22,12 @@ def expected_kernels() -> int:
     """Attention variants (plus the merge when split) and cache writes the check compiles."""
     from helpers import gpu_compile_check as check
 
-    from fp8_noncausal_attn.backends.triton import cache as triton_cache
+    from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 
     attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
     lse = 1 + 2 + 2  # unsplit kernel; split kernel and merge; two merge_states merges
-    return attention + lse + 2 * len(triton_cache._FORMATS)
+    # Cache writes: per-head and per-token-head scales, each from two 16-bit input dtypes.
+    return attention + lse + 2 * (len(CACHE_DTYPES) + len(PER_TOKEN_HEAD_DTYPES))
 
 
 @pytest.mark.parametrize("cc", [90, 100])

@@ -233,6 +233,27 @@ def test_what_dcp_cannot_run_is_refused_by_the_builder(monkeypatch, kwargs, erro
         Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
 
 
+@pytest.mark.parametrize("micro_batching", [{"enable_dbo": True}, {"ubatch_size": 2}])
+def test_dcp_with_micro_batches_is_refused_by_the_builder(monkeypatch, micro_batching):
+    """vLLM's micro-batch metadata (split_attn_metadata) drops the per-request causal flags, so
+    a bidirectional request would run causal: refused, as vLLM's V2 runner refuses it."""
+    group = ThreadGroup(RANKS)
+    group.set_rank(0)
+    monkeypatch.setattr(parallel_state, "_DCP", group)
+    config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE),
+        # vLLM micro-batches only with an expert-parallel all2all backend.
+        parallel_config=ParallelConfig(all2all_backend="deepep_low_latency", **micro_batching),
+    )  # fmt: skip
+    layer = make_layer(config)
+    with set_default_torch_dtype(torch.bfloat16):
+        spec = layer.get_kv_cache_spec(config)
+        with pytest.raises(NotImplementedError, match="dual batch overlap with context"):
+            Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
+        group.world_size = 1  # without DCP, micro-batches are vLLM's own business
+        assert Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu").dcp is None
+
+
 def real_rows(rows, scale, context):
     """[n, 1, d] rows as attention reads them, float64 [n, d]: the first ``context`` from the FP8
     cache (rounded by the scale, times it), the rest as given."""

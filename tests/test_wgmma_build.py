@@ -12,6 +12,7 @@ from helpers.dsl import (
     barrier_init_problems,
     cached_dsl_build,
     check_library_names_every_variant,
+    empty_split_lse_problems,
 )
 
 from dsl import build, sass_check
@@ -133,3 +134,16 @@ def test_ptx_fences_the_barrier_inits_before_the_first_sync(built):
         assert barrier_init_problems(PtxFlow(text)) == [], entry["symbol"]
         planted = text.replace("fence.mbarrier_init.release.cluster;", "", 1)
         assert planted != text and barrier_init_problems(PtxFlow(planted)) != [], entry["symbol"]
+
+
+def test_ptx_keeps_a_nan_split_lse_for_the_merge(built):
+    """Every kernel's kept PTX: the split LSE's -inf (an empty split) is selected by
+    total != 0 (setp.neu), so a NaN row sum keeps its NaN LSE for the merge; with total > 0
+    (setp.gt, false for NaN) the check fails."""
+    out, record = built
+    for entry in record["variants"]:
+        (ptx,) = (out / entry["cubins"][0]).parent.glob("*.ptx")
+        text = ptx.read_text()
+        assert empty_split_lse_problems(PtxFlow(text)) == [], entry["symbol"]
+        planted = text.replace("setp.neu.f32", "setp.gt.f32", 1)
+        assert planted != text and empty_split_lse_problems(PtxFlow(planted)) != [], entry["symbol"]

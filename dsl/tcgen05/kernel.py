@@ -210,7 +210,9 @@ class Tcgen05PagedAttention(LaunchEntry, ConvertRole, SoftmaxRole):
         tmem_free_bar = pipeline.NamedBarrier(barrier_id=6, num_threads=128 + 32)
         cute.arch.mbarrier_init_fence()
 
-        if warp_idx == T.MMA_KQ_WARP and not idle:
+        # The BMM2 warp allocates TMEM and frees it (tcgen05.alloc and dealloc from one warp, as
+        # CUTLASS's and FlashAttention 4's kernels do).
+        if warp_idx == T.MMA_VP_WARP and not idle:
             cute.arch.alloc_tmem(v.tmem_alloc_columns, tmem_holder)
             tcgen05_fence("before_thread_sync")
         cute.arch.sync_threads()

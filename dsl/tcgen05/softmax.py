@@ -371,8 +371,10 @@ class SoftmaxRole:
                 token = X.row_token(r, work.group)
                 head = X.row_head(r, work.group, work.kv_head)
                 if split_mode:
+                    # l = 0: no key in this split (-inf, the merge skips it); a NaN l (a NaN
+                    # in the cache) is no empty split: its NaN LSE reaches the merge.
                     lse = -acc_dtype.inf
-                    if l_sum > 0.0:
+                    if l_sum != 0.0:
                         lse = m_scaled + cute.math.log2(l_sum, fastmath=False)
                     idx = (
                         cutlass.Int64(work.split) * args.num_tokens + work.q_start + token
@@ -595,6 +597,7 @@ class SoftmaxRole:
             for c in cutlass.range_constexpr(self.v.rows // L.COLUMN_CHUNK):
                 acc = cute.make_rmem_tensor(o_shape, self.acc_dtype)
                 cute.copy(load_o, tStO[(None, c, 0, 0, dm)], acc)
+                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld before acc is read
                 for i in cutlass.range_constexpr(L.COLUMN_CHUNK):
                     acc[i] = acc[i] * s_correction[c * L.COLUMN_CHUNK + i]
                 cute.copy(thr_store_o, acc, tStO_dst[(None, c, 0, 0, dm)])

@@ -686,8 +686,10 @@ class WgmmaPagedAttention(LaunchEntry):
             if num_splits > 1:
                 inv = cutlass.select_(total > 0.0, v_scale / total, cutlass.Float32(0.0))
                 if wg_tidx % 4 == 0:
+                    # total = 0: no key in this split (-inf, the merge skips it); a NaN total
+                    # (a NaN in the cache) is no empty split: its NaN LSE reaches the merge.
                     lse = cutlass.Float32(-math.inf)
-                    if total > 0.0:
+                    if total != 0.0:
                         lse = m_scaled + cute.math.log2(total, fastmath=False)
                     cute.make_tensor(ws_lse_ptr + row_ws, cute.make_layout(1))[0] = lse
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):

@@ -318,6 +318,109 @@ class PtxFlow:
             todo.extend(self.successors[i])
         return False
 
+    def warps_reaching(self, target: str, num_warps: int) -> set[int]:
+        """The warps (``tid.x / 32``) for which a path from the kernel's entry reaches an
+        instruction matching ``target``: a branch on a predicate that the warp index fixes
+        (``setp`` of ``tid.x >> s``, s >= 5, or its ``shfl.sync.idx`` broadcast, against a
+        constant, combined by not / and / or) goes the way that warp goes; any other both ways."""
+        return {w for w in range(num_warps) if self._reaches_as_warp(w, target)}
+
+    def _reaches_as_warp(self, warp: int, target: str) -> bool:
+        values: dict[str, object] = {}  # register -> "tid", or an int / bool the warp fixes
+        compare = {"eq": int.__eq__, "ne": int.__ne__, "lt": int.__lt__, "le": int.__le__,
+                   "gt": int.__gt__, "ge": int.__ge__}  # fmt: skip
+        for op in self.ops:
+            words = re.split(r"[\s,]+", op)
+            if re.fullmatch(r"mov\.u32 \S+ %tid\.x", " ".join(words)):
+                values[words[1]] = "tid"
+            elif words[0] == "shr.u32" and values.get(words[2]) == "tid" and int(words[3]) >= 5:
+                values[words[1]] = (warp * 32) >> int(words[3])
+            elif words[0] == "shfl.sync.idx.b32" and isinstance(values.get(words[2]), int):
+                values[words[1]] = values[words[2]]
+            elif re.fullmatch(r"setp\.(eq|ne|lt|le|gt|ge)\.[bsu]32", words[0]):
+                left = values.get(words[2])
+                if isinstance(left, int) and re.fullmatch(r"-?\d+", words[3]):
+                    values[words[1]] = compare[words[0].split(".")[1]](left, int(words[3]))
+            elif words[0] == "not.pred" and isinstance(values.get(words[2]), bool):
+                values[words[1]] = not values[words[2]]
+            elif words[0] in ("and.pred", "or.pred"):
+                known = [values.get(w) for w in words[2:4]]
+                absorbing = words[0] == "or.pred"  # True absorbs an or, False an and
+                if absorbing in known:
+                    values[words[1]] = absorbing
+                elif all(isinstance(k, bool) for k in known):
+                    values[words[1]] = not absorbing
+        seen: set[int] = set()
+        todo = [0]
+        while todo:
+            i = todo.pop()
+            if i in seen or i >= len(self.ops):
+                continue
+            seen.add(i)
+            if re.match(target, self.ops[i]):
+                return True
+            branch = re.match(r"@(!?)(%p\d+)\s+bra", self.ops[i])
+            taken = values.get(branch.group(2)) if branch else None
+            if isinstance(taken, bool):
+                jumps = taken != (branch.group(1) == "!")
+                todo.append(self.successors[i][-1] if jumps else i + 1)
+            else:
+                todo.extend(self.successors[i])
+        return False
+
+
+def tmem_load_wait_problems(flow: PtxFlow) -> list[str]:
+    """Empty when no ``tcgen05.ld``'s destination registers are touched before a
+    ``tcgen05.wait::ld`` on any path (the PTX ISA leaves them undefined until then). Plain
+    ``mov`` copies (the DSL packs the registers into 64-bit ones before the wait and unpacks
+    them after) carry the registers on; any other instruction naming one is a use."""
+    loads = flow.find(r"tcgen05\.ld\.")
+    if not loads:
+        return ["no tcgen05.ld"]
+    problems = []
+    for start in loads:
+        loaded = frozenset(re.findall(r"%\w+", re.search(r"\{[^}]*\}", flow.ops[start])[0]))
+        todo = [(i, loaded) for i in flow.successors[start]]
+        seen = set()
+        while todo:
+            i, carried = todo.pop()
+            if (i, carried) in seen or i >= len(flow.ops):
+                continue
+            seen.add((i, carried))
+            op = flow.ops[i]
+            if re.match(r"tcgen05\.wait::ld", op):
+                continue
+            copy = re.fullmatch(r"mov\.b\d+\s+(\{[^}]*\}|%\w+),\s*(\{[^}]*\}|%\w+)", op)
+            if copy:
+                if carried & set(re.findall(r"%\w+", copy[2])):
+                    carried = carried | set(re.findall(r"%\w+", copy[1]))
+            elif carried & set(re.findall(r"%\w+", op)):
+                problems.append(f"{op!r} uses a register of {flow.ops[start][:50]}... unwaited")
+                break
+            todo.extend((j, carried) for j in flow.successors[i])
+    return problems
+
+
+def empty_split_lse_problems(flow: PtxFlow) -> list[str]:
+    """Empty when the kernel selects an LSE of -inf (an empty split) and every such select on
+    a float compared with 0 (the row sum l) compares unordered-not-equal, ``setp.neu``: a NaN l
+    (a NaN in the inputs) then keeps its NaN LSE, which the merge passes on, instead of reading
+    as an empty split that the merge drops (``setp.gt`` is false for NaN)."""
+    compares = {}
+    for op in flow.ops:
+        setp = re.fullmatch(r"setp\.(\w+)\.f32\s+(%p\d+), %r\d+, 0f00000000", op)
+        if setp:
+            compares[setp[2]] = setp[1]
+    selects = [
+        select[1]
+        for op in flow.ops
+        if (select := re.fullmatch(r"selp\.f32\s+%r\d+, %r\d+, 0fFF800000, (%p\d+)", op))
+    ]
+    on_zero = [compares[p] for p in selects if p in compares]
+    if not on_zero:
+        return ["no select of -inf on a float compared with 0"]
+    return [f"setp.{cmp} selects the empty split's -inf" for cmp in on_zero if cmp != "neu"]
+
 
 def barrier_init_problems(flow: PtxFlow) -> list[str]:
     """An mbarrier initialisation that can reach the CTA's first sync without

@@ -25,7 +25,9 @@ import torch
 
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
+from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.problem import CacheWrite
+from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
 from tools.sass_model.triton_kernels import captured_launches, compile_launch
@@ -136,22 +138,33 @@ def lse_flags(launch) -> str:
 
 
 def cache_write_launches():
-    """(label, launch) of the cache write for every cache format and 16-bit input dtype."""
+    """(label, launch) of the cache write for every cache format and 16-bit input dtype, with
+    per-head scales, and with per-token-head scales (inline in vLLM's page) for the formats that
+    take them."""
     num_tokens, num_kv_heads, head_dim, block_size = 5, 2, 128, 16
-    for cache_dtype in triton_cache._FORMATS:
+    cases = [(dtype, "per-head") for dtype in CACHE_DTYPES]
+    cases += [(dtype, "per-token-head") for dtype in PER_TOKEN_HEAD_DTYPES]
+    for cache_dtype, scaling in cases:
         for input_dtype in SIXTEEN:
             key = torch.randn(num_tokens, num_kv_heads, head_dim).to(input_dtype)
             value = torch.randn(num_tokens, num_kv_heads, head_dim).to(input_dtype)
-            caches = [
-                torch.zeros(4, block_size, num_kv_heads, head_dim, dtype=cache_dtype)
-                for _ in range(2)
-            ]
+            if scaling == "per-head":
+                caches = [
+                    torch.zeros(4, block_size, num_kv_heads, head_dim, dtype=cache_dtype)
+                    for _ in range(2)
+                ]
+                scales = [torch.rand(num_kv_heads) + 0.5 for _ in range(2)]
+            else:
+                page = torch.zeros(
+                    4, num_kv_heads, block_size, 2 * (head_dim + 4), dtype=torch.uint8
+                )
+                *caches, k_scale, v_scale = split_per_token_head_cache(page, cache_dtype)
+                scales = [k_scale, v_scale]
             slots = torch.randperm(4 * block_size)[:num_tokens]
-            scales = [torch.rand(num_kv_heads) + 0.5 for _ in range(2)]
             with captured_launches(triton_cache, "_reshape_and_cache_kernel") as launches:
                 triton_cache.reshape_and_cache(CacheWrite(key, value, *caches, slots, *scales))
             (launch,) = launches
-            yield f"cache write {cache_dtype} from {input_dtype}", launch
+            yield f"cache write {scaling} {cache_dtype} from {input_dtype}", launch
 
 
 def all_launches():

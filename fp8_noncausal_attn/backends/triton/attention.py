@@ -111,8 +111,8 @@ if triton is not None:
             # Padding tiles (unsplit launch only; the merge zeroes them when split): the rows past
             # cu_seqlens_q[-1], which vLLM pads under CUDA graphs, are written as zeros.
             rows = (tile - num_seqs * num_q_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-            token = rows // GROUP
-            q_head = kv_head * GROUP + rows % GROUP
+            token = (rows // GROUP).to(tl.int64)  # int64 offsets, as the real rows' below
+            q_head = (kv_head * GROUP + rows % GROUP).to(tl.int64)
             pad = (token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu)) & (token < num_tokens)
             tl.store(
                 out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
@@ -138,7 +138,10 @@ if triton is not None:
 
         rows = first_row + tl.arange(0, BLOCK_M)
         token = rows // GROUP
-        q_head = kv_head * GROUP + rows % GROUP
+        # int64 offsets: a row's token (or head) times its stride passes 2^31 elements in a long
+        # batch (131,072 tokens x 64 heads x 256 dims) or a head-major view.
+        batch_token = (q_start + token).to(tl.int64)
+        q_head = (kv_head * GROUP + rows % GROUP).to(tl.int64)
         row_valid = token < q_len
 
         # The mask (masking.visible_range): causal rows see keys j <= kv_len - q_len + token; a
@@ -171,7 +174,7 @@ if triton is not None:
         kv_end = tl.minimum(kv_start + tiles_per_split * BLOCK_N, tile_kv_end)
 
         q = tl.load(
-            q_ptr + (q_start + token)[:, None] * stride_qt + q_head[:, None] * stride_qh
+            q_ptr + batch_token[:, None] * stride_qt + q_head[:, None] * stride_qh
             + dims[None, :],
             mask=row_valid[:, None], other=0.0,
         )  # fmt: skip
@@ -187,7 +190,8 @@ if triton is not None:
             keys = tile_start + tl.arange(0, BLOCK_N)
             key_valid = keys < kv_end
             page = tl.load(
-                block_table_ptr + seq * stride_bt + (keys // BLOCK_SIZE) * stride_bt_col,
+                block_table_ptr + seq.to(tl.int64) * stride_bt
+                + (keys // BLOCK_SIZE) * stride_bt_col,
                 mask=key_valid, other=0,
             ).to(tl.int64)  # fmt: skip
             slot = keys % BLOCK_SIZE
@@ -232,28 +236,28 @@ if triton is not None:
             acc = acc * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_sink)
             m_i = m_sink
-        has_keys = l_i > 0
+        # l = 0: the row saw no key here (an empty state, lse -inf). A NaN l (a NaN in the cache,
+        # query or scales) is no empty state: it stays NaN in the output and the LSE.
+        has_keys = l_i != 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
             # Partial results: fp32 part_out [splits, tokens, q_heads, HEAD_DIM] and the row's
             # log2-sum-exp part_lse [splits, tokens, q_heads]; -inf marks a split with no keys.
-            # int64 offsets: a max-batch workspace can exceed 2^31 elements.
-            part_token = (q_start + token).to(tl.int64)
             lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
             tl.store(
-                part_lse_ptr + split.to(tl.int64) * stride_pls + part_token * stride_plt
+                part_lse_ptr + split.to(tl.int64) * stride_pls + batch_token * stride_plt
                 + q_head * stride_plh,
                 lse, mask=row_valid,
             )  # fmt: skip
             part_row = (
-                split.to(tl.int64) * stride_pos + part_token * stride_pot + q_head * stride_poh
+                split.to(tl.int64) * stride_pos + batch_token * stride_pot + q_head * stride_poh
             )
             tl.store(
                 part_out_ptr + part_row[:, None] + dims[None, :], result, mask=row_valid[:, None]
             )
         else:
             tl.store(
-                out_ptr + (q_start + token)[:, None] * stride_ot + q_head[:, None] * stride_oh
+                out_ptr + batch_token[:, None] * stride_ot + q_head[:, None] * stride_oh
                 + dims[None, :],
                 result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None],
             )  # fmt: skip
@@ -261,7 +265,7 @@ if triton is not None:
                 # Natural log: (m + log2 l) ln 2, the sink's term inside l; -inf with no keys.
                 lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
                 tl.store(
-                    lse_ptr + (q_start + token) * stride_lt + q_head * stride_lh,
+                    lse_ptr + batch_token * stride_lt + q_head * stride_lh,
                     lse * 0.6931471805599453, mask=row_valid,
                 )  # fmt: skip
 
@@ -281,8 +285,8 @@ if triton is not None:
     ):  # fmt: skip
         # Also merge_attention_states' Triton kernel: its states' natural-log LSEs come in
         # with lse_to_log2 = log2(e) (the attention's partials are log2 already: 1).
-        token = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
+        token = tl.program_id(0).to(tl.int64)  # int64 offsets: see _paged_attention_kernel
+        head = tl.program_id(1).to(tl.int64)
         dims = tl.arange(0, HEAD_POW2)
         dim_valid = dims < HEAD_DIM
         out_row = out_ptr + token * stride_ot + head * stride_oh + dims
@@ -300,8 +304,9 @@ if triton is not None:
             part_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
             mask=split_valid, other=float("-inf"),
         ) * lse_to_log2  # fmt: skip
-        # A split with no keys (lse = -inf) has weight 0; its partial is not read at all.
-        has_keys = lse > float("-inf")
+        # A split with no keys (lse = -inf) has weight 0; its partial is not read at all. A NaN
+        # lse is no empty split: its NaN weight reaches the output and the merged LSE.
+        has_keys = lse != float("-inf")
         lse_max = tl.max(lse, 0)
         if SINKS:
             sink = tl.load(sinks_ptr + head) * 1.4426950408889634  # log2 units, as lse
@@ -316,10 +321,10 @@ if triton is not None:
         total = tl.sum(weight, 0)
         if SINKS:
             total += tl.exp2(sink - lse_max)
-        merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+        merged = tl.sum(parts * weight[:, None], 0) / tl.where(total != 0, total, 1.0)
         tl.store(out_row, merged.to(out_ptr.dtype.element_ty), mask=dim_valid)
         if RETURN_LSE:
-            merged_lse = tl.where(total > 0, lse_max + tl.log2(tl.where(total > 0, total, 1.0)),
+            merged_lse = tl.where(total != 0, lse_max + tl.log2(tl.where(total != 0, total, 1.0)),
                                   float("-inf"))  # fmt: skip
             tl.store(lse_out, merged_lse * 0.6931471805599453)
 
