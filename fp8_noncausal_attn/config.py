@@ -29,8 +29,8 @@ SIXTEEN_BIT_KV_CACHE_DTYPES = ("bfloat16", "float16")
 # What FP8_NONCAUSAL declares to vLLM (vllm_backend.Fp8NoncausalAttentionBackend).
 SUPPORTED_KV_CACHE_DTYPES = ("auto",) + SIXTEEN_BIT_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES
 MODEL_DTYPES = SIXTEEN_BIT_KV_CACHE_DTYPES
-# The oldest GPU any of our kernels runs on: Triton's FP8 conversions need sm_89; the compiled
-# CUDA kernels are built for sm_90a and sm_100a and dispatch falls back to Triton elsewhere.
+# The oldest GPU any of our kernels runs on: Triton's FP8 conversions and the mma_sync kernels
+# (built for sm_89, sm_90, the sm_100 family and sm_120, PTX for newer) both need sm_89.
 MIN_DEVICE_CAPABILITY = (8, 9)
 
 _SPECULATIVE_KV_KEY = "speculative_config.kv_cache_dtype"

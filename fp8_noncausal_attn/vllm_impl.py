@@ -435,9 +435,9 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     Accepted (``validate_configuration`` returns no reason): decoder attention, bf16/fp16
     activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
     64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
-    scales, compute capability >= 8.9 (CUDA kernels on sm_90a/sm_100a, Triton elsewhere) or none
-    (vLLM's CPU platform: the reference kernels), sliding windows and attention sinks (Triton:
-    the CUDA kernels do not run them yet), decode context parallelism
+    scales, compute capability >= 8.9 (the mma_sync kernels, Triton where they do not run) or
+    none (vLLM's CPU platform: the reference kernels), sliding windows and attention sinks
+    (every backend runs them), decode context parallelism
     (``decode_context_parallel_size > 1``, :mod:`fp8_noncausal_attn.vllm_dcp`; without windows).
     Refused with vLLM's own reasons: MLA, sparse attention, multimodal prefix attention, batch
     invariance, PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
