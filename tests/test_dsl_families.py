@@ -102,7 +102,7 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
         return max(num_splits, 1)
 
     ext = SimpleNamespace(
-        plan=lambda **kwargs: {"num_splits": 1},
+        plan=lambda num_splits=0, **kwargs: {"num_splits": max(num_splits, 1), "launch": "plan"},
         plan_splits=plan_splits,
         paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
             kwargs
