@@ -207,6 +207,32 @@ def test_library_search_order_and_a_broken_library(tmp_path, monkeypatch):
         dsl_families.load_library.cache_clear()
 
 
+def test_an_environment_library_never_shadows_the_packages_own_silently(tmp_path, monkeypatch):
+    """$FP8NCA_DSL_LIBRARY_DIR searched before the package's own folder: when both hold the
+    library, a warning names both paths; with the package's own absent, none."""
+    own, local = tmp_path / "package", tmp_path / "local"
+    for folder in (own, local):
+        folder.mkdir()
+        (folder / "libfp8nca_wgmma.so").write_bytes(b"not an ELF file")
+    monkeypatch.setattr(dsl_families, "package_library_dir", lambda family: own)
+    monkeypatch.setenv(dsl_families.LIBRARY_DIR_ENV, str(local))
+    dsl_families.load_library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning) as warned:
+            library, why = dsl_families.load_library("wgmma")
+        (message,) = [str(w.message) for w in warned]
+        assert str(local / "libfp8nca_wgmma.so") in message
+        assert str(own / "libfp8nca_wgmma.so") in message
+        assert library is None and str(local) in why
+        (own / "libfp8nca_wgmma.so").unlink()
+        dsl_families.load_library.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dsl_families.load_library("wgmma")
+    finally:
+        dsl_families.load_library.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def package_build(tmp_path_factory):
     """One small variant per family, built by setup.py's own command and installed by its own
