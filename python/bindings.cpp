@@ -108,6 +108,8 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   const int rows_in_tile = std::min(std::max(max_seqlen_q, 1) * group, p.block_m);
   py::dict d;
   d["family"] = "mma_sync";
+  // The plan itself, which the launch takes back as it is (no second make_plan per launch).
+  d["launch"] = p;
   // The kernel the launch runs: its demangled name is kernel_name<head_dim, QT, KV>.
   d["kernel_name"] = p.block_m == fp8nca::mma_sync::kBlockM ? "paged_attention_kernel"
                                                             : "paged_attention_kernel_m128";
@@ -177,11 +179,13 @@ std::vector<std::string> given_fields() {
   return names;
 }
 
-// Launches attention (and the split-KV merge when num_splits > 1) on `stream`, with every
-// Given field of AttnParams taken from `fields` by name (an unknown name is an error).
+// Launches attention (and the split-KV merge when num_splits > 1) on `stream` by `plan` (what
+// plan() returned as "launch", made for this batch's sizes), with every Given field of
+// AttnParams taken from `fields` by name (an unknown name is an error); `lse` (fp32 [num_tokens,
+// num_q_heads], contiguous, or 0) receives each row's natural-log LSE in the same passes.
 // Asynchronous.
-void paged_attention(int device, std::uintptr_t stream, int q_dtype, int kv_dtype,
-                     const py::dict& fields) {
+void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan, int q_dtype,
+                     int kv_dtype, const py::dict& fields, std::uintptr_t lse) {
   fp8nca::AttnParams p{};
 #define FP8NCA_FILL_Given(type, name) p.name = field<type>(fields, #name);
 #define FP8NCA_FILL_Derived(type, name)
@@ -212,16 +216,18 @@ void paged_attention(int device, std::uintptr_t stream, int q_dtype, int kv_dtyp
   }
   // With no sequence every row is padding: the launch still zeroes them.
   if (p.num_tokens == 0) return;
-  // max_seqlen_q == 0: no sequence has query rows, only padded rows (if any) to zero.
-  const fp8nca::Plan plan = fp8nca::make_plan(plan_input(
-      p.num_seqs, p.num_tokens, p.num_q_heads, p.num_kv_heads, p.head_dim, kv_dtype,
-      p.max_seqlen_q, 1, 0, p.num_splits, p.window_left, p.window_right, p.causal != 0));
-  p.num_splits = plan.num_splits;
+  // The grid's y and z come from the batch's sizes: a plan made for another batch is refused.
+  const bool padding_slice = plan.num_splits == 1;
+  if (p.num_splits != plan.num_splits || plan.grid_y != static_cast<unsigned>(p.num_kv_heads) ||
+      plan.grid_z != static_cast<unsigned>(p.num_seqs * plan.num_splits + padding_slice)) {
+    throw std::invalid_argument(
+        "fp8_noncausal_attn._C: paged_attention's plan was made for other sizes");
+  }
   if (plan.num_splits > 1 && (p.ws_o == nullptr || p.ws_lse == nullptr)) {
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
   const DeviceGuard guard(device);
-  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype,
+  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype, ptr<float>(lse),
                                  reinterpret_cast<cudaStream_t>(stream)),
         "attention launch");
 }
@@ -230,7 +236,7 @@ void paged_attention(int device, std::uintptr_t stream, int q_dtype, int kv_dtyp
 // states merge_attention_states stacked): ws_o fp32 [num_splits, num_tokens, num_q_heads,
 // head_dim] and ws_lse fp32 [num_splits, num_tokens, num_q_heads] (log2 units), both contiguous,
 // into `out` [num_tokens, num_q_heads, head_dim] of out_dtype (kBF16, kFP16, kMergeFP32)
-// through its strides (out 0: not written, the LSE only); sinks: fp32 [num_q_heads]
+// through its strides; sinks: fp32 [num_q_heads]
 // natural-log logits or 0; lse: fp32 natural-log LSE of each merged row through lse_strides, or
 // 0 (none); rows past cu_seqlens_q[num_seqs] written as zeros (LSE -inf). Asynchronous.
 void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::uintptr_t ws_lse,
@@ -245,9 +251,9 @@ void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::u
   if (q_dtype != fp8nca::kBF16 && q_dtype != fp8nca::kFP16 && q_dtype != fp8nca::kMergeFP32) {
     throw std::invalid_argument("fp8_noncausal_attn._C: merge_splits writes bf16, fp16 or fp32");
   }
-  if (ws_o == 0 || ws_lse == 0 || cu_seqlens_q == 0 || (out == 0 && lse == 0)) {
+  if (ws_o == 0 || ws_lse == 0 || cu_seqlens_q == 0 || out == 0) {
     throw std::invalid_argument(
-        "fp8_noncausal_attn._C: merge_splits needs ws_o, ws_lse, cu_seqlens_q and out or lse");
+        "fp8_noncausal_attn._C: merge_splits needs ws_o, ws_lse, cu_seqlens_q and out");
   }
   fp8nca::AttnParams p{};
   p.out = ptr<void>(out);
@@ -264,7 +270,7 @@ void merge_splits(int device, std::uintptr_t stream, std::uintptr_t ws_o, std::u
   p.num_q_heads = num_q_heads;
   p.head_dim = head_dim;
   const fp8nca::MergeOutputs outputs{ptr<float>(lse), lse_strides[0].cast<int64_t>(),
-                                     lse_strides[1].cast<int64_t>(), out != 0};
+                                     lse_strides[1].cast<int64_t>()};
   const DeviceGuard guard(device);
   check(fp8nca::launch_merge(p, q_dtype, outputs, reinterpret_cast<cudaStream_t>(stream)),
         "merge launch");
@@ -321,10 +327,20 @@ int driver_version() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "CUDA paged attention kernels of fp8_noncausal_attn (mma.sync family, cp.async).";
+  py::class_<fp8nca::Plan>(m, "Plan",
+                           "One batch's C++ plan (csrc/common/plan.h), as plan() made it: the "
+                           "launch takes it back unchanged.")
+      .def_readonly("num_splits", &fp8nca::Plan::num_splits)
+      .def_readonly("block_m", &fp8nca::Plan::block_m)
+      .def_property_readonly("grid", [](const fp8nca::Plan& p) {
+        return py::make_tuple(p.grid_x, p.grid_y, p.grid_z);
+      });
   m.def("paged_attention", &paged_attention, py::arg("device"), py::arg("stream"),
-        py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("fields"),
-        "Paged attention (and the split-KV merge) on `stream`; `fields`: every name of "
-        "ATTN_FIELDS (device pointers as integers). Asynchronous.");
+        py::arg("plan"), py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("fields"),
+        py::arg("lse") = 0,
+        "Paged attention (and the split-KV merge) on `stream` by `plan` (plan()'s \"launch\"); "
+        "`fields`: every name of ATTN_FIELDS (device pointers as integers); `lse`: fp32 "
+        "[num_tokens, num_q_heads] contiguous, or 0. Asynchronous.");
   m.def("reshape_and_cache", &reshape_and_cache, py::arg("device"), py::arg("stream"),
         py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"),
         py::arg("slot_mapping"), py::arg("k_scale"), py::arg("v_scale"),

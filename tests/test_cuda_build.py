@@ -117,7 +117,7 @@ def test_attention_kernels_use_tensor_cores(family, arch):
     kernel, mma, copy = FAMILIES[family]
     functions = sass_functions(arch)
     attention = {n: s for n, s in functions.items() if kernel in n}
-    assert len(attention) == NUM_ATTENTION_KERNELS, sorted(functions)
+    assert len(attention) == 2 * NUM_ATTENTION_KERNELS, sorted(functions)  # with LSE twins
     for name, sass in attention.items():
         assert re.search(mma, sass), f"{name} on sm_{arch} has no {mma}"
         assert copy in sass, f"{name} on sm_{arch} does not use {copy}"
@@ -165,6 +165,46 @@ def test_mask_runs_only_on_tiles_that_need_it(arch):
         loop = graph.main_loop(is_tensor)
         assert masks(graph, loop.body), f"{name} on sm_{arch}: no mask in the main loop"
         assert not masks(graph, graph.every_iteration(loop)), f"{name} on sm_{arch} masks all"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
+def test_lse_twins_differ_from_their_kernels_only_after_the_main_loop(arch):
+    """Each kernel that writes the unsplit LSE has a main loop as long as its twin's without it,
+    with the same count of every instruction but the integer moves and adds that register
+    allocation trades for one another (IMAD / MOV / IADD3 / VIADD / SHF / LEA): the LSE costs
+    the loop nothing. It stores more (the LSE rows) after the loop."""
+    require_arch(arch)
+    from collections import Counter
+
+    from tools.sass_model.cfg import ControlFlowGraph
+    from tools.sass_model.pipes import is_tensor
+    from tools.sass_model.sass import parse
+
+    interchangeable = {"IMAD", "MOV", "IADD3", "VIADD", "SHF", "LEA"}
+
+    def loop_and_stores(sass):
+        graph = ControlFlowGraph(parse(sass))
+        loop = graph.main_loop(is_tensor)
+        body = [ins.base for b in loop.body for ins in graph.block_instructions(b)]
+        stores = sum(ins.base in ("STG", "ST") for ins in graph.instructions)
+        fixed = Counter(base for base in body if base not in interchangeable)
+        return len(body), fixed, stores
+
+    functions = sass_functions(arch)
+    # Mangled names carry each identifier's length.
+    twin_names = {
+        "22paged_attention_kernelI": "26paged_attention_kernel_lseI",
+        "27paged_attention_kernel_m128I": "31paged_attention_kernel_m128_lseI",
+    }
+    twins = {name: name.replace(plain, lse) for name in functions
+             for plain, lse in twin_names.items() if plain in name}  # fmt: skip
+    assert len(twins) == NUM_ATTENTION_KERNELS and set(twins.values()) <= set(functions)
+    for plain, lse in twins.items():
+        *plain_loop, plain_stores = loop_and_stores(functions[plain])
+        *lse_loop, lse_stores = loop_and_stores(functions[lse])
+        assert plain_loop == lse_loop, f"{lse} on sm_{arch}: its main loop differs"
+        assert lse_stores > plain_stores, f"{lse} on sm_{arch} stores no more than {plain}"
 
 
 def drafter_problem(batch: int, kv_len: int, q_len: int = 8):
@@ -283,14 +323,17 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
     from fp8_noncausal_attn.validation import validate_attention
 
     calls = {}
+    cxx_plan = object()  # stands for _C.Plan: the launch must get it back as it is
 
     def plan(**kwargs):
         calls["plan"] = kwargs
-        return {"num_splits": 1}
+        return {"num_splits": 1, "launch": cxx_plan}
 
-    ext = types.SimpleNamespace(
-        plan=plan, paged_attention=lambda **kwargs: calls.setdefault("launch", kwargs["fields"])
-    )
+    def paged_attention(**kwargs):
+        assert kwargs["plan"] is cxx_plan
+        calls.setdefault("launch", kwargs["fields"])
+
+    ext = types.SimpleNamespace(plan=plan, paged_attention=paged_attention)
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
         cuda_stream=0))  # fmt: skip
@@ -301,10 +344,10 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
         window=(2**40, -1), sinks=sinks,
     )  # fmt: skip
-    mma_sync.kernel_plan(problem.batch, resident=100)
+    monkeypatch.setattr(mma_sync, "resident_ctas", lambda batch: 100)
+    unsplit = mma_sync.plan(problem.batch)
     assert calls["plan"]["window_left"] == 2**31 - 1 and calls["plan"]["window_right"] == -1
     assert calls["plan"]["causal"] is True
-    unsplit = mma_sync.MmaSyncPlan(1, None, None)
     mma_sync.run(problem, unsplit, torch.empty_like(case.query))
     launch = calls["launch"]
     assert launch["sinks"] == sinks.data_ptr()
@@ -319,7 +362,8 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
 def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch):
     """mma_sync.run passes _C.paged_attention one value for each Given field of AttnParams
     (csrc/common/params.h FP8NCA_ATTN_FIELDS, exported as _C.ATTN_FIELDS), read from the
-    problem; the binding refuses a missing or an unknown field before any CUDA call."""
+    problem, and the plan's _C.Plan as it is; the binding refuses a missing or an unknown field,
+    and a plan made for other sizes, before any CUDA call."""
     import contextlib
 
     from fp8_noncausal_attn import _C
@@ -336,20 +380,30 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    mma_sync.run(problem, mma_sync.MmaSyncPlan(1, None, None), torch.empty_like(case.query))
+    report = _C.plan(**extension.plan_sizes(problem), num_tokens=problem.num_tokens,
+                     head_dim=problem.head_dim, kv_dtype=2, resident_ctas=1)  # fmt: skip
+    mma_sync.run(problem, mma_sync.MmaSyncPlan(1, None, None, report["launch"]),
+                 torch.empty_like(case.query))  # fmt: skip
+    assert calls["plan"] is report["launch"] and calls["plan"].num_splits == 1
     fields = calls["fields"]
     assert tuple(fields) == _C.ATTN_FIELDS
     assert fields["bt_stride_b"] == problem.block_table.stride(1) == 2
     assert fields["causal_per_seq"] == problem.causal_per_seq.data_ptr()
     assert fields["causal_bytes"] == 1 and fields["causal_stride"] == 2
     assert fields["cu_stride"] == 2 and fields["num_splits"] == 1
+    launch = functools.partial(
+        _C.paged_attention, device=0, stream=0, plan=report["launch"], q_dtype=0, kv_dtype=2
+    )
     empty = dict(fields, num_tokens=0)  # no row: the binding returns before any CUDA call
-    assert _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=empty) is None
+    assert launch(fields=empty) is None
     with pytest.raises(ValueError, match="takes no extra"):
-        _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=dict(empty, extra=1))
+        launch(fields=dict(empty, extra=1))
+    for other in ({"num_seqs": 3}, {"num_kv_heads": 4}, {"num_splits": 2}):
+        with pytest.raises(ValueError, match="plan was made for other sizes"):
+            launch(fields=dict(fields, **other))
     del empty["sinks"]
     with pytest.raises(ValueError, match="needs sinks"):
-        _C.paged_attention(device=0, stream=0, q_dtype=0, kv_dtype=2, fields=empty)
+        launch(fields=empty)
 
 
 def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):

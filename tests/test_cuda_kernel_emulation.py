@@ -96,9 +96,10 @@ def mma(acc, a, b0, b1):
         acc[lane] += [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
 
 
-def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
+def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=None):
     """paged_attention_kernel for one CTA; pb holds the problem's arrays, T the kernel's maps
-    for tiles as copied (the cache's format)."""
+    for tiles as copied (the cache's format). Unsplit, ``lse`` (or None) is the LSE output of
+    paged_attention_kernel_lse's epilogue."""
     hk = host()
     d, elt, group, bn = T["head_dim"], T["elt"], pb["group"], T["block_n"]
     C = tables(d, 2, T["block_m"])  # the 16-bit tiles the MMAs read
@@ -296,26 +297,26 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse):
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
                 scale = pb["v_scale"][kvh]
+                m = m_i[warp, lane, h] * scale_log2  # total's reference point, log2 units
                 if num_splits == 1 and pb["sinks"] is not None:
                     # The sink joins the denominator at max(m, sink), log2 units (epilogue.cuh).
-                    m = m_i[warp, lane, h] * scale_log2
                     sink = pb["sinks"][head] * LOG2E
                     m_sink = max(m, sink)
                     a = 2.0 ** (m - m_sink)
                     total = total * a + 2.0 ** (sink - m_sink)
                     scale *= a
+                    m = m_sink
+                row_lse = m + math.log2(total) if total != 0 else -math.inf
                 inv = scale / total if total > 0 else 0.0
                 target = out if num_splits == 1 else ws_o[split]
                 for j in range(C["ot"]):
                     dim = C["out_dim"][j][t]
                     target[tok, head, dim : dim + 2] = o[warp, lane, j, 2 * h : 2 * h + 2] * inv
                 if num_splits > 1 and t == 0:
-                    lse = (
-                        m_i[warp, lane, h] * scale_log2 + math.log2(total)
-                        if total != 0
-                        else -math.inf
-                    )
-                    ws_lse[split, tok, head] = lse
+                    ws_lse[split, tok, head] = row_lse
+                if num_splits == 1 and lse is not None and t == 0:
+                    # The LSE twin's epilogue: natural log, the sink inside.
+                    lse[tok, head] = row_lse * math.log(2.0)
 
 
 def sequences(problem):
@@ -336,8 +337,9 @@ def sequences(problem):
 def emulate(problem, num_splits, lse=None):
     """The whole launch (attention kernel grid, then merge.cu when split) on the CPU, on the C++
     plan's tile (64 or 128 query rows) and grid. Every output row starts as NaN, so a row no CTA
-    writes shows up. ``lse`` (numpy [num_tokens, num_q_heads], split launches only) receives the
-    merge's natural-log LSE, -inf for padded rows, as merge.cu writes it for return_lse."""
+    writes shows up. ``lse`` (numpy [num_tokens, num_q_heads]) receives each row's natural-log
+    LSE as return_lse gets it: from the LSE kernel's epilogue when unsplit, from merge.cu when
+    split; -inf for padded rows."""
     plan = mma_sync.kernel_plan(problem.batch, resident=1, num_splits=num_splits)
     assert plan["num_splits"] == num_splits
     T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
@@ -370,7 +372,7 @@ def emulate(problem, num_splits, lse=None):
         for kvh in range(kv_heads):
             for m_tile in range(m_tiles):
                 seq, split = z // num_splits, z % num_splits
-                run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse)
+                run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse)
     if num_splits > 1:
         # merge.cu, by its own arithmetic (merge_row.h): the sink (log2 units) is one more term
         # of the denominator, counted once.
@@ -383,7 +385,8 @@ def emulate(problem, num_splits, lse=None):
                 if lse is not None:
                     merged = host().merge_lse(ws_lse[:, tok, head].tolist(), sink)
                     lse[tok, head] = merged * math.log(2.0)
-    # Padded rows: the zero slice of the grid (one split) or the merge kernel (several).
+    # Padded rows: the zero slice of the grid (one split; the LSE kernel's writes their LSE) or
+    # the merge kernel (several).
     out[padding_start:] = 0.0
     if lse is not None:
         lse[padding_start:] = -math.inf
@@ -624,12 +627,15 @@ def test_merge_lse_matches_the_formula_on_random_partials():
     assert math.isnan(host().merge_lse([2.0, math.nan], -math.inf))
 
 
+@pytest.mark.parametrize("unsplit", [True, False], ids=["epilogue", "split_merge"])
 @pytest.mark.parametrize("name", ["d64_e4m3_mixed", "d128_e5m2_vllm_split", "d256_fp16_split"])
-def test_emulated_lse_matches_reference(name):
-    """return_lse on mma_sync: the split epilogue's partial LSEs merged by merge.cu's arithmetic
-    give the reference's LSE; an unsplit plan runs with two splits for it (mma_sync.run)."""
+def test_emulated_lse_matches_reference(name, unsplit):
+    """return_lse on mma_sync: unsplit, the LSE kernel's epilogue writes it (sink inside, -inf
+    for padded rows); split, the split epilogue's partial LSEs merged by merge.cu's arithmetic
+    give it. Both match the reference's LSE."""
     spec = dict(CASES[name])
-    splits = max(spec.pop("splits"), 2)
+    splits = 1 if unsplit else max(spec.pop("splits"), 2)
+    spec.pop("splits", None)
     case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), seed=3, padded_rows=2, **spec)
     sinks = torch.tensor([SINKS[h % len(SINKS)] for h in range(case.query.shape[1])])
     problem = validate_attention(
@@ -655,15 +661,14 @@ def test_emulated_key_shards_give_the_reference_states(splits):
     for keys in LAYOUTS["dcp4_interleave8"]:
         problem = shard_problem(case, keys)
         lse = np.full(problem.query.shape[:2], np.nan)
-        out = emulate(problem, splits, lse if splits > 1 else None).to(torch.bfloat16)
+        out = emulate(problem, splits, lse).to(torch.bfloat16)
         ref_out, ref_lse = run_backend("reference", problem)
         assert relative_error(out, ref_out) <= TOLERANCE[torch.bfloat16]
         empty = torch.isinf(ref_lse)
         assert torch.equal(out[empty], torch.zeros_like(out[empty]))
-        if splits > 1:
-            lse = torch.from_numpy(lse)
-            assert torch.equal(torch.isinf(lse), empty)
-            assert (lse[~empty] - ref_lse[~empty].double()).abs().max() < 1e-4
+        lse = torch.from_numpy(lse)
+        assert torch.equal(torch.isinf(lse), empty)
+        assert (lse[~empty] - ref_lse[~empty].double()).abs().max() < 1e-4
 
 
 def test_merge_row_adds_the_sink_once_without_overflow():

@@ -13,6 +13,7 @@ import importlib.util
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,32 @@ def test_library_search_order_and_a_broken_library(tmp_path, monkeypatch):
         if not (dirs[2] / "libfp8nca_wgmma.so").exists():
             library, why = dsl_families.load_library("wgmma")
             assert library is None and "FP8NCA_BUILD_DSL=1" in why
+    finally:
+        dsl_families.load_library.cache_clear()
+
+
+def test_an_environment_library_never_shadows_the_packages_own_silently(tmp_path, monkeypatch):
+    """$FP8NCA_DSL_LIBRARY_DIR searched before the package's own folder: when both hold the
+    library, a warning names both paths; with the package's own absent, none."""
+    own, local = tmp_path / "package", tmp_path / "local"
+    for folder in (own, local):
+        folder.mkdir()
+        (folder / "libfp8nca_wgmma.so").write_bytes(b"not an ELF file")
+    monkeypatch.setattr(dsl_families, "package_library_dir", lambda family: own)
+    monkeypatch.setenv(dsl_families.LIBRARY_DIR_ENV, str(local))
+    dsl_families.load_library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning) as warned:
+            library, why = dsl_families.load_library("wgmma")
+        (message,) = [str(w.message) for w in warned]
+        assert str(local / "libfp8nca_wgmma.so") in message
+        assert str(own / "libfp8nca_wgmma.so") in message
+        assert library is None and str(local) in why
+        (own / "libfp8nca_wgmma.so").unlink()
+        dsl_families.load_library.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dsl_families.load_library("wgmma")
     finally:
         dsl_families.load_library.cache_clear()
 
@@ -369,7 +396,8 @@ def test_a_variant_that_does_not_load_is_refused_at_plan_time_with_the_cuda_erro
 @pytest.mark.parametrize(
     "capability,family,libraries,reason",
     [
-        ((10, 0), "wgmma", ("wgmma",), "backend 'wgmma' is not available here: needs an sm_90 "
+        ((10, 0), "wgmma", ("wgmma",), "backend 'wgmma' is not available here: "
+                                       "/fake/libfp8nca.so: 12 variant(s); needs an sm_90 "
                                        "(H100, H200) GPU, this one is sm_100"),
         ((10, 3), "tcgen05", (), "backend 'tcgen05' is not available here: not built"),
         ((10, 0), "tcgen05", ("tcgen05",), "backend 'tcgen05' does not support this call: no "

@@ -8,7 +8,10 @@ merge's row arithmetic is checked on the CPU through the test extension
 (test_cuda_kernel_emulation.py).
 """
 
+import contextlib
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -439,10 +442,12 @@ def test_merge_refuses_bad_input_by_name():
 # ------------------------------------------------------------------------- the CUDA kernels
 
 
-def test_cuda_families_take_the_lse_from_the_split_merge(monkeypatch):
-    """With the GPU mocked (helpers.gpu_mock): mma_sync runs an unsplit plan with two splits'
-    partials and then the LSE-only merge pass; a DSL family's split plan hands the LSE to its
-    merge; a DSL family's unsplit plan cannot return it and says so."""
+def test_cuda_families_write_the_lse_in_the_launchs_own_passes(monkeypatch):
+    """With the GPU mocked (helpers.gpu_mock): an unsplit mma_sync plan asked for the LSE
+    launches once, unsplit, with the LSE output's pointer (the kernel's epilogue writes it): no
+    partials, no merge pass; a split plan hands it to the same launch (its merge). A DSL
+    family's split plan hands the LSE to its merge; its unsplit plan cannot return it and says
+    so."""
     mma_calls, merges = [], []
     library = FakeLibrary(DEFAULT_TABLES["wgmma"])
     mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
@@ -450,19 +455,26 @@ def test_cuda_families_take_the_lse_from_the_split_merge(monkeypatch):
     case = make_case([3, 5], [40, 21], seed=9)
     attn = attention(case)
     out, lse = attn.run(*layer_args(case), plan=plan_case(attn, case), return_lse=True)
-    (call,) = [c["fields"] for c in mma_calls]  # the launch passes AttnParams by field name
-    assert call["num_splits"] == 2 and call["ws_o"] and call["ws_lse"]
-    ((problem, ws_o, ws_lse, merged_out, merged_lse),) = merges
-    assert merged_out is None and merged_lse is lse and lse.shape == (8, 8)
-    assert ws_lse.shape == (2, 8, 8) and ws_o.shape == (2, 8, 8, 64)
+    (call,) = mma_calls  # the launch passes AttnParams by field name, the LSE beside them
+    assert call["fields"]["num_splits"] == 1 and not call["fields"]["ws_o"]
+    assert not call["fields"]["ws_lse"] and call["lse"] == lse.data_ptr() and not merges
+    assert lse.shape == (8, 8) and lse.is_contiguous()
 
-    mma_calls.clear(), merges.clear()
+    mma_calls.clear()
+    problem = problem_of(case)
+    split = mma_sync.plan(problem.batch, None, num_splits=3)
+    mma_sync.run(problem, split, out, lse)
+    (call,) = mma_calls
+    assert call["fields"]["num_splits"] == 3 and call["lse"] == lse.data_ptr() and not merges
+    with pytest.raises(ValueError, match="contiguous"):
+        mma_sync.run(problem, split, out, torch.empty(8, 8).t())
+
+    mma_calls.clear()
     unsplit = plan_case(attn, case, backend="wgmma")
-    with pytest.raises(ValueError, match="wgmma: an unsplit plan cannot return the LSE"):
+    with pytest.raises(ValueError, match="wgmma: an unsplit plan has no LSE output"):
         attn.run(*layer_args(case), plan=unsplit, return_lse=True)
     assert not library.calls and not mma_calls and not merges
 
-    problem = problem_of(case)
     wgmma = dsl.FAMILIES["wgmma"]
     split = wgmma.plan(problem.batch, None, 3)
     out = torch.empty_like(case.query)
@@ -474,9 +486,9 @@ def test_cuda_families_take_the_lse_from_the_split_merge(monkeypatch):
 
 
 def test_merge_entry_passes_the_lse_output(monkeypatch):
-    """extension.merge_splits hands _C the LSE output's pointer and strides, and out=0 for the
-    LSE-only pass; an LSE of the wrong shape or dtype is refused before any launch. Its
-    merge_states gives _C float32 contiguous partials with log2 LSEs."""
+    """extension.merge_splits hands _C the LSE output's pointer and strides beside `out`; an
+    LSE of the wrong shape or dtype is refused before any launch. Its merge_states gives _C
+    float32 contiguous partials with log2 LSEs."""
     import contextlib
     from types import SimpleNamespace
 
@@ -493,14 +505,15 @@ def test_merge_entry_passes_the_lse_output(monkeypatch):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     ws_o, ws_lse = torch.zeros(2, 9, 4, 64), torch.zeros(2, 9, 4)
-    lse = torch.empty(4, 9).t()
-    extension.merge_splits(problem, ws_o, ws_lse, None, lse)
+    lse, out = torch.empty(4, 9).t(), torch.empty(9, 4, 64, dtype=torch.bfloat16)
+    extension.merge_splits(problem, ws_o, ws_lse, out, lse)
     (call,) = calls
-    assert call["out"] == 0 and call["lse"] == lse.data_ptr() and call["lse_strides"] == (1, 9)
+    assert call["out"] == out.data_ptr() and call["lse"] == lse.data_ptr()
+    assert call["lse_strides"] == (1, 9)
     assert call["q_dtype"] == extension.DTYPE_CODES[torch.bfloat16]
     for bad in (torch.empty(9, 3), torch.empty(9, 4, dtype=torch.float64)):
         with pytest.raises(ValueError, match="lse must be float32"):
-            extension.merge_splits(problem, ws_o, ws_lse, None, bad)
+            extension.merge_splits(problem, ws_o, ws_lse, out, bad)
     calls.clear()
     outs, lses = random_states(3, dtype=torch.float16)
     out, merged = torch.empty_like(outs[0]), torch.empty(lses.shape[1:])
@@ -514,8 +527,8 @@ def test_merge_entry_passes_the_lse_output(monkeypatch):
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("cache_dtype,query_dtype,causal,window,sinks", LSE_CASES, ids=str)
 def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sinks, splits):
-    """mma_sync: an unsplit plan (1) runs the split epilogue with two splits for the LSE, a
-    split plan (3) takes it from its own partials; None: the plan's own choice."""
+    """mma_sync: an unsplit plan (1) writes the LSE in its kernel's epilogue, a split plan (3)
+    in its merge; None: the plan's own choice."""
     if not fna.available_backends()["mma_sync"]["available"]:
         pytest.skip("the CUDA extension does not run here")
     case, problem, out, lse = lse_launch(
@@ -544,3 +557,45 @@ def test_cuda_shard_states_merge_to_the_whole(layout):
         [s[0] for s in states], [s[1] for s in states], backend="mma_sync"
     )
     check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
+
+
+def test_lse_at_the_batch_limit_is_written_by_the_unsplit_epilogue(monkeypatch):
+    """At MAX_SEQS sequences (the grid's z limit, 65,535 / num_seqs leaves one split) the plan
+    asked for the LSE stays unsplit and its launch hands the kernel the LSE output (no forced
+    split cut back to one over unwritten partials); one sequence more is refused by name."""
+    extension_module = pytest.importorskip("fp8_noncausal_attn._C")
+    from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+
+    most = extension_module.MAX_SEQS
+    calls = []
+    ext = SimpleNamespace(
+        plan=extension_module.plan, MAX_SEQS=most,
+        paged_attention=lambda **kwargs: calls.append(kwargs),
+    )  # fmt: skip
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(mma_sync, "resident_ctas", lambda problem: 132)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
+        cuda_stream=0))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    case = make_case([1] * 4, [16] * 4, num_q_heads=4, num_kv_heads=2, seed=5)
+    problem = fna.validation.validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+
+    def with_seqs(count):  # the host sizes of a batch of `count` sequences (a view: no copy)
+        batch = dataclasses.replace(
+            problem.batch, seq_lens=problem.seq_lens[:1].expand(count), max_seqlen_k=1 << 20
+        )
+        return dataclasses.replace(problem, batch=batch)
+
+    at_limit = with_seqs(most)
+    for forced in (None, 2):
+        plan = mma_sync.plan(at_limit.batch, None, forced)
+        assert plan.num_splits == 1 and plan.launch.grid[2] == most + 1
+        lse = torch.empty(problem.num_tokens, problem.num_q_heads)
+        mma_sync.run(at_limit, plan, torch.empty_like(case.query), lse)
+        assert calls[-1]["lse"] == lse.data_ptr() and calls[-1]["plan"] is plan.launch
+        assert calls[-1]["fields"]["num_splits"] == 1 and not calls[-1]["fields"]["ws_lse"]
+    over = with_seqs(most + 1)
+    refusal = mma_sync.sizes_reason(over.batch)
+    assert refusal == f"at most {most} sequences per launch, got {most + 1}"

@@ -32,9 +32,6 @@ __device__ __forceinline__ float from_float<float>(float x) {
   return x;
 }
 
-// ln(2): the merged LSE leaves the kernels' log2 units for the natural log of the API.
-constexpr float kLn2 = 0.6931471805599453f;
-
 // One warp per (token, query head) row.
 template <typename QT>
 __global__ void __launch_bounds__(kMergeWarps * 32)
@@ -49,9 +46,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
                        ? outputs.lse + tok * outputs.lse_stride_t + head * outputs.lse_stride_h
                        : nullptr;
   if (tok >= cu_seqlens_at(p, p.num_seqs)) {
-    if (outputs.write_out) {
-      for (int d = lane; d < p.head_dim; d += 32) orow[d] = from_float<QT>(0.f);
-    }
+    for (int d = lane; d < p.head_dim; d += 32) orow[d] = from_float<QT>(0.f);
     if (lse_out != nullptr && lane == 0) *lse_out = -INFINITY;
     return;
   }
@@ -62,7 +57,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   const float* lse = p.ws_lse + row;
   const MergeScale scale = merge_scale(lse, split_stride, p.num_splits, sink);
   if (lse_out != nullptr && lane == 0) *lse_out = scale.lse * kLn2;
-  if (!outputs.write_out) return;
   for (int d = lane; d < p.head_dim; d += 32) {
     orow[d] = from_float<QT>(merge_element(p.ws_o + row * p.head_dim + d,
                                            split_stride * p.head_dim, lse, split_stride,

@@ -17,15 +17,39 @@ cudaError_t launch_mma_sync(const AttnParams& p, dim3 grid, int head_dim, int bl
   }
 }
 
+// The kernels that also write the unsplit LSE (into p.ws_lse).
+cudaError_t launch_mma_sync_lse(const AttnParams& p, dim3 grid, int head_dim, int block_m,
+                                int q_dtype, int kv_dtype, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return mma_sync::launch_d64_lse(p, grid, block_m, q_dtype, kv_dtype, stream, nullptr);
+    case 128:
+      return mma_sync::launch_d128_lse(p, grid, block_m, q_dtype, kv_dtype, stream, nullptr);
+    case 256:
+      return mma_sync::launch_d256_lse(p, grid, block_m, q_dtype, kv_dtype, stream, nullptr);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
-                             cudaStream_t stream) {
+                             float* lse, cudaStream_t stream) {
   if (p.num_splits != plan.num_splits) return cudaErrorInvalidValue;
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
+  if (plan.num_splits == 1 && lse != nullptr) {
+    // Unsplit, the kernel that writes each row's LSE in its epilogue, into ws_lse (unused
+    // unsplit otherwise).
+    AttnParams with_lse = p;
+    with_lse.ws_lse = lse;
+    return launch_mma_sync_lse(with_lse, grid, p.head_dim, plan.block_m, q_dtype, kv_dtype,
+                               stream);
+  }
   cudaError_t err =
       launch_mma_sync(p, grid, p.head_dim, plan.block_m, q_dtype, kv_dtype, stream, nullptr);
-  if (err == cudaSuccess && plan.num_splits > 1) err = launch_merge(p, q_dtype, stream);
+  if (err == cudaSuccess && plan.num_splits > 1) {
+    err = launch_merge(p, q_dtype, MergeOutputs{lse, p.num_q_heads, 1}, stream);
+  }
   return err;
 }
 

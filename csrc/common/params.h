@@ -15,6 +15,8 @@ constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ?
 // log2(e): the kernels run the softmax in log2 units (2^x is one instruction), so natural-log
 // quantities such as the attention-sink logits are multiplied by it.
 constexpr float kLog2e = 1.4426950408889634f;
+// ln(2): an LSE the kernels computed in log2 units leaves them as the API's natural log.
+constexpr float kLn2 = 0.6931471805599453f;
 
 // One paged attention launch. Strides are in elements of the tensor they index. Index tensors
 // (block_table, cu_seqlens_q, seq_lens, causal) are read where they lie, through their strides:
@@ -37,7 +39,8 @@ constexpr float kLog2e = 1.4426950408889634f;
   X(const void*, causal_per_seq, Given)  /* [num_seqs] bool or int32 (nonzero: causal), or null */\
   X(const float*, sinks, Given)          /* [num_q_heads] fp32 sink logits, or null */            \
   X(float*, ws_o, Given)   /* [num_splits, num_tokens, num_q_heads, head_dim] fp32 when split */  \
-  X(float*, ws_lse, Given) /* [num_splits, num_tokens, num_q_heads] fp32 (log2 domain) */         \
+  X(float*, ws_lse, Given) /* [num_splits, num_tokens, num_q_heads] fp32 (log2 domain); an */   \
+  /* unsplit launch asked for the LSE points it at [num_tokens, num_q_heads] (natural log) */     \
   X(int64_t, q_stride_t, Given) X(int64_t, q_stride_h, Given)                                    \
   X(int64_t, o_stride_t, Given) X(int64_t, o_stride_h, Given)                                    \
   X(int64_t, k_stride_b, Given) X(int64_t, k_stride_s, Given) X(int64_t, k_stride_h, Given)      \
@@ -51,7 +54,7 @@ constexpr float kLog2e = 1.4426950408889634f;
   X(int, block_size, Given)                                                                      \
   X(int, block_shift, Derived) /* log2(block_size): validation admits powers of two only */      \
   X(int, max_seqlen_q, Given)                                                                    \
-  X(int, num_splits, Given)    /* asked for (0: the plan's choice); the launch sets the plan's */\
+  X(int, num_splits, Given)    /* the plan's (the launch refuses another) */                    \
   X(int, causal, Given)        /* the launch-wide flag when causal_per_seq is null */            \
   /* Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right];   \
      -1 = unbounded on that side. */                                                             \

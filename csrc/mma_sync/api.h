@@ -18,4 +18,14 @@ cudaError_t launch_d128(const AttnParams& p, dim3 grid, int block_m, int q_dtype
 cudaError_t launch_d256(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,
                         cudaStream_t stream, int* ctas_per_sm);
 
+// The same launches of the kernels whose unsplit epilogue also writes each row's natural-log
+// LSE into p.ws_lse ([num_tokens, num_q_heads]), compiled in translation units of their own
+// (attention_d<D>_lse.cu) so that the kernels above build as they did without them.
+cudaError_t launch_d64_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                           int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d128_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d256_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+
 }  // namespace fp8nca::mma_sync

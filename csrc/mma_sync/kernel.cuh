@@ -13,7 +13,9 @@
 // drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead. Two
 // tiles of query rows (BM): 64 rows in 4 warps (paged_attention_kernel), and 128 rows in 8 warps
 // (paged_attention_kernel_m128, FP8 caches, head_dim 128) so that R = 65..128 rows of a KV
-// head stream and dequantise its KV once.
+// head stream and dequantise its KV once. Each has a twin (paged_attention_kernel_lse,
+// paged_attention_kernel_m128_lse) whose unsplit epilogue also writes each row's LSE; they live
+// in their own translation units, so the kernels without it compile exactly as before.
 #pragma once
 
 #include <atomic>
@@ -87,7 +89,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
 }
 
 // After the key loop: row sums, the merge of key groups (tiles that have them), the output.
-template <int D, typename QT, int KV, int BM>
+template <int D, typename QT, int KV, int BM, bool kWriteLse>
 __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& w,
                                            const WarpRole& role, uint8_t* smem, float scale_log2,
                                            float (&o)[compute_shape(D).ot][4], RowState& st,
@@ -103,18 +105,18 @@ __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& 
     }
   }
   if (!role.active) return;
-  store_output<D, QT>(p, w, role, st, o, scale_log2, lane);
+  store_output<D, QT, kWriteLse>(p, w, role, st, o, scale_log2, lane);
 }
 
-// One CTA of either tile (BM query rows); the kernels below are its two entry points.
-template <int D, typename QT, int KV, int BM>
+// One CTA of either tile (BM query rows); the kernels below are its entry points.
+template <int D, typename QT, int KV, int BM, bool kWriteLse>
 __device__ __forceinline__ void attention_cta(const AttnParams& p) {
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
   constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
   extern __shared__ __align__(128) uint8_t smem[];
   if (blockIdx.z == p.num_seqs * p.num_splits) {
-    zero_padded_rows<QT>(p);
+    zero_padded_rows<QT, kWriteLse>(p);
     return;
   }
   WorkTile w;
@@ -155,19 +157,19 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
   if constexpr (C.max_key_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st);
-    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (role.n_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st);
-    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (C.max_key_groups == 2 || role.n_groups == 2) {
     stream_keys<D, QT, KV, BM, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st);
-    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else {
     stream_keys<D, QT, KV, BM, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem,
                                                  wide, tid, scale_log2, o, st);
-    finish_cta<D, QT, KV, BM>(p, w, role, smem, scale_log2, o, st, warp, lane);
+    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
   }
 }
 
@@ -175,7 +177,7 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockM>(p);
+  attention_cta<D, QT, KV, kBlockM, false>(p);
 }
 
 // The 128-row tile: 8 warps (FP8 caches, head_dim 128; plan.cpp block_m_for).
@@ -183,14 +185,33 @@ template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
     paged_attention_kernel_m128(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockMWide>(p);
+  attention_cta<D, QT, KV, kBlockMWide, false>(p);
 }
 
-// The kernel of tile BM.
-template <int D, typename QT, int KV, int BM>
+// The twins that write the LSE of an unsplit launch (ws_lse: [num_tokens, num_q_heads]).
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
+    paged_attention_kernel_lse(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockM, true>(p);
+}
+
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
+                                  Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
+    paged_attention_kernel_m128_lse(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockMWide, true>(p);
+}
+
+// The kernel of tile BM, with or without the LSE write.
+template <int D, typename QT, int KV, int BM, bool kWriteLse>
 constexpr auto kernel_of() {
-  if constexpr (BM == kBlockM) {
+  // if constexpr throughout: a kernel named in a discarded branch is not instantiated.
+  if constexpr (BM == kBlockM && kWriteLse) {
+    return &paged_attention_kernel_lse<D, QT, KV>;
+  } else if constexpr (BM == kBlockM) {
     return &paged_attention_kernel<D, QT, KV>;
+  } else if constexpr (kWriteLse) {
+    return &paged_attention_kernel_m128_lse<D, QT, KV>;
   } else {
     return &paged_attention_kernel_m128<D, QT, KV>;
   }
@@ -198,7 +219,7 @@ constexpr auto kernel_of() {
 
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
 // so that graph capture sees only launches).
-template <int D, typename QT, int KV, int BM>
+template <int D, typename QT, int KV, int BM, bool kWriteLse>
 cudaError_t prepare_kernel() {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   if (S.smem <= 48 * 1024) return cudaSuccess;
@@ -208,7 +229,7 @@ cudaError_t prepare_kernel() {
   if (err != cudaSuccess) return err;
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM>(),
+  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM, kWriteLse>(),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, S.smem);
   if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
   return err;
@@ -216,31 +237,34 @@ cudaError_t prepare_kernel() {
 
 // Launches the kernel of tile BM on `grid` (from the plan, csrc/common/plan.h), or with
 // `ctas_per_sm` set only reports how many of its CTAs fit on one SM of the current device.
-template <int D, typename QT, int KV, int BM>
+template <int D, typename QT, int KV, int BM, bool kWriteLse>
 cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
   using T = Traits<D, QT, KV, BM>;
-  const cudaError_t err = prepare_kernel<D, QT, KV, BM>();
+  const cudaError_t err = prepare_kernel<D, QT, KV, BM, kWriteLse>();
   if (err != cudaSuccess) return err;
   if (ctas_per_sm != nullptr) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel_of<D, QT, KV, BM>(),
-                                                         T::kThreads, T::kS.smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, kernel_of<D, QT, KV, BM, kWriteLse>(), T::kThreads, T::kS.smem);
   }
-  kernel_of<D, QT, KV, BM>()<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
+  kernel_of<D, QT, KV, BM, kWriteLse>()<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 // The launch for `block_m` (the plan's): the 128-row tile exists for FP8 caches at head_dim 128
-// only (plan.cpp block_m_for).
-template <int D, typename QT, int KV>
+// only (plan.cpp block_m_for); kWriteLse: the twin that writes the unsplit LSE.
+template <int D, typename QT, int KV, bool kWriteLse = false>
 cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
                         int* ctas_per_sm) {
-  if (block_m == kBlockM) return launch<D, QT, KV, kBlockM>(p, grid, stream, ctas_per_sm);
+  if (block_m == kBlockM) {
+    return launch<D, QT, KV, kBlockM, kWriteLse>(p, grid, stream, ctas_per_sm);
+  }
   if constexpr (Traits<D, QT, KV>::kFp8 && D == 128) {
     if (block_m == kBlockMWide) {
-      return launch<D, QT, KV, kBlockMWide>(p, grid, stream, ctas_per_sm);
+      return launch<D, QT, KV, kBlockMWide, kWriteLse>(p, grid, stream, ctas_per_sm);
     }
   }
   return cudaErrorInvalidValue;
 }
 
 }  // namespace fp8nca::mma_sync
+

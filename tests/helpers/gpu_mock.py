@@ -85,7 +85,7 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
 
     ext = SimpleNamespace(
         MAX_SEQS=1 << 20,
-        plan=lambda **kwargs: {"num_splits": 1},
+        plan=lambda num_splits=0, **kwargs: {"num_splits": max(num_splits, 1), "launch": "plan"},
         plan_splits=plan_splits,
         paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
             kwargs

@@ -35,6 +35,7 @@ import functools
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +67,14 @@ class Family:
         library, why = load_library(self.name)
         if library is None:
             return False, why
+        found = f"{library.path}: {len(library.variants)} variant(s)"
         runs, why = extension.availability()
         if not runs:
-            return False, why
+            return False, f"{found}; {why}"
         why_not = self.device_reason(torch.device("cuda"))
         if why_not is not None:
-            return False, why_not
-        return True, f"{library.path}: {len(library.variants)} variant(s); {why}"
+            return False, f"{found}; {why_not}"
+        return True, f"{found}; {why}"
 
     def device_reason(self, device: torch.device) -> str | None:
         capability = device_capability(device)
@@ -210,19 +212,33 @@ class Library:
         return self._run(index, *(arguments[name] for name in self.argument_names))
 
 
+def package_library_dir(family: str) -> Path:
+    """The package's own folder of ``libfp8nca_<family>.so`` (``_<family>/``)."""
+    return Path(__file__).resolve().parents[2] / f"_{family}"
+
+
 def library_dirs(family: str) -> list[Path]:
     """Where ``libfp8nca_<family>.so`` is looked for: ``$FP8NCA_DSL_LIBRARY_DIR``'s folders,
-    then the package's ``_<family>/``."""
+    then the package's own."""
     local = [Path(p) for p in os.environ.get(LIBRARY_DIR_ENV, "").split(os.pathsep) if p]
-    return [*local, Path(__file__).resolve().parents[2] / f"_{family}"]
+    return [*local, package_library_dir(family)]
 
 
 @functools.cache
 def load_library(family: str) -> tuple[Library | None, str]:
-    """The family's library (loaded once per process; no GPU needed), or None and why not."""
+    """The family's library (loaded once per process; no GPU needed), or None and why not. A
+    library the environment names never replaces the package's own silently: a warning names
+    both paths."""
     file = f"libfp8nca_{family}.so"
+    own = package_library_dir(family) / file
     for folder in library_dirs(family):
         if (folder / file).is_file():
+            if folder / file != own and own.is_file():
+                warnings.warn(
+                    f"{LIBRARY_DIR_ENV} puts {folder / file} before the package's own {own}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             try:
                 return Library(family, folder / file), ""
             except (OSError, AttributeError, ValueError) as err:
@@ -366,6 +382,15 @@ def plan(family: Family, batch: Batch, workspace, num_splits: int | None) -> Dsl
     return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse)
 
 
+def lse_unsupported_reason(plan: DslPlan) -> str | None:
+    """None when ``plan`` can return each row's LSE, else why not: the DSL kernels' epilogue
+    writes LSEs only as split partials (their merge writes the LSE), so an unsplit plan has
+    none."""
+    if plan.num_splits == 1:
+        return f"{plan.family}: an unsplit plan has no LSE output (its epilogue writes none)"
+    return None
+
+
 def launch_arguments(
     problem: AttentionProblem,
     plan: DslPlan,
@@ -418,10 +443,11 @@ def run(
     """Launch the planned variant, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
     (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge, which also writes
     ``lse`` (float32 [num_tokens, num_q_heads], natural log) when given: a plan that does not
-    split cannot return it (it raises). Asynchronous on the current stream;
-    :func:`run_unsupported_reason` must have accepted the tensors."""
-    if lse is not None and plan.num_splits == 1:
-        raise ValueError(f"{plan.family}: an unsplit plan cannot return the LSE")
+    split cannot return it (:func:`lse_unsupported_reason`). Asynchronous on the current
+    stream; :func:`run_unsupported_reason` must have accepted the tensors."""
+    why = None if lse is None else lse_unsupported_reason(plan)
+    if why is not None:
+        raise ValueError(why)
     device = problem.query.device
     ws_o, ws_lse = plan.ws_o, plan.ws_lse
     if plan.num_splits > 1:

@@ -165,7 +165,7 @@ def merge_splits(
     problem: AttentionProblem,
     ws_o: torch.Tensor,
     ws_lse: torch.Tensor,
-    out: torch.Tensor | None,
+    out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
     """``out`` [num_tokens, num_q_heads, head_dim] (the query dtype; token and head strides
@@ -175,26 +175,25 @@ def merge_splits(
     num_tokens, num_q_heads] in log2 units (-inf: the split saw no key; its O is never read),
     both contiguous. The problem's sinks join the denominator here, once; rows past
     ``cu_seqlens_q[-1]`` are written as zeros. ``lse`` (float32 [num_tokens, num_q_heads], any
-    strides), when given, receives each merged row's natural-log LSE (-inf for padded rows);
-    ``out`` None writes the LSE only. Asynchronous on the current stream."""
+    strides), when given, receives each merged row's natural-log LSE (-inf for padded rows).
+    Asynchronous on the current stream."""
     ext = loaded()
     rows = (ws_lse.shape[0], problem.num_tokens, problem.num_q_heads)
-    target = out if out is not None else lse
     layouts = (("ws_o", ws_o, (*rows, problem.head_dim)), ("ws_lse", ws_lse, rows))
     for name, tensor, shape in layouts:
         if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
             raise ValueError(
                 f"{name} must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
             )
-        if not tensor.is_contiguous() or tensor.device != target.device:
-            raise ValueError(f"{name} must be contiguous on {target.device}")
-    if out is not None and out.stride(2) != 1:
+        if not tensor.is_contiguous() or tensor.device != out.device:
+            raise ValueError(f"{name} must be contiguous on {out.device}")
+    if out.stride(2) != 1:
         raise ValueError("out must hold each row's head dims at unit stride")
     if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != rows[1:]):
         raise ValueError(f"lse must be float32 {list(rows[1:])}, got {lse.dtype} {list(lse.shape)}")
     if problem.num_tokens == 0:
         return
-    device = target.device
+    device = out.device
     stream = torch.cuda.current_stream(device).cuda_stream
     # The LSE output goes to the kernel only when asked for.
     lse_arguments = {} if lse is None else {"lse": lse.data_ptr(), "lse_strides": lse.stride()}
@@ -204,8 +203,8 @@ def merge_splits(
             stream=stream,
             ws_o=ws_o.data_ptr(),
             ws_lse=ws_lse.data_ptr(),
-            out=0 if out is None else out.data_ptr(),
-            o_strides=(0, 0) if out is None else tuple(out.stride()[:2]),
+            out=out.data_ptr(),
+            o_strides=tuple(out.stride()[:2]),
             sinks=0 if problem.sinks is None else problem.sinks.data_ptr(),
             cu_seqlens_q=problem.cu_seqlens_q.data_ptr(),
             cu_stride=problem.cu_seqlens_q.stride(0),
@@ -214,7 +213,7 @@ def merge_splits(
             num_tokens=problem.num_tokens,
             num_q_heads=problem.num_q_heads,
             head_dim=problem.head_dim,
-            q_dtype=DTYPE_CODES[problem.query.dtype if out is None else out.dtype],
+            q_dtype=DTYPE_CODES[out.dtype],
             **lse_arguments,
         )
 

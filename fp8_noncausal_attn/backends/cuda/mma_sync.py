@@ -8,7 +8,6 @@ allocator (graph-safe). Nothing here synchronises with the host.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -124,26 +123,31 @@ def num_splits_for(batch: Batch, resident: int) -> int:
 
 @dataclass(frozen=True)
 class MmaSyncPlan:
-    """A batch's split-KV count and, when it splits, the partial buffers: views of the kept
-    workspace (``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` [splits, tokens,
+    """A batch's C++ plan (``launch``: ``_C.Plan``, handed back to every launch as it is), its
+    split-KV count and, when it splits, the partial buffers: views of the kept workspace
+    (``ws_o`` float32 [splits, tokens, q_heads, head_dim], ``ws_lse`` [splits, tokens,
     q_heads]), or None to allocate them per launch (the one-shot path)."""
 
     num_splits: int
     ws_o: torch.Tensor | None
     ws_lse: torch.Tensor | None
+    launch: object
 
 
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
     """By default :func:`num_splits_for` chooses the split count, capped by what ``workspace``
     (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
-    num_splits = int(kernel_plan(batch, resident_ctas(batch), num_splits)["num_splits"])
+    resident = resident_ctas(batch)
+    report = kernel_plan(batch, resident, num_splits)
+    if workspace is not None and report["num_splits"] > 1:
+        fits = workspace.max_splits(batch.num_tokens)
+        if fits < report["num_splits"]:
+            report = kernel_plan(batch, resident, fits)
+    num_splits = int(report["num_splits"])
     if workspace is None or num_splits == 1:
-        return MmaSyncPlan(num_splits, None, None)
-    num_splits = min(num_splits, workspace.max_splits(batch.num_tokens))
-    if num_splits == 1:
-        return MmaSyncPlan(1, None, None)
+        return MmaSyncPlan(num_splits, None, None, report["launch"])
     ws_o, ws_lse = workspace.partials(num_splits, batch.num_tokens)
-    return MmaSyncPlan(num_splits, ws_o, ws_lse)
+    return MmaSyncPlan(num_splits, ws_o, ws_lse, report["launch"])
 
 
 def paged_attention(
@@ -162,15 +166,14 @@ def run(
     """Launch attention (and the split-KV merge when the plan splits), writing ``out``
     [num_tokens, num_q_heads, head_dim] in place. Asynchronous on the current stream.
 
-    ``lse`` (float32 [num_tokens, num_q_heads]), when given, receives each row's natural-log
-    LSE through the split epilogue, which is where the kernels write it: an unsplit plan runs
-    with two splits (their partials from torch's caching allocator), and after the launch's own
-    merge a second pass of the merge kernel reads the partial LSEs only and writes ``lse``."""
+    ``lse`` (float32 [num_tokens, num_q_heads], contiguous), when given, receives each row's
+    natural-log LSE in the same passes: from the attention kernel's epilogue when the plan does
+    not split, from the split merge when it does."""
+    if lse is not None and not lse.is_contiguous():
+        raise ValueError("mma_sync writes the LSE into a contiguous [num_tokens, num_q_heads]")
     q = problem.query
     device = q.device
     num_splits, ws_o, ws_lse = plan.num_splits, plan.ws_o, plan.ws_lse
-    if lse is not None and num_splits == 1:
-        num_splits = 2
     if num_splits > 1 and ws_o is None:
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
@@ -210,14 +213,9 @@ def run(
         extension.loaded().paged_attention(
             device=device.index,
             stream=stream,
+            plan=plan.launch,
             q_dtype=extension.DTYPE_CODES[q.dtype],
             kv_dtype=extension.DTYPE_CODES[cache.dtype],
             fields=fields,
+            lse=0 if lse is None else lse.data_ptr(),
         )
-    if lse is not None:
-        # The kernels stride the partials by this layer's token count, which may be below the
-        # plan's: view the (contiguous) buffers that way.
-        rows = (num_splits, problem.num_tokens, problem.num_q_heads)
-        ws_lse = ws_lse.reshape(-1)[: math.prod(rows)].view(rows)
-        ws_o = ws_o.reshape(-1)[: math.prod(rows) * problem.head_dim].view(*rows, -1)
-        extension.merge_splits(problem, ws_o, ws_lse, None, lse)
