@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up (idempotent), then lint and run the whole test suite.
 #   bash scripts/test.sh [--quick] [PYTEST_ARGS...]
-# --quick: ruff and the behaviour tests only (no test marked compile, emulation or engine, and
-# no engine tier); PYTEST_ARGS go to the main suite's pytest either way.
+# --quick: ruff and the behaviour tests only (no test marked compile, emulation or engine, no
+# engine tier, no compile check under the GPU machine's Triton); PYTEST_ARGS go to the main
+# suite's pytest either way.
 # vLLM 0.33.0 and its pure-Python imports are installed with --no-deps: its own pins would pull
 # a CUDA torch and flashinfer.
 set -euo pipefail
@@ -30,4 +31,8 @@ if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
     # The unit tests first: they run while the engine runs (started at collection) go on.
     .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/test_vllm_backend.py tests/engine
     echo "engine tier passed in $((SECONDS - start)) s"
+fi
+# The Triton kernels compiled again under the GPU machine's older Triton, in its own venv.
+if [ "$quick" = 0 ]; then
+    bash scripts/test_triton_device.sh
 fi

@@ -7,7 +7,8 @@ Each variant's launch is captured from the launcher itself (``triton_attention.p
 JIT applies at launch (16-byte divisibility of aligned pointers and of integer arguments that are
 multiples of 16, the plan's constexprs, num_warps and num_stages): see
 ``tools/sass_model/triton_kernels.py``. A cubin with stack or local memory (register spills)
-fails the check. Prints one ``... ok`` line per compiled kernel.
+fails the check. Prints the compiler's version (``triton X.Y.Z``), then one ``... ok`` line per
+compiled kernel.
 
 The sliding-window and sink variants (the ``WINDOW`` / ``SINKS`` constexprs of the attention
 kernel, ``SINKS`` of the merge) are compiled once per flag combination on the drafter's variant:
@@ -22,6 +23,7 @@ from __future__ import annotations
 import sys
 
 import torch
+import triton
 
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
@@ -174,6 +176,7 @@ def all_launches():
 
 
 def main(cc: int) -> int:
+    print(f"triton {triton.__version__}", flush=True)
     failures = 0
     for label, launch in all_launches():
         compiled = compile_launch(launch, cc)
