@@ -24,14 +24,13 @@ import torch
 from helpers import TOLERANCE
 from helpers.dsl import (
     causal_off_by_one,
-    emulate_launch,
-    extreme_scale_case,
+    head_from_token,
     offsets_ignore_causal,
+    page_count_floor,
     poison_pages_outside_windows,
+    split_range_drops_last_tile,
     tile_mask_ignores_causal,
     tile_mask_ignores_window_start,
-    tiny_query_rows_case,
-    window_begins_a_tile_early,
     window_cases,
     window_end_floor,
     window_last_key_of_q_len,
@@ -39,14 +38,13 @@ from helpers.dsl import (
     window_lower_bound_unmasked,
     worst_row_error,
 )
+from helpers.dsl_emulation import EmulatedFamily, cta_work, reference, sink_log2
 
-import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
-from fp8_noncausal_attn.synthetic import make_case, relative_error
-from fp8_noncausal_attn.validation import validate_attention
+from fp8_noncausal_attn.synthetic import relative_error
 
 # Replays kernels in numpy from their own index maps (scripts/test.sh --quick leaves it out).
 pytestmark = pytest.mark.emulation
@@ -157,40 +155,14 @@ def _reference(m):
     return np.where(m == -np.inf, 0.0, m)
 
 
-def sink_log2(problem, head: int) -> float:
-    """The sink of query head ``head`` in log2 units as the kernel reads it (the loader passes
-    -inf, no sink, when the problem has none)."""
-    if problem.sinks is None:
-        return -math.inf
-    return float(problem.sinks[head]) * math.log2(math.e)
-
-
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     rows, d_tiles, head_dim = variant.rows, variant.d_tiles, variant.head_dim
-    group = problem.num_q_heads // problem.num_kv_heads
-    cu = problem.cu_seqlens_q
-    q_start = int(cu[seq])
-    q_len = int(cu[seq + 1]) - q_start
-    kv_len = int(problem.seq_lens[seq])
-    row_base = row_tile * rows
-    num_rows = X.rows_per_kv_head(q_len, group)
-    if row_base >= num_rows:
+    work = cta_work(problem, rows, L.KEY_TILE, seq, row_tile, split, num_splits)
+    if work is None:
         return {}
-    causal = problem.causal
-    if problem.causal_per_seq is not None:
-        causal = int(problem.causal_per_seq[seq] != 0)
+    group, q_start, q_len, kv_len, num_rows, row_base, last_row, first, iters, causal = work
     left, right = problem.window
-    # the tiles from the first row's first visible key to the last row's last, split
-    last_row = min(row_base + rows, num_rows) - 1
-    cta_first_key = X.window_first_key(X.row_token(row_base, group), q_len, kv_len, left, _select,
-                                       max)  # fmt: skip
-    cta_last_key = X.window_last_key(
-        X.row_token(last_row, group), q_len, kv_len, causal, right, _select
-    )
-    begin, end = X.window_tiles(cta_first_key, cta_last_key, L.KEY_TILE)
-    first, end = X.split_tile_range(begin, end, num_splits, split, min)
-    iters = end - first
 
     # Q prologue: fp16 rows x (d_tiles x 128) B tile, row factors. Head dims past head_dim
     # (head_dim 64: 64..127) are never written: NaN here, so a BMM1 that read them would show.
@@ -348,11 +320,6 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     return result
 
 
-def emulate(problem, variant, num_splits: int) -> torch.Tensor:
-    """The whole launch and the merge (tests/helpers/dsl.py) over this family's CTA."""
-    return emulate_launch(problem, variant, num_splits, emulate_cta)
-
-
 CASES = {
     # drafter block, GQA 4 (R = 64: two row tiles of 32), bidirectional, bf16 query
     "bf16_bidir_gqa4": dict(
@@ -444,38 +411,15 @@ CASES = {
 }  # fmt: skip
 
 
-def _prepare(name: str):
-    """(case, problem, variant, splits, extra reference kwargs: window, sinks) of
-    ``CASES[name]``."""
-    spec = dict(CASES[name])
-    splits = spec.pop("splits")
-    rows = spec.pop("rows", 32)
-    head_dim = spec.pop("head_dim", 128)
-    extra = {"window": spec.pop("window", (-1, -1))}
-    if "sinks" in spec:
-        extra["sinks"] = torch.tensor(spec.pop("sinks"), dtype=torch.float32)
-    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=5, **spec)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
-    )
-    variant = T.Variant(
-        head_dim, rows, str(case.query.dtype).split(".")[1], str(case.key_cache.dtype).split(".")[1]
-    )
-    return case, problem, variant, splits, extra
-
-
-def _run_case(name: str) -> tuple[float, float]:
-    case, problem, variant, splits, extra = _prepare(name)
-    out = emulate(problem, variant, splits).to(case.query.dtype)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    n = int(case.cu_seqlens_q[-1])
-    assert out[:n].abs().sum() != 0  # not all zeros (NaN from a planted bug passes here)
-    return relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
+FAMILY = EmulatedFamily(
+    cases=CASES, emulate_cta=emulate_cta, make_variant=T.Variant, size_field="rows",
+    default_size=32, key_tile=lambda variant: L.KEY_TILE, seed=5,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_emulated_tcgen05_kernel_matches_reference(name):
-    error, tolerance = _run_case(name)
+    error, tolerance = FAMILY.run_case(name)
     assert error <= tolerance
 
 
@@ -488,21 +432,8 @@ def _page_off_by_one(j, page_shift):
     return (j >> page_shift) + 1, j & ((1 << page_shift) - 1)
 
 
-def _page_count_floor(kv_len, page_shift):
-    return kv_len >> page_shift  # forgets the last partial page
-
-
 def _pages_per_tile_one(page_shift):
     return 1
-
-
-def _head_from_token(r, group, kv_head):
-    return kv_head * group + r // group % group
-
-
-def _split_range_drops_last_tile(begin, end, num_splits, split, minimum):
-    first, last = PLANTED_ORIGINALS["split_tile_range"](begin, end, num_splits, split, minimum)
-    return first, minimum(last, end - 1)
 
 
 def _chunk_unswizzled(thread):
@@ -545,7 +476,6 @@ def _all_bmm1_k_blocks(head_dim):
 PLANTED_ORIGINALS = {
     "loader_predicate": L.loader_predicate,
     "item_of": L.item_of,
-    "split_tile_range": X.split_tile_range,
     "loader_step_page_slot": L.loader_step_page_slot,
     "loader_ring_offset": L.loader_ring_offset,
     "thread_column": L.thread_column,
@@ -613,13 +543,13 @@ PLANTED = {
     "item_of": (L, "item_of", _k_and_v_swapped, "bf16_bidir_gqa4"),
     "item_of_d256": (L, "item_of", _head_dim_slices_reversed, "f16_d256_split2"),
     "page_slot_of": (X, "page_slot_of", _page_off_by_one, "int32_flags_strided"),
-    "page_count": (X, "page_count", _page_count_floor, "bf16_bidir_gqa4"),
+    "page_count": (X, "page_count", page_count_floor, "bf16_bidir_gqa4"),
     "pages_per_tile": (L, "pages_per_tile", _pages_per_tile_one, "int32_flags_strided"),
-    "row_head": (X, "row_head", _head_from_token, "bf16_bidir_gqa4"),
+    "row_head": (X, "row_head", head_from_token, "bf16_bidir_gqa4"),
     "split_tile_range": (
         X,
         "split_tile_range",
-        _split_range_drops_last_tile,
+        split_range_drops_last_tile,
         "window_pages_bidir_split3_sinks",
     ),
     "loader_chunk": (L, "loader_chunk", _chunk_unswizzled, "bf16_bidir_gqa4"),
@@ -648,10 +578,7 @@ PLANTED = {
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_planted_index_bug_is_caught(name, monkeypatch):
-    module, attr, bug, case = PLANTED[name]
-    monkeypatch.setattr(module, attr, bug)
-    error, tolerance = _run_case(case)
-    assert not error <= tolerance  # NaN counts as caught
+    FAMILY.check_planted_bug_is_caught(monkeypatch, *PLANTED[name])
 
 
 POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
@@ -661,19 +588,7 @@ POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks
 
 @pytest.mark.parametrize("name", POISONED)
 def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
-    case, problem, variant, splits, extra = _prepare(name)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    assert poison_pages_outside_windows(problem, L.KEY_TILE) > 0
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    assert torch.isfinite(out).all()
-    assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
-    # The poison is live: a launch that starts a tile early, or ignores the window, reads it.
-    monkeypatch.setattr(X, "window_tiles", window_begins_a_tile_early)
-    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
-    monkeypatch.undo()
-    problem.window = (-1, -1)
-    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+    FAMILY.check_tiles_outside_every_window_are_never_read(name, monkeypatch)
 
 
 def _pad_rows_with_nan(cache: torch.Tensor) -> torch.Tensor:
@@ -696,9 +611,9 @@ def test_head_dim_64_never_reads_bytes_past_a_keys_head_dims(name, monkeypatch):
     reference; without the head_dim 64 loader predicate (a planted bug) the NaN reaches the ring
     (it would not show in the output: BMM1 skips those head dims and O^T lanes 64..127 are
     never written out, so the ring is what is checked)."""
-    case, problem, variant, splits, extra = _prepare(name)
+    case, problem, variant, splits, extra = FAMILY.prepare(name)
     assert variant.head_dim == 64
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    ref = reference(case, extra)
     problem.key_cache = _pad_rows_with_nan(problem.key_cache)
     problem.value_cache = _pad_rows_with_nan(problem.value_cache)
     assert problem.key_cache.stride()[2] == L.ITEM_BYTES
@@ -706,12 +621,12 @@ def test_head_dim_64_never_reads_bytes_past_a_keys_head_dims(name, monkeypatch):
         assert poison_pages_outside_windows(problem, L.KEY_TILE) > 0
     n = int(case.cu_seqlens_q[-1])
     RING_NAN_VALUES.clear()
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    out = FAMILY.emulate(problem, variant, splits).to(case.query.dtype)[:n]
     assert RING_NAN_VALUES["items"] > 0 and RING_NAN_VALUES["nan"] == 0
     assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
     monkeypatch.setattr(L, "loader_predicate", _every_chunk_copied)
     RING_NAN_VALUES.clear()
-    emulate(problem, variant, splits)
+    FAMILY.emulate(problem, variant, splits)
     assert RING_NAN_VALUES["nan"] > 0
 
 
@@ -750,14 +665,14 @@ def test_lazy_rescale_moves_the_reference_when_scores_outrun_it(monkeypatch, nev
     """Keys of the first tile 16x smaller: the second tile's check fires and takes the exact
     path (both paths are taken and the result matches the reference); a check that never fires
     (a planted bug) leaves P above 2^16, past fp16, and fails."""
-    case, problem, variant, splits, extra = _prepare("bf16_bidir_gqa4")
+    case, problem, variant, splits, extra = FAMILY.prepare("bf16_bidir_gqa4")
     _shrink_first_tile_keys(problem)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
+    ref = reference(case, extra)
     if never:
         monkeypatch.setattr(L, "rescale_needed", lambda highest: False)
     LAZY_TILES.clear()
     n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
+    out = FAMILY.emulate(problem, variant, splits).to(case.query.dtype)[:n]
     passed = bool(relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype])
     assert passed != never
     if not never:
@@ -768,7 +683,7 @@ def test_lazy_rescale_keeps_the_reference_on_ordinary_scores():
     """On the random cases most tiles past the first keep their reference (the fast path)."""
     LAZY_TILES.clear()
     for name in ("bf16_bidir_gqa4", "window_pages_bidir_split3_sinks"):
-        error, tolerance = _run_case(name)
+        error, tolerance = FAMILY.run_case(name)
         assert error <= tolerance
     assert LAZY_TILES[False] > 0
 
@@ -807,22 +722,10 @@ EXTREME_SCALES = {
 }
 
 
-def _extreme_case(rows: int, query_exponent: int, key_exponent: int):
-    """(case, problem, variant, extra) of extreme_scale_case for a ``rows``-row variant."""
-    case, extra = extreme_scale_case(rows // 4, query_exponent, key_exponent, seed=rows)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
-    )
-    variant = T.Variant(128, rows, "bfloat16", "float8_e4m3fn")
-    return case, problem, variant, extra
-
-
 def _run_extreme(rows: int, splits: int, scales: str) -> tuple[torch.Tensor, torch.Tensor]:
-    case, problem, variant, extra = _extreme_case(rows, *EXTREME_SCALES[scales])
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    return out, ref[:n]
+    """(emulated, reference) output rows of FAMILY.extreme_case with EXTREME_SCALES[scales]."""
+    case, extra, variant = FAMILY.extreme_case(rows, *EXTREME_SCALES[scales])
+    return FAMILY.launch(case, extra, variant, splits)
 
 
 EXTREME_LAUNCHES = [(32, 1), (64, 2), (128, 2)]  # (rows, splits: the first row tile has 3 tiles)
@@ -877,13 +780,4 @@ def test_tiny_and_zero_query_rows_match_the_reference(rows, splits):
     """bf16 query rows scaled to ~2^-120 / ~2^-112 (precision.row_scale_exponent clamped to
     126: unclamped, 2^e is inf in fp32 and the row NaN) and an all-zero row: every row finite and
     within tolerance of the reference (those rows' softmax is near uniform)."""
-    case = tiny_query_rows_case(seed=rows)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=True
-    )
-    variant = T.Variant(128, rows, "bfloat16", "float8_e4m3fn")
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")[:n]
-    assert torch.isfinite(out).all()
-    assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]
+    FAMILY.check_tiny_and_zero_query_rows(rows, splits)

@@ -25,14 +25,12 @@ import torch
 from helpers import TOLERANCE
 from helpers.dsl import (
     causal_off_by_one,
-    emulate_launch,
-    extreme_scale_case,
+    head_from_token,
     offsets_ignore_causal,
-    poison_pages_outside_windows,
+    page_count_floor,
+    split_range_drops_last_tile,
     tile_mask_ignores_causal,
     tile_mask_ignores_window_start,
-    tiny_query_rows_case,
-    window_begins_a_tile_early,
     window_cases,
     window_end_floor,
     window_last_key_of_q_len,
@@ -40,15 +38,14 @@ from helpers.dsl import (
     window_lower_bound_unmasked,
     worst_row_error,
 )
+from helpers.dsl_emulation import EmulatedFamily, cta_work, sink_log2
 
-import fp8_noncausal_attn as fna
 from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 from fp8_noncausal_attn.scales import check_score_scale
-from fp8_noncausal_attn.synthetic import make_case, relative_error
-from fp8_noncausal_attn.validation import validate_attention
+from fp8_noncausal_attn.synthetic import relative_error
 
 # Replays kernels in numpy from their own index maps (scripts/test.sh --quick leaves it out).
 pytestmark = pytest.mark.emulation
@@ -221,14 +218,6 @@ def quad_reduce(values: np.ndarray, op) -> np.ndarray:
     return values
 
 
-def sink_log2(problem, head: int) -> float:
-    """The sink of query head ``head`` in log2 units as the kernel reads it (the loader passes
-    -inf, no sink, when the problem has none)."""
-    if problem.sinks is None:
-        return -math.inf
-    return float(problem.sinks[head]) * math.log2(math.e)
-
-
 # Tiles past a CTA's first that gave some row its first visible key (extreme-scale cases).
 FIRST_KEY_LATE = [0]
 
@@ -236,28 +225,11 @@ FIRST_KEY_LATE = [0]
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     kt, d = variant.key_tile, variant.head_dim
-    group = problem.num_q_heads // problem.num_kv_heads
-    q_start = int(problem.cu_seqlens_q[seq])
-    q_len = int(problem.cu_seqlens_q[seq + 1]) - q_start
-    kv_len = int(problem.seq_lens[seq])
-    row_base = row_tile * variant.rows
-    num_rows = X.rows_per_kv_head(q_len, group)
-    if not row_base < num_rows:
+    work = cta_work(problem, variant.rows, kt, seq, row_tile, split, num_splits)
+    if work is None:
         return {}
-    causal = problem.causal
-    if problem.causal_per_seq is not None:
-        causal = int(problem.causal_per_seq[seq] != 0)
+    group, q_start, q_len, kv_len, num_rows, row_base, _, first, iters, causal = work
     left, right = problem.window
-    # the tiles from the first row's first visible key to the last row's last, split
-    last_row = min(row_base + variant.rows, num_rows) - 1
-    cta_first_key = X.window_first_key(X.row_token(row_base, group), q_len, kv_len, left, _select,
-                                       max)  # fmt: skip
-    cta_last_key = X.window_last_key(
-        X.row_token(last_row, group), q_len, kv_len, causal, right, _select
-    )
-    begin, end = X.window_tiles(int(cta_first_key), int(cta_last_key), kt)
-    first, end = X.split_tile_range(begin, end, num_splits, split, min)
-    iters = end - first
     # float32 as the kernel: (softmax scale x log2(e)) x k_scale x the row's 2^-e, floored
     f32 = np.float32
     base_scale = f32(f32(problem.softmax_scale) * f32(math.log2(math.e))) * f32(
@@ -346,11 +318,6 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     return {key: (out, lses[0]) for key, (out, lses) in result.items()}
 
 
-def emulate(problem, variant, num_splits: int) -> torch.Tensor:
-    """The whole launch and the merge (tests/helpers/dsl.py) over this family's CTA."""
-    return emulate_launch(problem, variant, num_splits, emulate_cta)
-
-
 CASES = {
     # drafter block, GQA 4: R = 64 and 80 (two 64-row CTAs), bidirectional, bf16 query
     "bf16_bidir_gqa4": dict(
@@ -407,37 +374,15 @@ CASES = {
 }  # fmt: skip
 
 
-def _prepare(name: str):
-    """(case, problem, variant, splits, extra reference kwargs) of ``CASES[name]``."""
-    spec = dict(CASES[name])
-    splits = spec.pop("splits")
-    consumers = spec.pop("consumers", 1)
-    head_dim = spec.pop("head_dim", 128)
-    extra = {"window": spec.pop("window", (-1, -1))}
-    if "sinks" in spec:
-        extra["sinks"] = torch.tensor(spec.pop("sinks"), dtype=torch.float32)
-    case = make_case(spec.pop("q_lens"), spec.pop("kv_lens"), head_dim=head_dim, seed=7, **spec)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
-    )
-    q_dtype = str(case.query.dtype).split(".")[1]
-    kv_dtype = str(case.key_cache.dtype).split(".")[1]
-    variant = T.Variant(head_dim, consumers, q_dtype, kv_dtype)
-    return case, problem, variant, splits, extra
-
-
-def _run_case(name: str) -> tuple[torch.Tensor, float, float]:
-    case, problem, variant, splits, extra = _prepare(name)
-    out = emulate(problem, variant, splits).to(case.query.dtype)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    n = int(case.cu_seqlens_q[-1])
-    return out[:n], relative_error(out[:n], ref[:n]), TOLERANCE[case.query.dtype]
+FAMILY = EmulatedFamily(
+    cases=CASES, emulate_cta=emulate_cta, make_variant=T.Variant, size_field="consumers",
+    default_size=1, key_tile=lambda variant: variant.key_tile, seed=7,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_emulated_wgmma_kernel_matches_reference(name):
-    out, error, tolerance = _run_case(name)
-    assert out.abs().sum() > 0
+    error, tolerance = FAMILY.run_case(name)
     assert error <= tolerance
 
 
@@ -448,15 +393,6 @@ def _no_swizzle(row, dim, rows):
 
 def _slot_in_half_page(j, page_shift):
     return j >> page_shift, j & ((1 << (page_shift - 1)) - 1)
-
-
-def _head_from_token(r, group, kv_head):
-    return kv_head * group + r // group % group
-
-
-def _split_range_drops_last_tile(begin, end, num_splits, split, minimum):
-    first, last = ORIGINAL["split_tile_range"](begin, end, num_splits, split, minimum)
-    return first, minimum(last, end - 1)
 
 
 # Relabelings that the kernel applies consistently on both sides (a bijective change of which
@@ -489,10 +425,6 @@ def _tile_slot_dropped(key0, page_shift):
     return key0 >> page_shift, 0
 
 
-def _page_count_floor(kv_len, page_shift):
-    return kv_len >> page_shift
-
-
 def _tile_spans_one_page(key_tile, page_shift):
     return 1
 
@@ -510,7 +442,6 @@ def _one_staging_slot(tile, fp8_stages):
 
 
 ORIGINAL = {
-    "split_tile_range": X.split_tile_range,
     "loader_row": L.loader_row,
     "q_row": L.q_row,
     "loader_step_page_slot": L.loader_step_page_slot,
@@ -530,7 +461,7 @@ PLANTED = {
     # a page that holds two key tiles: the second tile's slot
     "page_slot_of": (X, _slot_in_half_page, "bool_flags_page256"),
     # the last, partly filled page of a sequence (kv_len 300, pages of 16)
-    "page_count": (X, _page_count_floor, "bf16_bidir_gqa4"),
+    "page_count": (X, page_count_floor, "bf16_bidir_gqa4"),
     "pages_per_tile": (L, _tile_spans_one_page, "int32_flags_strided_vllm"),
     "tile_page_slot": (L, _tile_slot_dropped, "bool_flags_page256"),
     "lane_page": (L, _lane_reads_next_page, "bf16_bidir_gqa4"),
@@ -542,8 +473,8 @@ PLANTED = {
     "staging_offset": (L, _staging_of_half_the_threads, "bf16_bidir_gqa4"),
     "staging_slot": (L, _one_staging_slot, "bf16_bidir_gqa4"),
     "staging_slot:d64": (L, _one_staging_slot, "f16_d64_gqa8"),
-    "row_head": (X, _head_from_token, "bf16_bidir_gqa4"),
-    "split_tile_range": (X, _split_range_drops_last_tile, "window_pages_bidir_split3_sinks"),
+    "row_head": (X, head_from_token, "bf16_bidir_gqa4"),
+    "split_tile_range": (X, split_range_drops_last_tile, "window_pages_bidir_split3_sinks"),
     "window_tiles": (X, window_end_floor, "f16_causal_prefill_m128"),
     "window_first_key": (X, window_left_unbounded_forgotten, "bf16_bidir_gqa4"),
     "window_last_key": (X, window_last_key_of_q_len, "window_right_only_f16_sinks"),
@@ -558,9 +489,8 @@ PLANTED = {
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_planted_index_bug_is_caught(name, monkeypatch):
     module, bug, case = PLANTED[name]
-    monkeypatch.setattr(module, name.split(":")[0], bug)  # "name:what" plants a second bug
-    _, error, tolerance = _run_case(case)
-    assert not error <= tolerance  # NaN counts as caught
+    # "name:what" plants a second bug in the same map
+    FAMILY.check_planted_bug_is_caught(monkeypatch, module, name.split(":")[0], bug, case)
 
 
 POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks",
@@ -569,33 +499,15 @@ POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks
 
 @pytest.mark.parametrize("name", POISONED)
 def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
-    case, problem, variant, splits, extra = _prepare(name)
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")
-    assert poison_pages_outside_windows(problem, variant.key_tile) > 0
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    assert torch.isfinite(out).all()
-    assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
-    # The poison is live: a launch that ignores the window, or starts a tile early, reads it.
-    monkeypatch.setattr(X, "window_tiles", window_begins_a_tile_early)
-    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
-    monkeypatch.undo()
-    problem.window = (-1, -1)
-    assert not torch.isfinite(emulate(problem, variant, splits)[:n]).all()
+    FAMILY.check_tiles_outside_every_window_are_never_read(name, monkeypatch)
 
 
-def _run_first_key_late(case, extra: dict, consumers: int, splits: int):
-    """(emulated, reference) output rows of an extreme_scale_case launch on a d128 bf16 e4m3
-    variant with ``consumers`` warpgroups; asserts some row's first key came past its CTA's
-    first tile and that every emulated row is finite."""
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=True
-    )
-    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
+def _run_first_key_late(case, extra: dict, variant, splits: int):
+    """(emulated, reference) output rows of an extreme_scale_case launch (FAMILY.extreme_case);
+    asserts some row's first key came past its CTA's first tile and that every emulated row is
+    finite."""
     FIRST_KEY_LATE[0] = 0
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), **extra, backend="reference")[:n]
+    out, ref = FAMILY.launch(case, extra, variant, splits)
     assert FIRST_KEY_LATE[0] > 0
     assert torch.isfinite(out).all()
     return out, ref
@@ -608,9 +520,8 @@ def test_extreme_valid_scales_with_rows_that_see_no_key_at_first(consumers, spli
     below scales.check_score_scale's limit) with rows whose first key comes past their CTA's
     first tile: that tile's correction (float32, as the kernel) stays finite and the result
     matches the reference (no lazy rescale in this family, so no stand-in maximum to check)."""
-    rows = L.ROWS_PER_WARPGROUP * consumers
-    case, extra = extreme_scale_case(rows // 4, *exponents, seed=rows)
-    out, ref = _run_first_key_late(case, extra, consumers, splits)
+    case, extra, variant = FAMILY.extreme_case(consumers, *exponents)
+    out, ref = _run_first_key_late(case, extra, variant, splits)
     assert relative_error(out, ref) <= TOLERANCE[case.query.dtype]
 
 
@@ -619,16 +530,7 @@ def test_tiny_and_zero_query_rows_match_the_reference(consumers, splits):
     """bf16 query rows scaled to ~2^-120 / ~2^-112 (precision.row_scale_exponent clamped to
     126: unclamped, 2^e is inf in fp32 and the row NaN) and an all-zero row: every row finite and
     within tolerance of the reference (those rows' softmax is near uniform)."""
-    case = tiny_query_rows_case(seed=consumers)
-    problem = validate_attention(
-        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=True
-    )
-    variant = T.Variant(128, consumers, "bfloat16", "float8_e4m3fn")
-    n = int(case.cu_seqlens_q[-1])
-    out = emulate(problem, variant, splits).to(case.query.dtype)[:n]
-    ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")[:n]
-    assert torch.isfinite(out).all()
-    assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]
+    FAMILY.check_tiny_and_zero_query_rows(consumers, splits)
 
 
 def _smallest_accepted_k_scale(softmax_scale: float) -> float:
@@ -654,8 +556,7 @@ def test_smallest_accepted_k_scale_with_rows_that_see_no_key_at_first(consumers,
     the no-key row maximum (-inf) x 0 is NaN for rows whose first tile holds no key for them.
     Floored at precision.MIN_SCORE_SCALE the result is finite and matches the reference (a
     near-uniform softmax over each row's visible keys)."""
-    rows = L.ROWS_PER_WARPGROUP * consumers
-    case, extra = extreme_scale_case(rows // 4, -10, 0, seed=rows)
+    case, extra, variant = FAMILY.extreme_case(consumers, -10, 0)
     case.k_scale.fill_(_smallest_accepted_k_scale(case.query.shape[-1] ** -0.5))
-    out, ref = _run_first_key_late(case, extra, consumers, splits)
+    out, ref = _run_first_key_late(case, extra, variant, splits)
     assert worst_row_error(out, ref) <= TOLERANCE[case.query.dtype]

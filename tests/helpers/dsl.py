@@ -1,6 +1,7 @@
-"""Helpers the two CUTLASS-DSL families' tests share (tcgen05 and wgmma): the CPU emulation's
-launch loop and split merge, the extreme-scale case, the AOT library's variant-name check, and
-the build the build tests read, cached by its inputs' hash."""
+"""Helpers the two CUTLASS-DSL families' tests share (tcgen05 and wgmma): the CPU emulations'
+shared cases and planted bugs (their driver: helpers/dsl_emulation.py), the AOT library's
+variant-name check, the kept PTX's synchronisation checks, and the build the build tests read,
+cached by its inputs' hash."""
 
 import ctypes
 import hashlib
@@ -11,61 +12,13 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from dsl.common import indexing as X
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import PagedCase, make_case
-
-
-def flat_bytes(cache: torch.Tensor) -> np.ndarray:
-    """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
-    raw = cache.view(torch.uint8)
-    return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
-
-
-def emulate_launch(problem, variant, num_splits: int, emulate_cta: Callable) -> torch.Tensor:
-    """The whole launch (grid = row tiles x KV heads x sequences x splits) and the merge.
-
-    ``emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes)``
-    returns {(token, head): (O row [head_dim] normalised and times v_scale, log2 LSE)} for the
-    rows the CTA owns; the result is float64 [num_tokens, num_q_heads, head_dim].
-    """
-    group = problem.num_q_heads // problem.num_kv_heads
-    row_tiles = X.ceil_div(problem.max_seqlen_q * group, variant.rows)
-    kbytes, vbytes = flat_bytes(problem.key_cache), flat_bytes(problem.value_cache)
-    states = {}
-    for seq in range(problem.num_seqs):
-        for row_tile in range(row_tiles):
-            for kv_head in range(problem.num_kv_heads):
-                for split in range(num_splits):
-                    part = emulate_cta(
-                        problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes
-                    )
-                    for key, state in part.items():
-                        states.setdefault(key, []).append(state)
-    out = torch.zeros(problem.query.shape, dtype=torch.float64)
-    for (token, head), parts in states.items():
-        if num_splits == 1:
-            out[token, head] = torch.from_numpy(parts[0][0])
-            continue
-        # The loader's merge: weights 2^(lse - max), O already normalised; a sink (log2 units)
-        # joins the denominator once, here and not in any split.
-        lse = np.array([p[1] for p in parts])
-        sink = -np.inf
-        if getattr(problem, "sinks", None) is not None:
-            sink = float(problem.sinks[head]) * np.log2(np.e)
-        top = max(lse.max(), sink)
-        top = top if np.isfinite(top) else 0.0
-        w = np.exp2(lse - top)
-        acc = sum(wi * p[0] for wi, p in zip(w, parts, strict=True))
-        total = w.sum() + np.exp2(sink - top)
-        out[token, head] = torch.from_numpy(acc / total if total > 0 else acc * 0)
-    return out
 
 
 def check_library_names_every_variant(library_path: Path, family: str, record: dict) -> None:
@@ -216,10 +169,24 @@ def poison_pages_outside_windows(problem, key_tile: int) -> int:
     return poisoned
 
 
-# ---- Planted bugs in the window maps both families share (dsl/common/indexing.py) ----------
+# ---- Planted bugs in the maps both families share (dsl/common/indexing.py) -----------------
 # The originals are taken at import, before a test patches the module: a planted bug that
 # calls the map it replaces must reach the real one.
 _WINDOW_TILES, _WINDOW_LAST_KEY = X.window_tiles, X.window_last_key
+_SPLIT_TILE_RANGE = X.split_tile_range
+
+
+def split_range_drops_last_tile(begin, end, num_splits, split, minimum):
+    first, last = _SPLIT_TILE_RANGE(begin, end, num_splits, split, minimum)
+    return first, minimum(last, end - 1)
+
+
+def head_from_token(r, group, kv_head):
+    return kv_head * group + r // group % group
+
+
+def page_count_floor(kv_len, page_shift):
+    return kv_len >> page_shift  # forgets the last partial page
 
 
 def causal_off_by_one(j, kv_len, position, before, after):
