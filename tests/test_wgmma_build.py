@@ -3,14 +3,14 @@ for sm_90a, export, link ``libfp8nca_wgmma.so``, load it on this CPU machine, an
 cubins' SASS. NEVER RUN ON A GPU: nothing here launches a kernel."""
 
 import ctypes
-import json
 
 import pytest
 import torch
 from helpers.dsl import (
     PtxFlow,
     barrier_init_problems,
-    cached_dsl_build,
+    cached_ci_build,
+    check_ci_build_record,
     check_library_names_every_variant,
     empty_split_lse_problems,
 )
@@ -27,33 +27,25 @@ pytest.importorskip("cutlass")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("wgmma")
-    return cached_dsl_build(build, "wgmma", list(T.ARCHS), list(build.WGMMA_CI_VARIANTS), scratch)
+    return cached_ci_build(build, "wgmma", tmp_path_factory.mktemp("wgmma"))
 
 
 def test_build_record_lists_every_ci_variant(built):
-    out, record = built
-    assert record == json.loads((out / "build.json").read_text())
-    assert record["never_run_on_gpu"] is True
-    assert record["library"] == "libfp8nca_wgmma.so"
-    pairs = {(e["arch"], e["variant"]) for e in record["variants"]}
-    assert pairs == {("sm_90a", v.name) for v in build.WGMMA_CI_VARIANTS}
-    for entry in record["variants"]:
-        assert entry["compile_seconds"] > 0
-        assert len(entry["cubins"]) == 1 and entry["cubins"][0].endswith(".sm_90a.cubin")
-        assert (out / entry["header"]).exists()
+    assert build.FAMILIES["wgmma"][0] == ("sm_90a",)
+    assert build.FAMILIES["wgmma"][2]() == build.WGMMA_CI_VARIANTS
+    check_ci_build_record(build, "wgmma", *built)
 
 
 def test_library_loads_without_a_gpu_and_names_every_variant(built):
     out, record = built
-    check_library_names_every_variant(out / "libfp8nca_wgmma.so", "wgmma", record)
+    check_library_names_every_variant(out / build.library_name("wgmma"), "wgmma", record)
 
 
 def test_load_entry_returns_the_cuda_error_of_each_variant_or_minus_one(built):
     """fp8nca_wgmma_load(i): -1 for an unknown index; without a GPU driver every variant's load
     returns the CUDA error (not 0, and not a crash)."""
     out, record = built
-    load = ctypes.CDLL(str(out / "libfp8nca_wgmma.so")).fp8nca_wgmma_load
+    load = ctypes.CDLL(str(out / build.library_name("wgmma"))).fp8nca_wgmma_load
     load.restype, load.argtypes = ctypes.c_int, [ctypes.c_int]
     count = len(record["variants"])
     assert load(count) == load(-1) == -1

@@ -445,3 +445,26 @@ def cached_dsl_build(build, family: str, archs: list[str], variants: list, scrat
         shutil.rmtree(out, ignore_errors=True)
         partial.rename(out)
     return out, json.loads((out / "build.json").read_text())
+
+
+def cached_ci_build(build, family: str, scratch: Path):
+    """``(folder, record)`` of the family's CI build (``build.FAMILIES``: its architectures and
+    the variants CI compiles), through cached_dsl_build."""
+    archs, _, ci_variants = build.FAMILIES[family]
+    return cached_dsl_build(build, family, list(archs), list(ci_variants()), scratch)
+
+
+def check_ci_build_record(build, family: str, out: Path, record: dict) -> None:
+    """The record cached_ci_build returns is the folder's build.json: never run on a GPU, the
+    family's library, one entry per (architecture, CI variant), each with its compile time, one
+    cubin for its architecture and its kernel's header."""
+    archs, _, ci_variants = build.FAMILIES[family]
+    assert record == json.loads((out / "build.json").read_text())
+    assert record["never_run_on_gpu"] is True
+    assert record["library"] == build.library_name(family)
+    pairs = {(e["arch"], e["variant"]) for e in record["variants"]}
+    assert pairs == {(a, v.name) for a in archs for v in ci_variants()}
+    for entry in record["variants"]:
+        assert entry["compile_seconds"] > 0
+        assert len(entry["cubins"]) == 1 and entry["cubins"][0].endswith(f".{entry['arch']}.cubin")
+        assert (out / entry["header"]).exists()
