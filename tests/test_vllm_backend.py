@@ -604,16 +604,18 @@ def test_padded_strided_int32_causal_batch_matches_float64(
     assert torch.all(output[num_real:num_actual] == 0)
 
 
-def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
-    """vLLM's own Attention layer builds the impl (its positional call), and its forward runs
-    unified_kv_cache_update + unified_attention_with_output into our impl, with per-head scale
-    buffers as vLLM's compressed-tensors loader registers them."""
+def run_drafter_layer(vllm_config, seed: int, **layer_kwargs) -> SimpleNamespace:
+    """One drafter batch through vLLM's own classes: its Attention layer (``layer_kwargs``:
+    sliding window, sinks) builds the impl, with per-head scale buffers as vLLM's
+    compressed-tensors loader registers them; do_kv_cache_update writes the context into the
+    FP8 cache, the builder plans, and the layer's forward runs unified_kv_cache_update +
+    unified_attention_with_output into our impl. Returns layer, meta, query [tokens, heads,
+    head_size], output (as the layer returns it) and the dequantized keys and values of each
+    request (real_k, real_v), the float64 reference's input."""
     from vllm.forward_context import set_forward_context
 
-    gen = torch.Generator().manual_seed(11)
-    layer = make_layer(vllm_config)
-    assert isinstance(layer.impl, Fp8NoncausalAttentionImpl)
-    assert layer.get_kv_cache_spec(vllm_config).dtype == torch.uint8
+    gen = torch.Generator().manual_seed(seed)
+    layer = make_layer(vllm_config, **layer_kwargs)
     keys = [drafter_rows(gen, kv) for kv in KV_LENS]
     values = [drafter_rows(gen, kv) for kv in KV_LENS]
     k_scale, v_scale = fna.compute_kv_scales(torch.cat(keys), torch.cat(values))
@@ -635,12 +637,23 @@ def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
     with set_forward_context({LAYER_NAME: meta}, vllm_config,
                              slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
         output = layer(query, new_k.flatten(1), new_v.flatten(1))
-    assert output.shape == (num_tokens, NUM_HEADS * HEAD_SIZE)
-    real_k = [dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys]
-    real_v = [dequantized(v, v_scale, torch.float8_e4m3fn) for v in values]
-    expected = float64_attention(query.view(num_tokens, NUM_HEADS, HEAD_SIZE), real_k, real_v,
-                                 HEAD_SIZE**-0.5)  # fmt: skip
-    assert relative_error(output.view_as(expected), expected) <= TOLERANCE[torch.bfloat16]
+    return SimpleNamespace(
+        layer=layer, meta=meta, query=query.view(num_tokens, NUM_HEADS, HEAD_SIZE), output=output,
+        real_k=[dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys],
+        real_v=[dequantized(v, v_scale, torch.float8_e4m3fn) for v in values],
+    )  # fmt: skip
+
+
+def test_vllms_attention_layer_runs_the_backend_end_to_end(vllm_config):
+    """vLLM's own Attention layer builds the impl (its positional call), and its forward runs
+    unified_kv_cache_update + unified_attention_with_output into our impl, with per-head scale
+    buffers as vLLM's compressed-tensors loader registers them."""
+    run = run_drafter_layer(vllm_config, seed=11)
+    assert isinstance(run.layer.impl, Fp8NoncausalAttentionImpl)
+    assert run.layer.get_kv_cache_spec(vllm_config).dtype == torch.uint8
+    assert run.output.shape == (sum(Q_LENS), NUM_HEADS * HEAD_SIZE)
+    expected = float64_attention(run.query, run.real_k, run.real_v, HEAD_SIZE**-0.5)
+    assert relative_error(run.output.view_as(expected), expected) <= TOLERANCE[torch.bfloat16]
 
 
 def test_drafter_layer_with_sliding_window_and_sinks_matches_float64(vllm_config):
@@ -649,39 +662,13 @@ def test_drafter_layer_with_sliding_window_and_sinks_matches_float64(vllm_config
     builder plans, do_kv_cache_update writes the FP8 cache, forward runs. The batch mixes causal
     and bidirectional requests, so (as in vLLM's FLASH_ATTN) the window (5, 0) runs as (5, 5),
     its causal requests capped at 0 on the right by their mask."""
-    from vllm.forward_context import set_forward_context
-
-    gen = torch.Generator().manual_seed(12)
     sinks = torch.tensor([30.0, -40.0, 1.0, 4.0, -2.0, 0.0, 8.0, -60.0])
-    layer = make_layer(vllm_config, per_layer_sliding_window=6, sinks=sinks)
-    assert layer.impl.sliding_window == (5, 0) and layer.impl.sinks is sinks
-    keys = [drafter_rows(gen, kv) for kv in KV_LENS]
-    values = [drafter_rows(gen, kv) for kv in KV_LENS]
-    k_scale, v_scale = fna.compute_kv_scales(torch.cat(keys), torch.cat(values))
-    layer.register_buffer("_k_scale", k_scale)
-    layer.register_buffer("_v_scale", v_scale)
-    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
-    common, slots = make_batch_metadata(gen, 24)
-    context = [
-        (k[: kv - q], v[: kv - q], slot[: kv - q])
-        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
-    ]
-    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
-    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
-    meta = make_builder(vllm_config, layer).build(0, common)
-    assert meta.plan.batch.window == (5, 5) and list(meta.plans) == [(5, 0)]
-    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
-    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
-    num_tokens = sum(Q_LENS)
-    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
-    with set_forward_context({LAYER_NAME: meta}, vllm_config,
-                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
-        output = layer(query, new_k.flatten(1), new_v.flatten(1))
-    real_k = [dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys]
-    real_v = [dequantized(v, v_scale, torch.float8_e4m3fn) for v in values]
-    q = query.view(num_tokens, NUM_HEADS, HEAD_SIZE)
+    run = run_drafter_layer(vllm_config, seed=12, per_layer_sliding_window=6, sinks=sinks)
+    assert run.layer.impl.sliding_window == (5, 0) and run.layer.impl.sinks is sinks
+    assert run.meta.plan.batch.window == (5, 5) and list(run.meta.plans) == [(5, 0)]
+    q, real_k, real_v = run.query, run.real_k, run.real_v
     expected = float64_attention(q, real_k, real_v, HEAD_SIZE**-0.5, window=(5, 5), sinks=sinks)
-    output = output.view_as(expected)
+    output = run.output.view_as(expected)
     for head in range(NUM_HEADS):  # per head: the +30 sink shrinks head 0 by ~e^-20
         assert relative_error(output[:, head], expected[:, head]) <= TOLERANCE[torch.bfloat16]
     # Window and sinks each matter here (else the check above could not fail).
