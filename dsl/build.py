@@ -110,7 +110,7 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
     pointee = {
         "query": cutlass.Uint16 if family == "tcgen05" else _DTYPES[variant.q_dtype],
         "cache": _DTYPES[variant.kv_dtype],
-        "int32": cutlass.Int32, "float32": cutlass.Float32, "uint8": cutlass.Uint8,
+        "int32": cutlass.Int32, "float32": cutlass.Float32, "flags": cutlass.Uint8,
     }  # fmt: skip
     fake = {"i64": cutlass.Int64(0), "i32": cutlass.Int32(0), "f32": cutlass.Float32(1.0)}
 

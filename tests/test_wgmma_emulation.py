@@ -27,8 +27,10 @@ from helpers.dsl import (
     causal_off_by_one,
     emulate_launch,
     extreme_scale_case,
+    index_offset_ignores_stride,
     offsets_ignore_causal,
     poison_pages_outside_windows,
+    sequence_of,
     tile_mask_ignores_causal,
     tile_mask_ignores_window_start,
     tiny_query_rows_case,
@@ -237,16 +239,11 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     kt, d = variant.key_tile, variant.head_dim
     group = problem.num_q_heads // problem.num_kv_heads
-    q_start = int(problem.cu_seqlens_q[seq])
-    q_len = int(problem.cu_seqlens_q[seq + 1]) - q_start
-    kv_len = int(problem.seq_lens[seq])
+    q_start, q_len, kv_len, causal = sequence_of(problem, seq, "wgmma")
     row_base = row_tile * variant.rows
     num_rows = X.rows_per_kv_head(q_len, group)
     if not row_base < num_rows:
         return {}
-    causal = problem.causal
-    if problem.causal_per_seq is not None:
-        causal = int(problem.causal_per_seq[seq] != 0)
     left, right = problem.window
     # the tiles from the first row's first visible key to the last row's last, split
     last_row = min(row_base + variant.rows, num_rows) - 1
@@ -518,6 +515,8 @@ ORIGINAL = {
 }
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
+    # the index tensors of a strided case read as if packed
+    "index_offset": (X, index_offset_ignores_stride, "int32_flags_strided_vllm"),
     "key_in_window": (X, causal_off_by_one, "f16_causal_split3"),
     "key_in_window:lower": (X, window_lower_bound_unmasked, "window_below_a_page_causal_sinks"),
     "window_tile_needs_mask": (X, tile_mask_ignores_causal, "f16_causal_prefill_m128"),

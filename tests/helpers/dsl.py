@@ -1,6 +1,6 @@
 """Helpers the two CUTLASS-DSL families' tests share (tcgen05 and wgmma): the CPU emulation's
-launch loop and split merge, the extreme-scale case, the AOT library's variant-name check, and
-the build the build tests read, cached by its inputs' hash."""
+launch loop, index reads and split merge, the extreme-scale case, the AOT library's
+variant-name check, and the build the build tests read, cached by its inputs' hash."""
 
 import ctypes
 import hashlib
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dsl.common import indexing as X
+from fp8_noncausal_attn.launch_record import LaunchInputs, launch_values
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import PagedCase, make_case
 
@@ -26,6 +27,31 @@ def flat_bytes(cache: torch.Tensor) -> np.ndarray:
     """The whole storage of an FP8 cache as bytes, indexed by element offset + storage offset."""
     raw = cache.view(torch.uint8)
     return torch.as_strided(raw, (raw.untyped_storage().nbytes(),), (1,), 0).numpy()
+
+
+def _entry(tensor: torch.Tensor, offset: int) -> int:
+    """The element ``offset`` elements past ``tensor``'s first one in its storage (a kernel's
+    read of a pointer plus an offset), whatever the tensor's own strides."""
+    return int(torch.as_strided(tensor, (offset + 1,), (1,))[offset])
+
+
+def sequence_of(problem, seq: int, family: str = "wgmma") -> tuple[int, int, int, int]:
+    """``(q_start, q_len, kv_len, causal)`` of sequence ``seq`` as a DSL kernel reads them
+    (dsl/common/work.py cta_work, kernel_reads.read_causal_flag): each index tensor's storage at
+    ``X.index_offset`` of the entry and the stride the launch passes (the launch record's
+    values), the causal flag by the launch's ``causal_bytes``."""
+    values = launch_values(family, LaunchInputs(problem, problem.query, 1))
+
+    def cu(i):
+        return _entry(problem.cu_seqlens_q, X.index_offset(i, values["cu_stride"]))
+
+    kv_len = _entry(problem.seq_lens, X.index_offset(seq, values["sl_stride"]))
+    causal = values["causal"]
+    if values["causal_bytes"]:
+        flags = problem.causal_per_seq
+        assert flags.element_size() == values["causal_bytes"]
+        causal = int(_entry(flags, X.index_offset(seq, values["causal_stride"])) != 0)
+    return cu(seq), cu(seq + 1) - cu(seq), kv_len, causal
 
 
 def emulate_launch(problem, variant, num_splits: int, emulate_cta: Callable) -> torch.Tensor:
@@ -220,6 +246,11 @@ def poison_pages_outside_windows(problem, key_tile: int) -> int:
 # The originals are taken at import, before a test patches the module: a planted bug that
 # calls the map it replaces must reach the real one.
 _WINDOW_TILES, _WINDOW_LAST_KEY = X.window_tiles, X.window_last_key
+
+
+def index_offset_ignores_stride(i, stride):
+    """Planted: index tensors read as packed vectors (the launch's strides dropped)."""
+    return i
 
 
 def causal_off_by_one(j, kv_len, position, before, after):

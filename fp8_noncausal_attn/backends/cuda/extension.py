@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from ...launch_record import window_sides
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
@@ -27,9 +28,6 @@ DTYPE_CODES = {
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.
 MAX_SPLITS = 32
-# The kernels take window sides as C ints; a side this long reaches past any context, so larger
-# ones (validation admits any int) are passed as this.
-_INT32_MAX = 2**31 - 1
 
 
 @functools.cache
@@ -135,13 +133,6 @@ def device_reason(device: torch.device) -> str | None:
     if ext is None:
         return why
     return arch_reason(device)
-
-
-def window_sides(problem: AttentionProblem | Batch) -> tuple[int, int]:
-    """The problem's ``(left, right)`` window as the kernels take it: -1 = unbounded, others
-    capped at INT32_MAX (already past any position)."""
-    left, right = problem.window
-    return min(left, _INT32_MAX), min(right, _INT32_MAX)
 
 
 def plan_sizes(batch: Batch) -> dict[str, int | bool]:
