@@ -10,6 +10,10 @@ Every other form is produced from :data:`FIELDS`:
 - the values of one launch by name (:func:`launch_values`), which ``mma_sync.run`` and the DSL
   launch both pass.
 
+Each compiled library exports :func:`record_hash` of the fields it was built with (``_C``:
+``LAUNCH_RECORD_HASH``; a DSL library: ``fp8nca_<family>_launch_record()``); the package refuses
+one whose hash differs when it loads it, never at launch.
+
 Adding a launch argument is one :class:`Field` here plus the kernel code that reads it.
 
 Pure Python (no torch, no DSL): the DSL build and the header generator read it without either.
@@ -236,3 +240,15 @@ def launch_values(family: str, inputs: LaunchInputs) -> dict[str, int | float]:
             value = 0 if value is None else value.data_ptr()
         values[f.name] = value
     return values
+
+
+def refusal(library: str, built: str | None, family: str) -> str | None:
+    """None when ``built`` (the hash a library exports; None: it exports none) is this record's
+    for ``family``, else why ``library`` is refused, naming both hashes."""
+    expected = record_hash(family)
+    if built == expected:
+        return None
+    return (
+        f"{library} was built from another launch record (hash {built or 'none'}, this package's "
+        f"{family} record is {expected}): rebuild it from this package's source"
+    )

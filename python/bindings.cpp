@@ -379,6 +379,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
   m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams' Given fields
+  // The launch record this was built from (fp8_noncausal_attn/launch_record.py record_hash):
+  // the package refuses another record's when it loads this module.
+  m.attr("LAUNCH_RECORD_HASH") = FP8NCA_LAUNCH_RECORD_HASH;
   py::dict codes;
   codes["bfloat16"] = static_cast<int>(fp8nca::kBF16);
   codes["float16"] = static_cast<int>(fp8nca::kFP16);

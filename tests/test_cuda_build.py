@@ -362,7 +362,7 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
 def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch):
     """mma_sync.run passes _C.paged_attention one value for each Given field of AttnParams
     (the launch record's mma.sync fields, csrc/common/launch_record.h, exported as
-    _C.ATTN_FIELDS), read from the problem, and the plan's _C.Plan as
+    _C.ATTN_FIELDS with the record's hash), read from the problem, and the plan's _C.Plan as
     it is; the binding refuses a missing or an unknown field, a block_shift that is not
     log2(block_size), and a plan made for other sizes, before any CUDA call."""
     import contextlib
@@ -389,6 +389,7 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     assert calls["plan"] is report["launch"] and calls["plan"].num_splits == 1
     fields = calls["fields"]
     assert tuple(fields) == _C.ATTN_FIELDS == tuple(f.name for f in R.given(R.MMA_SYNC))
+    assert _C.LAUNCH_RECORD_HASH == R.record_hash(R.MMA_SYNC)
     assert fields["block_shift"] == 4 and fields["sl_stride"] == 2
     assert fields["bt_stride_b"] == problem.block_table.stride(1) == 2
     assert fields["causal_per_seq"] == problem.causal_per_seq.data_ptr()

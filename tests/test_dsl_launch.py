@@ -1,7 +1,7 @@
 """The DSL families' forms of the launch record (fp8_noncausal_attn/launch_record.py through
-dsl/common/launch.py) against the record: the C entry dsl/build.py writes, the package's
-ctypes call and launch values, and the kernels' own parameter lists and reads (from their
-source, without the DSL)."""
+dsl/common/launch.py) against the record: the C entry dsl/build.py writes (with the record's
+hash), the package's ctypes call and launch values, and the kernels' own parameter lists and
+reads (from their source, without the DSL)."""
 
 import ast
 import ctypes
@@ -90,8 +90,11 @@ def test_each_kernel_takes_the_records_kernel_fields(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_c_entry_and_the_ctypes_call_are_the_records(family):
     """The run prototype and the arguments list the library reports (both written from the
-    record) parse to the record's C arguments; entry-fixed fields are not among them."""
+    record) parse to the record's C arguments; entry-fixed fields are not among them. The
+    library exports the record's hash for its family."""
     source = build.entry_source([("sym", "name@arch", "args")], family)
+    record_hash = launch.record.record_hash(family)
+    assert f'fp8nca_{family}_launch_record(void) {{ return "{record_hash}"; }}' in source
     prototype = launch.c_prototype(family)
     assert f"int fp8nca_{family}_run(int i, {prototype}) {{" in source
     assert f'fp8nca_{family}_arguments(void) {{ return "{prototype}"; }}' in source

@@ -18,11 +18,14 @@ time. The C interface (dsl/build.py, from the launch record fp8_noncausal_attn/l
     int fp8nca_<family>_variant_count(void);
     const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
     const char *fp8nca_<family>_arguments(void);   // "void *q, ..., cudaStream_t stream"
+    const char *fp8nca_<family>_launch_record(void);   // the record's hash it was built from
     int fp8nca_<family>_load(int i);   // 0, the CUDA error of loading its cubin, -1: unknown i
     int fp8nca_<family>_run(int i, <its arguments>);  // 0, the DSL's error, -1: unknown i
 
-The plan loads its variant's cubin (``load``, once per process), so that a failure is reported
-at plan time and the first launch may be inside a CUDA-graph capture.
+A library built from another launch record (its hash is not the package's) is refused when it
+is loaded, so that its family is unavailable with the reason before anything is planned. The plan
+loads its variant's cubin (``load``, once per process), so that a failure is reported at plan
+time and the first launch may be inside a CUDA-graph capture.
 
 Every variant (``wgmma_d128_m64_bf16_e4m3``, ``tcgen05_d128_n32_bf16_e4m3``) takes the page size
 at run time (``block_shift`` = log2 of it) and runs every power of two in 16..256.
@@ -41,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ...launch_record import LaunchInputs, launch_values
+from ...launch_record import LaunchInputs, launch_values, refusal
 from ...problem import AttentionProblem, Batch
 from ..protocol import Refused
 from . import extension
@@ -178,7 +181,8 @@ def parse_variant(index: int, name: str) -> BuiltVariant:
 
 
 class Library:
-    """One family's loaded library: its variants and its launch function."""
+    """One family's loaded library: its variants, its launch function and the launch record's
+    hash it was built from (``record_hash``; None when it exports none)."""
 
     def __init__(self, family: str, path: Path) -> None:
         self.family, self.path = family, path
@@ -193,6 +197,13 @@ class Library:
         arguments.restype, arguments.argtypes = ctypes.c_char_p, []
         parsed = parse_arguments(arguments().decode())
         self.argument_names = tuple(name for name, _ in parsed)
+        try:
+            record = getattr(self._cdll, f"fp8nca_{family}_launch_record")
+        except AttributeError:  # built before libraries exported it
+            self.record_hash = None
+        else:
+            record.restype, record.argtypes = ctypes.c_char_p, []
+            self.record_hash = record().decode()
         self._run = getattr(self._cdll, f"fp8nca_{family}_run")
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_int] + [kind for _, kind in parsed]
@@ -206,7 +217,8 @@ class Library:
 
     def launch(self, index: int, arguments: dict[str, int | float]) -> int:
         """Call ``fp8nca_<family>_run(index, ...)`` with ``arguments`` by name (every parameter
-        the library reports: the launch record's); returns its status (0: launched)."""
+        the library reports: the launch record's, as :func:`load_library` checked); returns its
+        status (0: launched)."""
         return self._run(index, *(arguments[name] for name in self.argument_names))
 
 
@@ -224,9 +236,10 @@ def library_dirs(family: str) -> list[Path]:
 
 @functools.cache
 def load_library(family: str) -> tuple[Library | None, str]:
-    """The family's library (loaded once per process; no GPU needed), or None and why not. A
-    library the environment names never replaces the package's own silently: a warning names
-    both paths."""
+    """The family's library (loaded once per process; no GPU needed), or None and why not: none
+    found, not a library, or built from another launch record (refused here, naming both
+    hashes, so the family is unavailable before anything is planned). A library the
+    environment names never replaces the package's own silently: a warning names both paths."""
     file = f"libfp8nca_{family}.so"
     own = package_library_dir(family) / file
     for folder in library_dirs(family):
@@ -238,9 +251,11 @@ def load_library(family: str) -> tuple[Library | None, str]:
                     stacklevel=2,
                 )
             try:
-                return Library(family, folder / file), ""
+                library = Library(family, folder / file)
             except (OSError, AttributeError, ValueError) as err:
                 return None, f"{folder / file} does not load as the {family} library ({err})"
+            why = refusal(str(folder / file), library.record_hash, family)
+            return (None, why) if why else (library, "")
     return None, (
         f"{file} is not in this package (build it with FP8NCA_BUILD_DSL=1, or point "
         f"{LIBRARY_DIR_ENV} at a folder built by python -m dsl.build --family {family} --out DIR)"

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from ...launch_record import window_sides
+from ...launch_record import MMA_SYNC, refusal, window_sides
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
@@ -32,7 +32,8 @@ MAX_SPLITS = 32
 
 @functools.cache
 def load() -> tuple[ModuleType | None, str]:
-    """``_C`` (imported once per process), or None and why it is not there."""
+    """``_C`` (imported once per process), or None and why it is not there: not built, or built
+    from another launch record than this package's (refused here, before any plan or launch)."""
     try:
         from ... import _C
     except ImportError as err:
@@ -40,7 +41,8 @@ def load() -> tuple[ModuleType | None, str]:
             f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it where nvcc "
             "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e ."
         )
-    return _C, ""
+    why = refusal(_C.__file__, getattr(_C, "LAUNCH_RECORD_HASH", None), MMA_SYNC)
+    return (None, why) if why else (_C, "")
 
 
 def loaded() -> ModuleType:
