@@ -114,7 +114,7 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
     }  # fmt: skip
     fake = {"i64": cutlass.Int64(0), "i32": cutlass.Int32(0), "f32": cutlass.Float32(1.0)}
 
-    def argument(field: launch.Field):
+    def argument(field: launch.record.Field):
         if field.kind == "ptr":
             return make_ptr(pointee[field.element], 0, cute.AddressSpace.gmem,
                             assumed_align=field.align)  # fmt: skip
