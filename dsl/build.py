@@ -110,11 +110,11 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
     pointee = {
         "query": cutlass.Uint16 if family == "tcgen05" else _DTYPES[variant.q_dtype],
         "cache": _DTYPES[variant.kv_dtype],
-        "int32": cutlass.Int32, "float32": cutlass.Float32, "uint8": cutlass.Uint8,
+        "int32": cutlass.Int32, "float32": cutlass.Float32, "flags": cutlass.Uint8,
     }  # fmt: skip
     fake = {"i64": cutlass.Int64(0), "i32": cutlass.Int32(0), "f32": cutlass.Float32(1.0)}
 
-    def argument(field: launch.Field):
+    def argument(field: launch.record.Field):
         if field.kind == "ptr":
             return make_ptr(pointee[field.element], 0, cute.AddressSpace.gmem,
                             assumed_align=field.align)  # fmt: skip
@@ -137,6 +137,7 @@ def cubins(out_dir: Path, arch: str, variant) -> list[Path]:
 #   int fp8nca_<family>_variant_count(void);
 #   const char *fp8nca_<family>_variant_name(int i);   "<variant name>@<arch>"
 #   const char *fp8nca_<family>_arguments(void);   the C parameters of run after i
+#   const char *fp8nca_<family>_launch_record(void);   the launch record's hash it was built from
 #   int fp8nca_<family>_load(int i);   0, the first CUDA error of loading it, -1: unknown i
 #   int fp8nca_<family>_run(int i, <launch.c_prototype(family)>);
 # ``load`` loads the cubin of variant i on every visible device, once per process (thread-safe;
@@ -144,7 +145,8 @@ def cubins(out_dir: Path, arch: str, variant) -> list[Path]:
 # first if nothing has. Calling load at plan time keeps the load out of a first launch that may
 # be inside a CUDA-graph capture, and reports a failure there. A tcgen05 kernel takes
 # ``q_is_bf16``, which the entry of each variant fixes (launch.FIELDS marks it): the bf16 and
-# fp16 variants of a shape run one compiled kernel.
+# fp16 variants of a shape run one compiled kernel. The package refuses a library whose
+# launch-record hash is not its own when it loads it (before any plan or launch).
 
 
 def family_of(variant) -> str:
@@ -191,6 +193,8 @@ def entry_source(entries: list[tuple[str, str, str]], family: str = "tcgen05") -
     lines += [
         f"int fp8nca_{family}_variant_count(void) {{ return sizeof(names) / sizeof(names[0]); }}",
         f'const char *fp8nca_{family}_arguments(void) {{ return "{launch.c_prototype(family)}"; }}',
+        f"const char *fp8nca_{family}_launch_record(void) "
+        f'{{ return "{launch.record.record_hash(family)}"; }}',
         f"const char *fp8nca_{family}_variant_name(int i) {{",
         f"  return i >= 0 && i < fp8nca_{family}_variant_count() ? names[i] : 0;",
         "}",

@@ -67,15 +67,6 @@ int alignment_of(std::uintptr_t address, int64_t stride_t, int64_t stride_h) {
   return align;
 }
 
-int log2_exact(int x) {
-  int shift = 0;
-  while ((1 << shift) < x) ++shift;
-  if ((1 << shift) != x) {
-    throw std::invalid_argument("fp8_noncausal_attn._C: block_size must be a power of two");
-  }
-  return shift;
-}
-
 fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads,
                              int head_dim, int kv_dtype, int max_seqlen_q, int max_seqlen_k,
                              int64_t resident_ctas, int num_splits, int window_left,
@@ -206,7 +197,9 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
   p.out_align = alignment_of(reinterpret_cast<std::uintptr_t>(p.out), p.o_stride_t,
                              p.o_stride_h);
   p.group = p.num_q_heads / p.num_kv_heads;
-  p.block_shift = log2_exact(p.block_size);
+  if (p.block_shift < 0 || p.block_shift > 30 || (1 << p.block_shift) != p.block_size) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: block_shift must be log2(block_size)");
+  }
   if (p.causal_per_seq != nullptr && p.causal_bytes != 1 && p.causal_bytes != 4) {
     throw std::invalid_argument(
         "fp8_noncausal_attn._C: causal_bytes must be 1 (bool) or 4 (int32)");
@@ -386,6 +379,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
   m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams' Given fields
+  // The launch record this was built from (fp8_noncausal_attn/launch_record.py record_hash):
+  // the package refuses another record's when it loads this module.
+  m.attr("LAUNCH_RECORD_HASH") = FP8NCA_LAUNCH_RECORD_HASH;
   py::dict codes;
   codes["bfloat16"] = static_cast<int>(fp8nca::kBF16);
   codes["float16"] = static_cast<int>(fp8nca::kFP16);

@@ -361,12 +361,14 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
 
 def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch):
     """mma_sync.run passes _C.paged_attention one value for each Given field of AttnParams
-    (csrc/common/params.h FP8NCA_ATTN_FIELDS, exported as _C.ATTN_FIELDS), read from the
-    problem, and the plan's _C.Plan as it is; the binding refuses a missing or an unknown field,
-    and a plan made for other sizes, before any CUDA call."""
+    (the launch record's mma.sync fields, csrc/common/launch_record.h, exported as
+    _C.ATTN_FIELDS with the record's hash), read from the problem, and the plan's _C.Plan as
+    it is; the binding refuses a missing or an unknown field, a block_shift that is not
+    log2(block_size), and a plan made for other sizes, before any CUDA call."""
     import contextlib
 
     from fp8_noncausal_attn import _C
+    from fp8_noncausal_attn import launch_record as R
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
 
@@ -386,7 +388,9 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
                  torch.empty_like(case.query))  # fmt: skip
     assert calls["plan"] is report["launch"] and calls["plan"].num_splits == 1
     fields = calls["fields"]
-    assert tuple(fields) == _C.ATTN_FIELDS
+    assert tuple(fields) == _C.ATTN_FIELDS == tuple(f.name for f in R.given(R.MMA_SYNC))
+    assert _C.LAUNCH_RECORD_HASH == R.record_hash(R.MMA_SYNC)
+    assert fields["block_shift"] == 4 and fields["sl_stride"] == 2
     assert fields["bt_stride_b"] == problem.block_table.stride(1) == 2
     assert fields["causal_per_seq"] == problem.causal_per_seq.data_ptr()
     assert fields["causal_bytes"] == 1 and fields["causal_stride"] == 2
@@ -398,6 +402,8 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     assert launch(fields=empty) is None
     with pytest.raises(ValueError, match="takes no extra"):
         launch(fields=dict(empty, extra=1))
+    with pytest.raises(ValueError, match="block_shift must be log2"):
+        launch(fields=dict(empty, block_shift=5))
     for other in ({"num_seqs": 3}, {"num_kv_heads": 4}, {"num_splits": 2}):
         with pytest.raises(ValueError, match="plan was made for other sizes"):
             launch(fields=dict(fields, **other))

@@ -27,6 +27,7 @@ from helpers.lse import LAYOUTS, lse_case, run_backend, shard_problem
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+from fp8_noncausal_attn.launch_record import MMA_SYNC, LaunchInputs, launch_values
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
@@ -321,17 +322,12 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=N
 
 def sequences(problem):
     """Per-sequence (q_start, q_len, kv_len, causal) and the first padded row, read from the
-    problem's own index tensors (any strides, bool or int32 flags) by the kernels' readers."""
-    flags = problem.causal_per_seq
-    seqs, padding_start = host().sequences(
-        problem.cu_seqlens_q.data_ptr(), problem.cu_seqlens_q.stride(0),
-        problem.seq_lens.data_ptr(), problem.seq_lens.stride(0),
-        0 if flags is None else flags.data_ptr(),
-        1 if flags is None else flags.element_size(),
-        0 if flags is None else flags.stride(0),
-        bool(problem.causal), problem.num_seqs,
-    )  # fmt: skip
-    return seqs, padding_start
+    problem's own index tensors (any strides, bool or int32 flags) by the kernels' readers, with
+    the pointers and strides the launch passes (the launch record's values)."""
+    values = launch_values(MMA_SYNC, LaunchInputs(problem, problem.query, 1))
+    names = ("cu_seqlens_q", "cu_stride", "seq_lens", "sl_stride", "causal_per_seq",
+             "causal_bytes", "causal_stride", "causal", "num_seqs")  # fmt: skip
+    return host().sequences(*(values[name] for name in names))
 
 
 def emulate(problem, num_splits, lse=None):

@@ -1,6 +1,7 @@
-"""The DSL families' launch record (dsl/common/launch.py) against every form of it: the C entry
-dsl/build.py writes, the package's ctypes call, and the kernels' own parameter lists (read from
-their source, without the DSL)."""
+"""The DSL families' forms of the launch record (fp8_noncausal_attn/launch_record.py through
+dsl/common/launch.py) against the record: the C entry dsl/build.py writes (with the record's
+hash), the package's ctypes call and launch values, and the kernels' own parameter lists and
+reads (from their source, without the DSL)."""
 
 import ast
 import ctypes
@@ -75,20 +76,25 @@ def test_each_kernel_takes_the_records_kernel_fields(family):
     assert len(returned.value.elts) == len(parameters(kernel)) - 1
     fields = launch.KERNEL_ARGS[family]._fields
     assert fields == tuple(f.kernel_parameter for f in launch.kernel_fields(family))
-    # Every launch value the kernel and its roles read is one of the tuple's.
-    sources = [ast.parse(p.read_text()) for p in sorted(KERNELS[family].parent.glob("*.py"))]
+    # The launch values the kernel, its roles and the shared device code (dsl/common: the CTA's
+    # work, the index reads) read are the tuple's, every one: a field passed but never read
+    # (a stride ignored) shows here.
+    files = [*KERNELS[family].parent.glob("*.py"), *(ROOT / "dsl" / "common").glob("*.py")]
     read = {
-        n.attr for tree in sources for n in ast.walk(tree)
+        n.attr for path in sorted(files) for n in ast.walk(ast.parse(path.read_text()))
         if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "args"
     }  # fmt: skip
-    assert read <= set(fields), read - set(fields)
+    assert read == set(fields), (read - set(fields), set(fields) - read)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_c_entry_and_the_ctypes_call_are_the_records(family):
     """The run prototype and the arguments list the library reports (both written from the
-    record) parse to the record's C arguments; entry-fixed fields are not among them."""
+    record) parse to the record's C arguments; entry-fixed fields are not among them. The
+    library exports the record's hash for its family."""
     source = build.entry_source([("sym", "name@arch", "args")], family)
+    record_hash = launch.record.record_hash(family)
+    assert f'fp8nca_{family}_launch_record(void) {{ return "{record_hash}"; }}' in source
     prototype = launch.c_prototype(family)
     assert f"int fp8nca_{family}_run(int i, {prototype}) {{" in source
     assert f'fp8nca_{family}_arguments(void) {{ return "{prototype}"; }}' in source
@@ -97,7 +103,7 @@ def test_the_c_entry_and_the_ctypes_call_are_the_records(family):
     kinds = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int32,
              "f32": ctypes.c_float, "stream": ctypes.c_void_p}  # fmt: skip
     assert [kind for _, kind in parsed] == [kinds[f.kind] for f in launch.c_arguments(family)]
-    assert all(not f.entry for f in launch.c_arguments(family))
+    assert all(f.source == "given" for f in launch.c_arguments(family))
 
 
 @pytest.mark.parametrize("variant", [build.VARIANTS[0], build.VARIANTS[1], build.WGMMA_VARIANTS[0]])
@@ -107,7 +113,7 @@ def test_each_entry_forwards_every_field_and_fixes_its_own(variant):
     flag = str(int(variant.q_dtype == "bfloat16"))
     forwarded = build.forward(variant).split(", ")
     assert [a.split(" ")[0] for a in forwarded] == [
-        flag if f.entry else f.name for f in launch.FIELDS
+        flag if f.source == "entry" else f.name for f in launch.FIELDS
     ]
 
 
@@ -119,20 +125,23 @@ def test_a_malformed_argument_list_is_refused():
 
 
 def test_the_launch_fills_every_argument_the_library_takes():
-    """launch_arguments gives a value to each C argument of both families, and nothing else."""
+    """The record's launch values give a value to each C argument of both families and nothing
+    else, each index tensor's strides among them (a strided case: every stride 2)."""
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
 
-    case = make_case([3, 2], [40, 9], causal=[True, False], seed=5)
+    case = make_case([3, 2], [40, 9], causal=[True, False], index_step=2, seed=5)
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    plan = dsl_families.DslPlan("wgmma", None, None, row_tiles=1, num_splits=1, ws_o=None,
-                                ws_lse=None)  # fmt: skip
-    values = dsl_families.launch_arguments(
-        problem, plan, problem.query, None, None, 0, problem.k_scale
-    )
     for family in FAMILIES:
-        assert set(values) == {f.name for f in launch.c_arguments(family)}
-    assert values["causal_width"] == 1 and values["causal_flags"] != 0
-    assert values["k_stride_s"] == problem.key_cache.stride(1)
+        inputs = launch.record.LaunchInputs(
+            problem, problem.query, 1, sinks=problem.k_scale, row_tiles=1
+        )
+        values = launch.record.launch_values(family, inputs)
+        assert list(values) == [f.name for f in launch.c_arguments(family)]
+        assert values["causal_bytes"] == 1 and values["causal_per_seq"] != 0
+        assert values["k_stride_s"] == problem.key_cache.stride(1)
+        strides = ("bt_stride_b", "cu_stride", "sl_stride", "causal_stride")
+        assert [values[name] for name in strides] == [2, 2, 2, 2]
+        assert values["bt_stride_s"] == problem.block_table.stride(0)

@@ -25,6 +25,7 @@ from helpers import TOLERANCE
 from helpers.dsl import (
     causal_off_by_one,
     head_from_token,
+    index_offset_ignores_stride,
     offsets_ignore_causal,
     page_count_floor,
     poison_pages_outside_windows,
@@ -158,7 +159,7 @@ def _reference(m):
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     rows, d_tiles, head_dim = variant.rows, variant.d_tiles, variant.head_dim
-    work = cta_work(problem, rows, L.KEY_TILE, seq, row_tile, split, num_splits)
+    work = cta_work(problem, "tcgen05", rows, L.KEY_TILE, seq, row_tile, split, num_splits)
     if work is None:
         return {}
     group, q_start, q_len, kv_len, num_rows, row_base, last_row, first, iters, causal = work
@@ -191,7 +192,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     k_str, v_str = kc.stride()[:3], vc.stride()[:3]
     bt = problem.block_table
     ring = np.zeros((T.LOAD_STAGES, L.KEY_TILE * L.ITEM_BYTES), np.uint8)
-    page_shift = problem.block_size.bit_length() - 1  # the launch's page_shift
+    page_shift = problem.block_size.bit_length() - 1  # the launch's block_shift
     num_cols = X.page_count(kv_len, page_shift)
     converted = []
     for i in range(L.item_count(iters, d_tiles)):
@@ -502,6 +503,8 @@ def _score_keys_as_32x32b(thread, reg):
 # name: (module of the map: layouts.py or dsl/common/indexing.py, map, planted replacement, case
 # it must break)
 PLANTED = {
+    # the index tensors of a strided case read as if packed
+    "index_offset": (X, "index_offset", index_offset_ignores_stride, "int32_flags_strided"),
     "key_in_window": (X, "key_in_window", causal_off_by_one, "f16_causal_split3"),
     "key_in_window:lower": (
         X,

@@ -26,6 +26,7 @@ from helpers import TOLERANCE
 from helpers.dsl import (
     causal_off_by_one,
     head_from_token,
+    index_offset_ignores_stride,
     offsets_ignore_causal,
     page_count_floor,
     split_range_drops_last_tile,
@@ -225,7 +226,7 @@ FIRST_KEY_LATE = [0]
 def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kbytes, vbytes):
     """One CTA: returns {(token, head): (O / l * v_scale [head_dim], lse log2)} for its rows."""
     kt, d = variant.key_tile, variant.head_dim
-    work = cta_work(problem, variant.rows, kt, seq, row_tile, split, num_splits)
+    work = cta_work(problem, "wgmma", variant.rows, kt, seq, row_tile, split, num_splits)
     if work is None:
         return {}
     group, q_start, q_len, kv_len, num_rows, row_base, _, first, iters, causal = work
@@ -449,6 +450,8 @@ ORIGINAL = {
 }
 PLANTED = {
     "operand_offset": (L, _no_swizzle, "bf16_bidir_gqa4"),
+    # the index tensors of a strided case read as if packed
+    "index_offset": (X, index_offset_ignores_stride, "int32_flags_strided_vllm"),
     "key_in_window": (X, causal_off_by_one, "f16_causal_split3"),
     "key_in_window:lower": (X, window_lower_bound_unmasked, "window_below_a_page_causal_sinks"),
     "window_tile_needs_mask": (X, tile_mask_ignores_causal, "f16_causal_prefill_m128"),

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "launch_record.h"
+
 namespace fp8nca {
 
 // Element type codes (_C.DTYPE_CODES; fp8_noncausal_attn/backends/cuda/extension.py maps torch
@@ -22,45 +24,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 // (block_table, cu_seqlens_q, seq_lens, causal) are read where they lie, through their strides:
 // vLLM passes slices of persistent buffers it updates in place between CUDA-graph replays.
 //
-// FP8NCA_ATTN_FIELDS(X) is the one list of its fields: X(type, name, source) for each, in the
-// order of AttnParams. source is Given (the caller's value: python/bindings.cpp takes each by
-// name from the dict fp8_noncausal_attn/backends/cuda/mma_sync.py passes, and exports the names
-// as _C.ATTN_FIELDS) or Derived (the binding computes it).
-#define FP8NCA_ATTN_FIELDS(X)                                                                    \
-  X(const void*, q, Given)     /* [num_tokens, num_q_heads, head_dim] */                          \
-  X(const void*, k, Given)     /* [num_blocks, block_size, num_kv_heads, head_dim] */             \
-  X(const void*, v, Given)     /* same shape as k, own strides */                                 \
-  X(void*, out, Given)         /* [num_tokens, num_q_heads, head_dim], query dtype */             \
-  X(const int32_t*, block_table, Given)  /* [num_seqs, max_blocks_per_seq] */                     \
-  X(const int32_t*, cu_seqlens_q, Given) /* [num_seqs + 1]; rows from [num_seqs] on: padding */   \
-  X(const int32_t*, seq_lens, Given)     /* [num_seqs] */                                         \
-  X(const float*, k_scale, Given)        /* [num_kv_heads] */                                     \
-  X(const float*, v_scale, Given)        /* [num_kv_heads] */                                     \
-  X(const void*, causal_per_seq, Given)  /* [num_seqs] bool or int32 (nonzero: causal), or null */\
-  X(const float*, sinks, Given)          /* [num_q_heads] fp32 sink logits, or null */            \
-  X(float*, ws_o, Given)   /* [num_splits, num_tokens, num_q_heads, head_dim] fp32 when split */  \
-  X(float*, ws_lse, Given) /* [num_splits, num_tokens, num_q_heads] fp32 (log2 domain); an */   \
-  /* unsplit launch asked for the LSE points it at [num_tokens, num_q_heads] (natural log) */     \
-  X(int64_t, q_stride_t, Given) X(int64_t, q_stride_h, Given)                                    \
-  X(int64_t, o_stride_t, Given) X(int64_t, o_stride_h, Given)                                    \
-  X(int64_t, k_stride_b, Given) X(int64_t, k_stride_s, Given) X(int64_t, k_stride_h, Given)      \
-  X(int64_t, v_stride_b, Given) X(int64_t, v_stride_s, Given) X(int64_t, v_stride_h, Given)      \
-  X(int64_t, bt_stride_s, Given) X(int64_t, bt_stride_b, Given)                                  \
-  X(int64_t, cu_stride, Given) X(int64_t, sl_stride, Given) X(int64_t, causal_stride, Given)     \
-  X(int, causal_bytes, Given) /* element size of causal_per_seq: 1 (bool) or 4 (int32) */        \
-  X(int, out_align, Derived)  /* bytes: largest power of two <= 16 dividing out and strides */   \
-  X(int, num_tokens, Given) X(int, num_seqs, Given) X(int, num_q_heads, Given)                   \
-  X(int, num_kv_heads, Given) X(int, group, Derived) X(int, head_dim, Given)                     \
-  X(int, block_size, Given)                                                                      \
-  X(int, block_shift, Derived) /* log2(block_size): validation admits powers of two only */      \
-  X(int, max_seqlen_q, Given)                                                                    \
-  X(int, num_splits, Given)    /* the plan's (the launch refuses another) */                    \
-  X(int, causal, Given)        /* the launch-wide flag when causal_per_seq is null */            \
-  /* Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right];   \
-     -1 = unbounded on that side. */                                                             \
-  X(int, window_left, Given) X(int, window_right, Given)                                         \
-  X(float, softmax_scale, Given)
-
+// Its fields are the launch record's (fp8_noncausal_attn/launch_record.py, the one definition of
+// the launch arguments): FP8NCA_ATTN_FIELDS(X) of the generated launch_record.h lists them as
+// X(type, name, source), in the order of AttnParams. python/bindings.cpp takes each Given field
+// by name from the dict the package passes and computes the Derived ones.
 struct AttnParams {
 #define FP8NCA_DECLARE_FIELD(type, name, source) type name;
   FP8NCA_ATTN_FIELDS(FP8NCA_DECLARE_FIELD)

@@ -1,5 +1,6 @@
 """The host entry both DSL families share: ``__call__`` takes the launch record's fields
-(dsl/common/launch.py; tests/test_dsl_launch.py checks this signature against it), packs the ones
+(fp8_noncausal_attn/launch_record.py through dsl/common/launch.py; tests/test_dsl_launch.py
+checks this signature against it), packs the ones
 the kernel reads into the family's :data:`launch.KERNEL_ARGS` tuple and launches the family's
 ``kernel`` over the grid (row tiles, KV heads, sequences x splits)."""
 
@@ -34,7 +35,7 @@ class LaunchEntry:
         seq_lens_ptr: cute.Pointer,
         k_scale_ptr: cute.Pointer,
         v_scale_ptr: cute.Pointer,
-        causal_flags_ptr: cute.Pointer,
+        causal_per_seq_ptr: cute.Pointer,
         sinks_ptr: cute.Pointer,
         ws_o_ptr: cute.Pointer,
         ws_lse_ptr: cute.Pointer,
@@ -50,20 +51,22 @@ class LaunchEntry:
         v_stride_h: cutlass.Int64,
         bt_stride_s: cutlass.Int64,
         bt_stride_b: cutlass.Int64,
+        cu_stride: cutlass.Int64,
+        sl_stride: cutlass.Int64,
         causal_stride: cutlass.Int64,
-        causal_width: cutlass.Int32,
-        causal: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        causal_bytes: cutlass.Int32,
         num_tokens: cutlass.Int32,
         num_seqs: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         num_kv_heads: cutlass.Int32,
-        row_tiles: cutlass.Int32,
+        block_shift: cutlass.Int32,
         num_splits: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,
+        causal: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
         softmax_scale: cutlass.Float32,
+        row_tiles: cutlass.Int32,
+        q_is_bf16: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         scale_log2 = softmax_scale * LOG2_E  # the kernels run the softmax in log2 units

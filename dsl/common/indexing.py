@@ -16,6 +16,13 @@ def ceil_div(a, b):
     return (a + b - 1) // b
 
 
+def index_offset(i, stride):
+    """Element offset of entry ``i`` of a strided index vector (cu_seqlens_q, seq_lens, the
+    causal flags, a block-table row): index tensors are read where they lie, through their
+    strides (vLLM passes slices of persistent buffers it rewrites between graph replays)."""
+    return i * stride
+
+
 def rows_per_kv_head(q_len, group):
     """R: query rows of one sequence that share a KV head."""
     return q_len * group

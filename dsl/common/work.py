@@ -6,10 +6,9 @@ values (dsl/common/launch.py KERNEL_ARGS)."""
 from collections import namedtuple
 
 import cutlass
-import cutlass.cute as cute
 
 from dsl.common import indexing as X
-from dsl.common.kernel_reads import read_causal_flag
+from dsl.common.kernel_reads import read_causal_flag, read_index
 
 CtaWork = namedtuple(
     "CtaWork",
@@ -39,13 +38,13 @@ def cta_work(args, row_tile, kv_head, seq, split, rows: int, key_tile: int) -> C
     right), split ``split`` of ``args.num_splits`` of that range. Tiles wholly outside it are
     never loaded; every role of the CTA runs the same count."""
     group = args.num_q_heads // args.num_kv_heads
-    q_start = cute.make_tensor(args.cu_seqlens_q_ptr + seq, cute.make_layout(1))[0]
-    q_len = cute.make_tensor(args.cu_seqlens_q_ptr + seq + 1, cute.make_layout(1))[0] - q_start
-    kv_len = cute.make_tensor(args.seq_lens_ptr + seq, cute.make_layout(1))[0]
+    q_start = read_index(args.cu_seqlens_q_ptr, seq, args.cu_stride)
+    q_len = read_index(args.cu_seqlens_q_ptr, seq + 1, args.cu_stride) - q_start
+    kv_len = read_index(args.seq_lens_ptr, seq, args.sl_stride)
     row_base = row_tile * rows
     num_rows = X.rows_per_kv_head(q_len, group)
     causal = read_causal_flag(
-        args.causal_global, args.causal_flags_ptr, args.causal_stride, args.causal_width, seq
+        args.causal, args.causal_per_seq_ptr, args.causal_stride, args.causal_bytes, seq
     )
     last_row = cutlass.min(row_base + rows, num_rows) - 1
     cta_first_key = X.window_first_key(

@@ -197,7 +197,7 @@ class ConvertRole:
             L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
-        num_cols = X.page_count(work.kv_len, args.page_shift)
+        num_cols = X.page_count(work.kv_len, args.block_shift)
 
         # The block table is read an item ahead (lane p of each warp: the item's page p), so the
         # read's latency hides behind the copies of the item before.
@@ -208,7 +208,7 @@ class ConvertRole:
             bt_row,
             args.bt_stride_b,
             num_cols,
-            args.page_shift,
+            args.block_shift,
             lane,
         )
         # A loop, not unrolled: the copies' page-size specialisations are emitted once here and
@@ -222,12 +222,12 @@ class ConvertRole:
                     bt_row,
                     args.bt_stride_b,
                     num_cols,
-                    args.page_shift,
+                    args.block_shift,
                     lane,
                 )
                 self.load_item(
                     p, p, copy16, ring_thread, pages, k_thread, v_thread, k_block, k_slot,
-                    v_block, v_slot, work.kv_len, work.first_tile, work.iters, args.page_shift,
+                    v_block, v_slot, work.kv_len, work.first_tile, work.iters, args.block_shift,
                     wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
@@ -244,13 +244,13 @@ class ConvertRole:
                     bt_row,
                     args.bt_stride_b,
                     num_cols,
-                    args.page_shift,
+                    args.block_shift,
                     lane,
                 )
                 self.load_item(
                     nxt, nxt % T.LOAD_STAGES, copy16, ring_thread, pages, k_thread, v_thread,
                     k_block, k_slot, v_block, v_slot, work.kv_len, work.first_tile, work.iters,
-                    args.page_shift,
+                    args.block_shift,
                     wg_tidx,
                 )  # fmt: skip
                 pages = pages_next

@@ -39,7 +39,7 @@ from cutlass.tensor_utils import LayoutEnum
 from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.common.entry import LaunchEntry
-from dsl.common.kernel_reads import read_page_id
+from dsl.common.kernel_reads import read_index, read_page_id
 from dsl.common.work import CtaWork, cta_work
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
@@ -234,7 +234,7 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         ring16 = cute.recast_ptr(ring, dtype=self.mma_dtype)
         lane = wg_tidx % 32
-        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, args.page_shift)
+        thread_page, thread_slot = L.loader_thread_page_slot(wg_tidx, v.head_dim, args.block_shift)
         chunk = L.loader_chunk(wg_tidx, v.head_dim)
         k_thread = args.k_ptr + cute.assume(
             X.key_offset(
@@ -267,10 +267,10 @@ class WgmmaPagedAttention(LaunchEntry):
             num_bits_per_copy=128,
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
-        num_cols = X.page_count(work.kv_len, args.page_shift)
+        num_cols = X.page_count(work.kv_len, args.block_shift)
         ahead = v.fp8_stages - 1
         pages = self.read_tile_pages(
-            bt_row, args.bt_stride_b, num_cols, work.first_tile * v.key_tile, lane, args.page_shift
+            bt_row, args.bt_stride_b, num_cols, work.first_tile * v.key_tile, lane, args.block_shift
         )
         # Prologue: tiles 0 .. ahead - 1 in flight (one cp.async group each, empty past the
         # last), then iteration s copies tile s + ahead and converts tile s. Only ``pages``
@@ -280,7 +280,7 @@ class WgmmaPagedAttention(LaunchEntry):
                 pages = self.copy_tile(
                     p, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread, k_block,
                     k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b, num_cols, lane,
-                    work.kv_len, args.page_shift, wg_tidx, True,
+                    work.kv_len, args.block_shift, wg_tidx, True,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()
         for s in cutlass.range(work.iters):
@@ -288,7 +288,7 @@ class WgmmaPagedAttention(LaunchEntry):
                 pages = self.copy_tile(
                     s + ahead, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread,
                     k_block, k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b,
-                    num_cols, lane, work.kv_len, args.page_shift, wg_tidx, False,
+                    num_cols, lane, work.kv_len, args.block_shift, wg_tidx, False,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()  # one group per iteration, empty past the last
             cute.arch.cp_async_wait_group(ahead)  # this thread's copies of tile s have landed
@@ -480,7 +480,7 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         # Read again here rather than passed from the CTA's setup: passed, the m128 build
         # (ptxas 13.0) kept it in local memory (an 8-byte stack, 12 LDL).
-        q_start = cute.make_tensor(args.cu_seqlens_q_ptr + work.seq, cute.make_layout(1))[0]
+        q_start = read_index(args.cu_seqlens_q_ptr, work.seq, args.cu_stride)
         dt = self.mma_dtype
         f32 = self.acc_dtype
         row0 = work.row_base + wg * L.ROWS_PER_WARPGROUP

@@ -189,6 +189,11 @@ def page_count_floor(kv_len, page_shift):
     return kv_len >> page_shift  # forgets the last partial page
 
 
+def index_offset_ignores_stride(i, stride):
+    """Planted: index tensors read as packed vectors (the launch's strides dropped)."""
+    return i
+
+
 def causal_off_by_one(j, kv_len, position, before, after):
     return (j < kv_len) & (j - position < after) & (position - j <= before)
 

@@ -13,19 +13,22 @@ Where the libraries come from: the package build compiles them when ``FP8NCA_BUI
 (setup.py) into ``fp8_noncausal_attn/_<family>/``; ``FP8NCA_DSL_LIBRARY_DIR`` (folders separated
 by ``os.pathsep``, searched first) names folders holding one built locally with
 ``python -m dsl.build --family <family> --out DIR``. Neither the DSL nor a JIT is needed at run
-time. The C interface (dsl/build.py, from the launch record dsl/common/launch.py)::
+time. The C interface (dsl/build.py, from the launch record fp8_noncausal_attn/launch_record.py)::
 
     int fp8nca_<family>_variant_count(void);
     const char *fp8nca_<family>_variant_name(int i);   // "wgmma_d128_m64_bf16_e4m3@sm_90a"
     const char *fp8nca_<family>_arguments(void);   // "void *q, ..., cudaStream_t stream"
+    const char *fp8nca_<family>_launch_record(void);   // the record's hash it was built from
     int fp8nca_<family>_load(int i);   // 0, the CUDA error of loading its cubin, -1: unknown i
     int fp8nca_<family>_run(int i, <its arguments>);  // 0, the DSL's error, -1: unknown i
 
-The plan loads its variant's cubin (``load``, once per process), so that a failure is reported
-at plan time and the first launch may be inside a CUDA-graph capture.
+A library built from another launch record (its hash is not the package's) is refused when it
+is loaded, so that its family is unavailable with the reason before anything is planned. The plan
+loads its variant's cubin (``load``, once per process), so that a failure is reported at plan
+time and the first launch may be inside a CUDA-graph capture.
 
 Every variant (``wgmma_d128_m64_bf16_e4m3``, ``tcgen05_d128_n32_bf16_e4m3``) takes the page size
-at run time (``page_shift`` = log2 of it) and runs every power of two in 16..256.
+at run time (``block_shift`` = log2 of it) and runs every power of two in 16..256.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from ...launch_record import LaunchInputs, launch_values, refusal
 from ...problem import AttentionProblem, Batch
 from ..protocol import Refused
 from . import extension
@@ -118,8 +122,8 @@ FAMILIES = {
 
 
 # C parameter types of the library's run entry -> ctypes. The library reports its parameters
-# (fp8nca_<family>_arguments: dsl/common/launch.py's record, written into it by dsl/build.py);
-# the call is built from that list, so the package holds no copy of it.
+# (fp8nca_<family>_arguments: the launch record's, written into it by dsl/build.py); the call is
+# built from that list, so the package holds no copy of it.
 C_TYPES = {"void *": ctypes.c_void_p, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
            "float": ctypes.c_float, "cudaStream_t": ctypes.c_void_p}  # fmt: skip
 _PARAMETER = re.compile(r"(void \*|[A-Za-z_][A-Za-z0-9_]*) ?([A-Za-z_][A-Za-z0-9_]*)")
@@ -141,7 +145,7 @@ def parse_arguments(prototype: str) -> tuple[tuple[str, object], ...]:
 MAX_GRID_Z = 65535
 # The producers' page arithmetic is 32 x 32 -> 64 bits with 32-bit in-page offsets.
 MAX_PAGE_ELEMENTS = 2**31
-# The page sizes every variant runs (``page_shift`` 4..8).
+# The page sizes every variant runs (``block_shift`` 4..8).
 RUN_TIME_PAGE_SIZES = tuple(2**shift for shift in range(4, 9))
 
 _DTYPE_TAGS = {"bf16": torch.bfloat16, "f16": torch.float16,
@@ -177,7 +181,8 @@ def parse_variant(index: int, name: str) -> BuiltVariant:
 
 
 class Library:
-    """One family's loaded library: its variants and its launch function."""
+    """One family's loaded library: its variants, its launch function and the launch record's
+    hash it was built from (``record_hash``; None when it exports none)."""
 
     def __init__(self, family: str, path: Path) -> None:
         self.family, self.path = family, path
@@ -192,6 +197,13 @@ class Library:
         arguments.restype, arguments.argtypes = ctypes.c_char_p, []
         parsed = parse_arguments(arguments().decode())
         self.argument_names = tuple(name for name, _ in parsed)
+        try:
+            record = getattr(self._cdll, f"fp8nca_{family}_launch_record")
+        except AttributeError:  # built before libraries exported it
+            self.record_hash = None
+        else:
+            record.restype, record.argtypes = ctypes.c_char_p, []
+            self.record_hash = record().decode()
         self._run = getattr(self._cdll, f"fp8nca_{family}_run")
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_int] + [kind for _, kind in parsed]
@@ -205,10 +217,8 @@ class Library:
 
     def launch(self, index: int, arguments: dict[str, int | float]) -> int:
         """Call ``fp8nca_<family>_run(index, ...)`` with ``arguments`` by name (every parameter
-        the library reports; see :func:`launch_arguments`); returns its status (0: launched)."""
-        missing = [name for name in self.argument_names if name not in arguments]
-        if missing:
-            raise RuntimeError(f"{self.path} takes {missing}, which this package does not pass")
+        the library reports: the launch record's, as :func:`load_library` checked); returns its
+        status (0: launched)."""
         return self._run(index, *(arguments[name] for name in self.argument_names))
 
 
@@ -226,9 +236,10 @@ def library_dirs(family: str) -> list[Path]:
 
 @functools.cache
 def load_library(family: str) -> tuple[Library | None, str]:
-    """The family's library (loaded once per process; no GPU needed), or None and why not. A
-    library the environment names never replaces the package's own silently: a warning names
-    both paths."""
+    """The family's library (loaded once per process; no GPU needed), or None and why not: none
+    found, not a library, or built from another launch record (refused here, naming both
+    hashes, so the family is unavailable before anything is planned). A library the
+    environment names never replaces the package's own silently: a warning names both paths."""
     file = f"libfp8nca_{family}.so"
     own = package_library_dir(family) / file
     for folder in library_dirs(family):
@@ -240,9 +251,11 @@ def load_library(family: str) -> tuple[Library | None, str]:
                     stacklevel=2,
                 )
             try:
-                return Library(family, folder / file), ""
+                library = Library(family, folder / file)
             except (OSError, AttributeError, ValueError) as err:
                 return None, f"{folder / file} does not load as the {family} library ({err})"
+            why = refusal(str(folder / file), library.record_hash, family)
+            return (None, why) if why else (library, "")
     return None, (
         f"{file} is not in this package (build it with FP8NCA_BUILD_DSL=1, or point "
         f"{LIBRARY_DIR_ENV} at a folder built by python -m dsl.build --family {family} --out DIR)"
@@ -323,11 +336,6 @@ def plan_unsupported_reason(family: Family, batch: Batch) -> str | None:
     why_not = family.device_reason(batch.device)
     if why_not is not None:
         return why_not
-    # The C interface takes no strides for these two: they are read as packed int32 vectors.
-    for name in ("cu_seqlens_q", "seq_lens"):
-        tensor = getattr(batch, name)
-        if tensor.shape[0] > 1 and tensor.stride(0) != 1:
-            return f"{name} must be contiguous (the DSL kernels take no stride for it)"
     if batch.num_seqs > MAX_GRID_Z:
         return f"at most {MAX_GRID_Z} sequences per launch, got {batch.num_seqs}"
     return None
@@ -391,52 +399,6 @@ def lse_unsupported_reason(plan: DslPlan) -> str | None:
     return None
 
 
-def launch_arguments(
-    problem: AttentionProblem,
-    plan: DslPlan,
-    out: torch.Tensor,
-    ws_o: torch.Tensor | None,
-    ws_lse: torch.Tensor | None,
-    stream: int,
-    sinks: torch.Tensor,
-) -> dict[str, int | float]:
-    """The values of one launch by argument name (the library orders them: see
-    :meth:`Library.launch`). ``sinks``: float32 [num_q_heads] natural-log logits, -inf where the
-    problem has none (the kernel always reads them); the window goes as
-    ``extension.window_sides`` caps it."""
-    tensors = {
-        "q": problem.query, "k": problem.key_cache, "v": problem.value_cache, "out": out,
-        "block_table": problem.block_table, "cu_seqlens_q": problem.cu_seqlens_q,
-        "seq_lens": problem.seq_lens, "k_scale": problem.k_scale, "v_scale": problem.v_scale,
-        "sinks": sinks, "ws_o": ws_o, "ws_lse": ws_lse,
-        # Read in place as bytes (vLLM rewrites them between replays); null when launch-wide.
-        "causal_flags": problem.causal_per_seq,
-    }  # fmt: skip
-    values: dict[str, int | float] = {
-        name: 0 if t is None else t.data_ptr() for name, t in tensors.items()
-    }
-    strides = {"q": problem.query.stride()[:2], "o": out.stride()[:2],
-               "k": problem.key_cache.stride()[:3], "v": problem.value_cache.stride()[:3],
-               "bt": problem.block_table.stride()}  # fmt: skip
-    dims = {"q": "th", "o": "th", "k": "bsh", "v": "bsh", "bt": "sb"}
-    for tensor, dim_names in dims.items():
-        values.update(
-            zip((f"{tensor}_stride_{d}" for d in dim_names), strides[tensor], strict=True)
-        )
-    flags = problem.causal_per_seq
-    window_left, window_right = extension.window_sides(problem)
-    values.update(
-        causal_stride=0 if flags is None else flags.stride(0),
-        causal_width=0 if flags is None else flags.element_size(),
-        causal=int(bool(problem.causal)), window_left=window_left, window_right=window_right,
-        page_shift=problem.block_size.bit_length() - 1, num_tokens=problem.num_tokens,
-        num_seqs=problem.num_seqs, num_q_heads=problem.num_q_heads,
-        num_kv_heads=problem.num_kv_heads, row_tiles=plan.row_tiles, num_splits=plan.num_splits,
-        softmax_scale=float(problem.softmax_scale), stream=stream,
-    )  # fmt: skip
-    return values
-
-
 def run(
     problem: AttentionProblem, plan: DslPlan, out: torch.Tensor, lse: torch.Tensor | None = None
 ) -> None:
@@ -472,7 +434,9 @@ def run(
         sinks = problem.sinks
         if sinks is None:  # -inf: a sink that adds 0 to every denominator
             sinks = torch.full((problem.num_q_heads,), -math.inf, device=device)
-        arguments = launch_arguments(problem, plan, out, ws_o, ws_lse, stream, sinks)
+        inputs = LaunchInputs(problem, out, plan.num_splits, ws_o, ws_lse, sinks,
+                              plan.row_tiles, stream)  # fmt: skip
+        arguments = launch_values(plan.family, inputs)
         status = plan.library.launch(plan.variant.index, arguments)
     if status != 0:
         raise RuntimeError(

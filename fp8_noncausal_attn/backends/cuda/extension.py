@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from ...launch_record import MMA_SYNC, refusal, window_sides
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
@@ -27,14 +28,12 @@ DTYPE_CODES = {
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.
 MAX_SPLITS = 32
-# The kernels take window sides as C ints; a side this long reaches past any context, so larger
-# ones (validation admits any int) are passed as this.
-_INT32_MAX = 2**31 - 1
 
 
 @functools.cache
 def load() -> tuple[ModuleType | None, str]:
-    """``_C`` (imported once per process), or None and why it is not there."""
+    """``_C`` (imported once per process), or None and why it is not there: not built, or built
+    from another launch record than this package's (refused here, before any plan or launch)."""
     try:
         from ... import _C
     except ImportError as err:
@@ -42,7 +41,8 @@ def load() -> tuple[ModuleType | None, str]:
             f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it where nvcc "
             "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e ."
         )
-    return _C, ""
+    why = refusal(_C.__file__, getattr(_C, "LAUNCH_RECORD_HASH", None), MMA_SYNC)
+    return (None, why) if why else (_C, "")
 
 
 def loaded() -> ModuleType:
@@ -135,13 +135,6 @@ def device_reason(device: torch.device) -> str | None:
     if ext is None:
         return why
     return arch_reason(device)
-
-
-def window_sides(problem: AttentionProblem | Batch) -> tuple[int, int]:
-    """The problem's ``(left, right)`` window as the kernels take it: -1 = unbounded, others
-    capped at INT32_MAX (already past any position)."""
-    left, right = problem.window
-    return min(left, _INT32_MAX), min(right, _INT32_MAX)
 
 
 def plan_sizes(batch: Batch) -> dict[str, int | bool]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...launch_record import MMA_SYNC, LaunchInputs, launch_values
 from ...problem import AttentionProblem, Batch
 from . import extension
 
@@ -178,36 +179,10 @@ def run(
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
-    window_left, window_right = extension.window_sides(problem)
-    flags = problem.causal_per_seq
-    cache, bt = problem.key_cache, problem.block_table
-    # Every Given field of AttnParams (csrc/common/params.h FP8NCA_ATTN_FIELDS, _C.ATTN_FIELDS),
-    # by name. The index tensors are read in place through their strides: vLLM rewrites them
-    # (the causal flags too, bool or int32) between replays.
-    tensors = {
-        "q": q, "k": cache, "v": problem.value_cache, "out": out, "block_table": bt,
-        "cu_seqlens_q": problem.cu_seqlens_q, "seq_lens": problem.seq_lens,
-        "k_scale": problem.k_scale, "v_scale": problem.v_scale, "causal_per_seq": flags,
-        "sinks": problem.sinks, "ws_o": ws_o, "ws_lse": ws_lse,
-    }  # fmt: skip
-    fields: dict[str, int | float] = {
-        name: 0 if t is None else t.data_ptr() for name, t in tensors.items()
-    }
-    strides = {"q": q.stride()[:2], "o": out.stride()[:2], "k": cache.stride()[:3],
-               "v": problem.value_cache.stride()[:3], "bt": bt.stride()}  # fmt: skip
-    for tensor, dims in {"q": "th", "o": "th", "k": "bsh", "v": "bsh", "bt": "sb"}.items():
-        fields.update(zip((f"{tensor}_stride_{d}" for d in dims), strides[tensor], strict=True))
-    fields.update(
-        cu_stride=problem.cu_seqlens_q.stride(0), sl_stride=problem.seq_lens.stride(0),
-        causal_stride=0 if flags is None else flags.stride(0),
-        causal_bytes=1 if flags is None else flags.element_size(),
-        num_tokens=problem.num_tokens, num_seqs=problem.num_seqs,
-        num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
-        head_dim=problem.head_dim, block_size=problem.block_size,
-        max_seqlen_q=problem.max_seqlen_q, num_splits=num_splits, causal=int(bool(problem.causal)),
-        window_left=window_left, window_right=window_right,
-        softmax_scale=float(problem.softmax_scale),
-    )  # fmt: skip
+    inputs = LaunchInputs(problem, out, num_splits, ws_o, ws_lse, sinks=problem.sinks)
+    # The index tensors (the causal flags too, bool or int32) are read in place through their
+    # strides: vLLM rewrites them between replays.
+    fields = launch_values(MMA_SYNC, inputs)
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         extension.loaded().paged_attention(
@@ -215,7 +190,7 @@ def run(
             stream=stream,
             plan=plan.launch,
             q_dtype=extension.DTYPE_CODES[q.dtype],
-            kv_dtype=extension.DTYPE_CODES[cache.dtype],
+            kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
             fields=fields,
             lse=0 if lse is None else lse.data_ptr(),
         )
