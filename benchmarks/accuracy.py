@@ -39,11 +39,9 @@ from pathlib import Path
 import torch
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
-from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.scales import finite_max
-from fp8_noncausal_attn.synthetic import per_token_head_problem, relative_error
+from fp8_noncausal_attn.synthetic import relative_error
 
 from .inputs import Case, make_case, sequence_kv
 from .oracle import attention_oracle, key_mask
@@ -268,7 +266,7 @@ def drafter_kv(
 
 
 def write_format(case: Case, key: torch.Tensor, value: torch.Tensor, fmt: str) -> Case:
-    """The case with ``key``/``value`` written (by the reference's cache write) into a cache of
+    """The case with ``key``/``value`` written (by ``reshape_and_cache``) into a cache of
     format ``fmt`` (a :data:`CACHE_FORMATS` key): per-token-head formats in vLLM's page layout,
     their scales ``[num_blocks, block_size, num_kv_heads]`` views of it."""
     dtype, scaling = CACHE_FORMATS[fmt]
@@ -291,9 +289,8 @@ def write_format(case: Case, key: torch.Tensor, value: torch.Tensor, fmt: str) -
     pages = case.block_table[0].long()
     positions = torch.arange(shape.kv_len, device=device)
     slots = pages[positions // shape.block_size] * shape.block_size + positions % shape.block_size
-    reference.reshape_and_cache(
-        CacheWrite(key, value, key_cache, value_cache, slots, k_scale, v_scale)
-    )
+    fna.reshape_and_cache(key, value, key_cache, value_cache, slots, k_scale=k_scale,
+                          v_scale=v_scale)  # fmt: skip
     return replace(case, key_cache=key_cache, value_cache=value_cache, k_scale=k_scale,
                    v_scale=v_scale)  # fmt: skip
 
@@ -302,15 +299,8 @@ def reference_attention(case: Case) -> torch.Tensor:
     """The reference backend over the case's cache (per-head or per-token-head scales)."""
     args = (case.query, case.key_cache, case.value_cache, case.block_table, case.cu_seqlens_q,
             case.seq_lens)  # fmt: skip
-    causal = case.shape.causal
-    if case.k_scale.dim() == 1:
-        return fna.paged_attention(*args, causal=causal, k_scale=case.k_scale,
-                                   v_scale=case.v_scale, backend="reference")  # fmt: skip
-    problem = per_token_head_problem(*args, k_scale=case.k_scale, v_scale=case.v_scale,
-                                     causal=causal)  # fmt: skip
-    out = torch.empty_like(case.query)
-    reference.paged_attention(problem, out)
-    return out
+    return fna.paged_attention(*args, causal=case.shape.causal, k_scale=case.k_scale,
+                               v_scale=case.v_scale, backend="reference")  # fmt: skip
 
 
 def run_cache_formats(shapes: list[Shape]) -> list[dict]:

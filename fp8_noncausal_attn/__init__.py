@@ -1,4 +1,5 @@
-"""Paged attention over an FP8 KV cache with per-KV-head scales, causal and bidirectional.
+"""Paged attention over an FP8 KV cache with per-KV-head scales (or FP8/int8 with a scale per
+token and KV head, vLLM's per-token-head caches), causal and bidirectional.
 
 Public API (SPEC §4): :func:`paged_attention`, :func:`reshape_and_cache`,
 :func:`compute_kv_scales`, :func:`available_backends`, :func:`merge_attention_states`, and
@@ -7,7 +8,7 @@ Public API (SPEC §4): :func:`paged_attention`, :func:`reshape_and_cache`,
 """
 
 from .api import available_backends, compute_kv_scales, paged_attention, reshape_and_cache
-from .layouts import split_kv_cache
+from .layouts import split_kv_cache, split_per_token_head_cache
 from .merge import merge_attention_states
 from .plan import PagedAttention
 
@@ -22,4 +23,5 @@ __all__ = [
     "paged_attention",
     "reshape_and_cache",
     "split_kv_cache",
+    "split_per_token_head_cache",
 ]

@@ -39,10 +39,11 @@ def new_lse(query: torch.Tensor) -> torch.Tensor:
     return torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
 
 
-def cache_writer(device: torch.device):
+def cache_writer(device: torch.device, per_token_head: bool = False):
     """The cache-write kernel ``auto`` picks for ``device`` (the registry's order: the CUDA
-    extension's when it runs here, else Triton's on a GPU; PyTorch on the CPU)."""
-    return registry.for_device("auto", device).reshape_and_cache
+    extension's when it runs here, else Triton's on a GPU; PyTorch on the CPU). A write that
+    computes per-token-head scales (``per_token_head``) skips the extension's, which does not."""
+    return registry.for_device("auto", device, per_token_head).reshape_and_cache
 
 
 @torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
@@ -82,8 +83,10 @@ def _paged_attention_fake(out, *args) -> None:
     return None
 
 
+# The scales are written too when they are per token and head.
 @torch.library.custom_op(
-    "fp8_noncausal_attn::reshape_and_cache", mutates_args=("key_cache", "value_cache")
+    "fp8_noncausal_attn::reshape_and_cache",
+    mutates_args=("key_cache", "value_cache", "k_scale", "v_scale"),
 )
 def _reshape_and_cache_op(
     key: torch.Tensor,
@@ -95,7 +98,7 @@ def _reshape_and_cache_op(
     v_scale: torch.Tensor,
 ) -> None:
     write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    cache_writer(key.device)(write)
+    cache_writer(key.device, k_scale.dim() == 3)(write)
 
 
 @_reshape_and_cache_op.register_fake
@@ -129,8 +132,11 @@ def paged_attention(
     Args:
         query: ``[num_tokens, num_q_heads, head_dim]`` bf16/fp16, all sequences packed.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``,
-            float8_e4m3fn / float8_e5m2 / bf16 / fp16, any strides with a contiguous last dim
-            (see :func:`fp8_noncausal_attn.layouts.split_kv_cache` for combined layouts).
+            float8_e4m3fn / float8_e5m2 / bf16 / fp16, or int8 with per-token-head scales, any
+            strides with a contiguous last dim (see
+            :func:`fp8_noncausal_attn.layouts.split_kv_cache` for combined layouts and
+            :func:`~fp8_noncausal_attn.layouts.split_per_token_head_cache` for vLLM's
+            per-token-head page).
         block_table: ``[num_seqs, max_blocks_per_seq]`` int32 page ids.
         cu_seqlens_q: ``[num_seqs + 1]`` int32 query offsets (vLLM's ``query_start_loc``);
             ``cu_seqlens_q[-1] <= num_tokens``, rows past it (padding) are written as zeros.
@@ -139,7 +145,13 @@ def paged_attention(
         causal: a bool for the whole call, or a ``[num_seqs]`` bool or int32 tensor per sequence
             (nonzero = causal; read in place, any stride).
         k_scale, v_scale: dequantisation multipliers (real K = stored K * k_scale[kv_head]):
-            None, a float, a 0-d/1-element float32 tensor or a ``[num_kv_heads]`` float32 tensor.
+            None, a float, a 0-d/1-element float32 tensor or a ``[num_kv_heads]`` float32 tensor;
+            or, both, per token and head: float32 ``[num_blocks, block_size, num_kv_heads]``
+            with any strides (real K = stored K * k_scale[block, slot, kv_head]; FP8 and int8
+            caches), as :func:`reshape_and_cache` writes them. Passed through with no copy.
+            Their values are read on the host only with ``validate=True`` (then every key's
+            scale must be > 0 or NaN and pass the score-overflow rule); the backends that do
+            not read them refuse such a call (``available_backends()[name]["per_token_head"]``).
         softmax_scale: defaults to ``head_dim ** -0.5``.
         max_seqlen_q, max_seqlen_k: upper bounds of q_len / kv_len; give both to avoid any
             device-to-host sync (needed for CUDA-graph capture).
@@ -212,6 +224,12 @@ def reshape_and_cache(
         slot_mapping: ``[num_tokens]`` int64, ``block_id * block_size + offset``; < 0 is skipped.
         k_scale, v_scale: as in :func:`paged_attention`; the stored value is
             ``x / scale[kv_head]``, saturated to the format's finite max, rounded to nearest even.
+            Per token and head (float32 ``[num_blocks, block_size, num_kv_heads]``, any strides,
+            both; FP8 or int8 caches): each row's scale is computed and written there, bit for
+            bit as vLLM's per-token-head write (:func:`fp8_noncausal_attn.scales.
+            quantize_per_token_head`: amax / the format's max, at least 1e-6; int8 rounds half
+            away from zero as vLLM does). On CUDA that write is Triton's (the extension's takes
+            per-head scales only).
     """
     k_scale_t, v_scale_t = validate_cache_write(
         key, value, key_cache, value_cache, slot_mapping,
@@ -225,7 +243,7 @@ def reshape_and_cache(
         )
     else:
         write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
-        cache_writer(key.device)(write)
+        cache_writer(key.device, k_scale_t.dim() == 3)(write)
 
 
 def compute_kv_scales(

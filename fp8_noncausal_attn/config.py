@@ -26,8 +26,14 @@ AUTO_BACKEND = "auto"
 
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 SIXTEEN_BIT_KV_CACHE_DTYPES = ("bfloat16", "float16")
+# vLLM's caches with one scale per token and KV head, computed as each token is written and kept
+# inline in the page (as its TRITON_ATTN packs them): no checkpoint scales needed. vLLM's
+# int4_per_token_head is not among them (no kernel here reads packed int4).
+PER_TOKEN_HEAD_KV_CACHE_DTYPES = ("fp8_per_token_head", "int8_per_token_head")
 # What FP8_NONCAUSAL declares to vLLM (vllm_backend.Fp8NoncausalAttentionBackend).
-SUPPORTED_KV_CACHE_DTYPES = ("auto",) + SIXTEEN_BIT_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES
+SUPPORTED_KV_CACHE_DTYPES = (
+    ("auto",) + SIXTEEN_BIT_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES + PER_TOKEN_HEAD_KV_CACHE_DTYPES
+)
 MODEL_DTYPES = SIXTEEN_BIT_KV_CACHE_DTYPES
 # The oldest GPU any of our kernels runs on: Triton's FP8 conversions and the mma_sync kernels
 # (built for sm_89, sm_90, the sm_100 family and sm_120, PTX for newer) both need sm_89.
@@ -142,6 +148,11 @@ def resolve_drafter_kv_cache(
     why_not = _why_unsupported(requested, device_capability)
     if why_not is None:
         reason = f"{requested!r} ({origin}): {BACKEND_NAME} runs {attention} attention on {device}"
+        if requested in PER_TOKEN_HEAD_KV_CACHE_DTYPES:
+            reason += (
+                ", with a scale per token and KV head computed as each token is written (no "
+                "checkpoint scales needed), in vLLM's TRITON_ATTN page layout"
+            )
         return _plan(requested, BACKEND_NAME, reason)
     if requested in FP8_KV_CACHE_DTYPES:
         reason = (

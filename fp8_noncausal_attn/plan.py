@@ -22,11 +22,20 @@ import torch
 from . import registry
 from .api import new_lse, paged_attention
 from .problem import AttentionProblem
-from .scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES, ScaleArg, check_score_scale, normalize_scale
+from .scales import (
+    ALL_CACHE_DTYPES,
+    SIXTEEN_BIT_DTYPES,
+    ScaleArg,
+    check_per_token_head_scales,
+    check_score_scale,
+    is_per_token_head,
+    normalize_scale,
+)
 from .validation import (
     check_cache_sizes,
     check_caches,
     check_out,
+    check_per_token_head_values,
     check_query,
     check_sinks,
     optional_host_int,
@@ -92,7 +101,7 @@ class BatchPlan:
 
     __slots__ = (
         "batch", "requested", "backend", "chain", "passed_over", "causal_arg", "max_page",
-        "check_values", "traced",
+        "check_values", "validate", "traced",
     )  # fmt: skip
 
     @property
@@ -119,7 +128,8 @@ class PagedAttention:
         num_q_heads, num_kv_heads, head_dim, block_size: the fixed sizes (``num_q_heads`` a
             multiple of ``num_kv_heads``; head_dim 64/128/256; block_size a power of two in
             [8, 256]).
-        query_dtype: bf16 or fp16. cache_dtype: float8_e4m3fn, float8_e5m2, bf16 or fp16.
+        query_dtype: bf16 or fp16. cache_dtype: float8_e4m3fn, float8_e5m2, bf16, fp16, or int8
+            (whose runs take per-token-head scales only).
         device: where every tensor lives.
         max_num_seqs, max_num_tokens: the largest batch :meth:`plan` accepts.
         workspace_rows: split-KV partial rows to allocate (default
@@ -156,8 +166,8 @@ class PagedAttention:
             )
         if query_dtype not in SIXTEEN_BIT_DTYPES:
             raise TypeError(f"query_dtype must be one of {SIXTEEN_BIT_DTYPES}, got {query_dtype}")
-        if cache_dtype not in CACHE_DTYPES:
-            raise TypeError(f"cache_dtype must be one of {CACHE_DTYPES}, got {cache_dtype}")
+        if cache_dtype not in ALL_CACHE_DTYPES:
+            raise TypeError(f"cache_dtype must be one of {ALL_CACHE_DTYPES}, got {cache_dtype}")
         if workspace_rows is None:
             workspace_rows = min(
                 DEFAULT_WORKSPACE_ROWS, max_num_tokens * num_q_heads * registry.max_splits()
@@ -171,6 +181,8 @@ class PagedAttention:
         self.query_dtype, self.cache_dtype = query_dtype, cache_dtype
         self.max_num_seqs, self.max_num_tokens = max_num_seqs, max_num_tokens
         self._unit_scale = torch.ones(num_kv_heads, dtype=torch.float32, device=device)
+        # An int8 cache has per-token-head scales only.
+        self._per_token_head_cache = cache_dtype == torch.int8
         # The device with its index resolved ("cuda" -> "cuda:0"), as tensors report it.
         self.device = self._unit_scale.device
         self.workspace = Workspace(workspace_rows, num_q_heads, head_dim, self.device)
@@ -247,6 +259,7 @@ class PagedAttention:
         plan = BatchPlan()
         plan.batch, plan.causal_arg, plan.max_page = batch, causal, max_page
         plan.check_values = check_values
+        plan.validate = validate and not torch.compiler.is_compiling()
         plan.traced = torch.compiler.is_compiling()
         plan.requested = plan.backend = requested
         plan.chain, plan.passed_over = (), ()
@@ -282,7 +295,10 @@ class PagedAttention:
             key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in
                 ``cache_dtype``, any strides with a contiguous last dim.
             k_scale, v_scale: dequantisation multipliers: None, a float, a 0-d/1-element or a
-                ``[num_kv_heads]`` float32 tensor (passed through as is, with no copy).
+                ``[num_kv_heads]`` float32 tensor; or, both, per token and head, float32
+                ``[num_blocks, block_size, num_kv_heads]`` with any strides (FP8 and int8
+                caches; their values are read only under a plan made with ``validate=True``).
+                Tensors of these forms are passed through as they are, with no copy.
             out: written in place when given (``query``'s shape and dtype).
             plan: a plan this object returned; default the latest.
             sinks: float32 ``[num_q_heads]`` attention-sink logits of this layer (a layer
@@ -325,18 +341,13 @@ class PagedAttention:
                 f"block_table entries for used pages must be in [0, {seen[2]}), got "
                 f"a page id of {plan.max_page}"
             )
-        if k_scale is None:
-            k_scale = self._unit_scale
+        if self._per_token_head_cache or is_per_token_head(k_scale) or is_per_token_head(v_scale):
+            # A layer's own scales, rewritten by every cache write: checked on every run.
+            check_per_token_head_scales(k_scale, v_scale, key_cache, self.device)
+            check_per_token_head_values(k_scale, v_scale, batch, plan.validate)
         else:
-            known = self._checked_k_scales.get(id(k_scale))
-            if known is None or known[0] is not k_scale or known[1] != batch.softmax_scale:
-                k_scale = self._scale(k_scale, "k_scale", plan, self._checked_k_scales)
-        if v_scale is None:
-            v_scale = self._unit_scale
-        else:
-            known = self._checked_v_scales.get(id(v_scale))
-            if known is None or known[0] is not v_scale or known[1] != batch.softmax_scale:
-                v_scale = self._scale(v_scale, "v_scale", plan, self._checked_v_scales)
+            k_scale = self._per_head_scale(k_scale, "k_scale", plan, self._checked_k_scales)
+            v_scale = self._per_head_scale(v_scale, "v_scale", plan, self._checked_v_scales)
         if out is None:
             out = torch.empty_like(query)
         elif (
@@ -399,10 +410,17 @@ class PagedAttention:
         self._checked_caches[id(key_cache)] = seen
         return seen
 
-    def _scale(self, scale: ScaleArg, name: str, plan: BatchPlan, memo: dict) -> torch.Tensor:
-        """``scale`` (not None) as float32 [num_kv_heads]: a tensor of that form passes through
-        and is remembered in ``memo`` (checked once per tensor object and softmax scale); other
-        forms are converted on every run."""
+    def _per_head_scale(
+        self, scale: ScaleArg, name: str, plan: BatchPlan, memo: dict
+    ) -> torch.Tensor:
+        """``scale`` as float32 [num_kv_heads]: None is all ones; a tensor of that form passes
+        through and is remembered in ``memo`` (checked once per tensor object and softmax
+        scale); other forms are converted on every run."""
+        if scale is None:
+            return self._unit_scale
+        known = memo.get(id(scale))
+        if known is not None and known[0] is scale and known[1] == plan.batch.softmax_scale:
+            return scale
         per_head = normalize_scale(scale, name, self.num_kv_heads, self.device, plan.check_values)
         softmax_scale = plan.batch.softmax_scale
         if name == "k_scale":

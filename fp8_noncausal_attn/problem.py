@@ -81,12 +81,15 @@ class AttentionProblem:
     Tensors (on the batch's device, its sizes and dtypes):
       query:       [num_tokens, num_q_heads, head_dim], bf16/fp16, last dim contiguous;
                    ``num_tokens`` at most the batch's.
-      key_cache:   [num_blocks, block_size, num_kv_heads, head_dim], fp8 e4m3/e5m2, bf16 or
-                   fp16, any strides with stride(-1) == 1 (a vLLM combined cache arrives as a
-                   view).
+      key_cache:   [num_blocks, block_size, num_kv_heads, head_dim], fp8 e4m3/e5m2, bf16,
+                   fp16 or int8 (per-token-head scales only), any strides with stride(-1) == 1
+                   (a vLLM combined cache arrives as a view).
       value_cache: same shape and dtype as key_cache, strides may differ.
-      k_scale, v_scale: [num_kv_heads] float32, contiguous; dequantisation multipliers (real K =
-                   stored K * k_scale[kv_head]); all ones when the user gave none.
+      k_scale, v_scale: dequantisation multipliers, float32, both of one kind: [num_kv_heads],
+                   contiguous (real K = stored K * k_scale[kv_head]; all ones when the user gave
+                   none), or per token and head [num_blocks, block_size, num_kv_heads], the
+                   user's tensors with any strides (real K = stored K * k_scale[block, slot,
+                   kv_head]; FP8 and int8 caches); ``k_scale.dim()`` tells them apart.
       sinks:       [num_q_heads] float32 attention-sink logits joining every row's softmax
                    denominator (no value), or None.
     """
@@ -175,10 +178,13 @@ class CacheWrite:
     """One validated ``reshape_and_cache`` call, as every backend's cache write takes it.
 
     key, value: [num_tokens, num_kv_heads, head_dim] bf16/fp16, any token and head strides.
-    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], FP8 or 16-bit,
-        written in place. slot_mapping: [num_tokens] int64 ``block_id * block_size + offset``
-        (< 0: skipped), any stride. k_scale, v_scale: [num_kv_heads] float32, contiguous; the
-        stored value is ``x / scale[kv_head]``.
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], FP8, 16-bit or
+        int8 (per-token-head scales only), written in place. slot_mapping: [num_tokens] int64
+        ``block_id * block_size + offset`` (< 0: skipped), any stride. k_scale, v_scale: float32,
+        both of one kind: [num_kv_heads], contiguous, the stored value is
+        ``x / scale[kv_head]``; or per token and head [num_blocks, block_size, num_kv_heads],
+        any strides, written in place with each row's scale
+        (``scales.quantize_per_token_head``).
     """
 
     key: torch.Tensor

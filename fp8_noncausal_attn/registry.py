@@ -44,7 +44,8 @@ def _triton_cache_write(write: CacheWrite) -> None:
 @dataclass(frozen=True)
 class Entry:
     """One backend: its kernels (attention), its cache write and merge, what it is, and the
-    tensors' device types ``auto`` may pick it for (``()``: never), and why not for others."""
+    tensors' device types ``auto`` may pick it for (``()``: never), and why not for others;
+    ``writes_per_token_head``: whether its cache write computes per-token-head scales."""
 
     name: str
     kernels: Backend
@@ -53,12 +54,14 @@ class Entry:
     auto_note: str
     reshape_and_cache: Callable[[CacheWrite], None]
     merge_states: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    writes_per_token_head: bool
 
 
 # Every CUDA kernel family writes the cache and merges split or partial states with _C's kernels:
-# the CUTLASS-DSL families launch only their attention from their own libraries.
+# the CUTLASS-DSL families launch only their attention from their own libraries. _C's write
+# takes per-head scales only: a per-token-head write goes to the next backend that computes them.
 _C_KERNELS = {"reshape_and_cache": extension.reshape_and_cache,
-              "merge_states": extension.merge_states}  # fmt: skip
+              "merge_states": extension.merge_states, "writes_per_token_head": False}  # fmt: skip
 # In auto's order (fastest first); the families never run on a GPU come last and auto skips them.
 REGISTRY: dict[str, Entry] = {
     entry.name: entry
@@ -67,9 +70,10 @@ REGISTRY: dict[str, Entry] = {
               ("cuda",), "auto picks it for CUDA tensors only", **_C_KERNELS),
         Entry("triton", triton_attention, "Triton kernels (GPUs from sm_89; a CPU interpreter)",
               ("cuda",), "auto does not pick Triton's CPU interpreter (a test tool, far slower "
-              "than PyTorch)", _triton_cache_write, triton_attention.merge_states),
+              "than PyTorch)", _triton_cache_write, triton_attention.merge_states, True),
         Entry("reference", reference, "plain PyTorch, fp32 math: the oracle",
-              ("cpu", "cuda", "meta"), "", reference.reshape_and_cache, reference.merge_states),
+              ("cpu", "cuda", "meta"), "", reference.reshape_and_cache, reference.merge_states,
+              True),
         Entry("wgmma", dsl.FAMILIES["wgmma"], f"Hopper CUTLASS-DSL kernels (sm_90a); {NEVER_RUN}",
               (), "never run on a GPU", **_C_KERNELS),
         Entry("tcgen05", dsl.FAMILIES["tcgen05"],
@@ -118,7 +122,11 @@ def _refusal(name: str, device: torch.device, batch: Batch | None) -> str | None
     if not runs:
         return why
     kernels = REGISTRY[name].kernels
-    return kernels.device_reason(device) if batch is None else kernels.unsupported_reason(batch)
+    if batch is None:
+        return kernels.device_reason(device)
+    if batch.cache_dtype == torch.int8 and kernels.PER_TOKEN_HEAD_REFUSAL:
+        return f"an int8 cache has per-token-head scales: {kernels.PER_TOKEN_HEAD_REFUSAL}"
+    return kernels.unsupported_reason(batch)
 
 
 def _refuse(name: str, device: torch.device, batch: Batch | None) -> None:
@@ -141,14 +149,21 @@ def _auto_walk(device: torch.device, batch: Batch | None):
         yield name, why
 
 
-def for_device(backend: str, device: torch.device) -> Entry:
+def for_device(backend: str, device: torch.device, per_token_head: bool = False) -> Entry:
     """The backend whose cache write and merge run for tensors on ``device``: ``backend``
-    itself (RuntimeError with the reason when it cannot), or ``auto``'s first that can."""
+    itself (RuntimeError with the reason when it cannot), or ``auto``'s first that can.
+    ``per_token_head``: a cache write that computes per-token-head scales (``auto`` passes over
+    the backends whose write does not: _C's)."""
     if check_name(backend) != "auto":
         _refuse(backend, device, None)
+        if per_token_head and not REGISTRY[backend].writes_per_token_head:
+            raise RuntimeError(
+                f"backend {backend!r} does not support this call: its cache write does not "
+                "compute per-token-head scales"
+            )
         return REGISTRY[backend]
     for name, why in _auto_walk(device, None):
-        if why is None:
+        if why is None and (REGISTRY[name].writes_per_token_head or not per_token_head):
             return REGISTRY[name]
     raise AssertionError("the reference backend takes every device")
 
@@ -210,8 +225,13 @@ def run(
     if problem.num_tokens == 0:
         return
     refusals = []
+    per_token_head = problem.k_scale.dim() == 3
     for planned in chain:
-        why = planned.kernels.run_unsupported_reason(problem, out)
+        why = planned.kernels.PER_TOKEN_HEAD_REFUSAL if per_token_head else None
+        if why is not None:
+            why = f"per-token-head scales: {why}"
+        else:
+            why = planned.kernels.run_unsupported_reason(problem, out)
         if why is None:
             if lse is None:
                 planned.kernels.run(problem, planned.plan, out)
@@ -238,8 +258,10 @@ def auto_choice(device: torch.device) -> tuple[str, str]:
 def available_backends() -> dict[str, dict[str, object]]:
     """What runs here and why not the rest.
 
-    Returns ``{name: {"available": bool, "reason": str, "status": str, "auto": bool}}`` for
-    every name of :data:`BACKEND_NAMES` (``"auto"``: whether ``auto`` may pick it at all;
+    Returns ``{name: {"available": bool, "reason": str, "status": str, "auto": bool,
+    "per_token_head": str}}`` for every name of :data:`BACKEND_NAMES` (``"per_token_head"``:
+    ``"reads"`` when its kernels read per-token-head scales, else why not; ``"auto"``: whether
+    ``auto`` may pick it at all;
     ``wgmma`` and ``tcgen05`` are compiled and SASS-checked, NEVER RUN ON HARDWARE, never
     picked), plus ``"auto": {"choice": name, "reason": str, "order": [...]}`` for the current
     default device (CUDA when a GPU is visible, else CPU). Asks every backend afresh and updates
@@ -248,8 +270,9 @@ def available_backends() -> dict[str, dict[str, object]]:
     report: dict[str, dict[str, object]] = {}
     for name, entry in REGISTRY.items():
         runs, why = _availability[name] = entry.kernels.availability()
+        reads = entry.kernels.PER_TOKEN_HEAD_REFUSAL or "reads"
         report[name] = {"available": runs, "reason": why, "status": entry.status,
-                        "auto": bool(entry.auto_devices)}  # fmt: skip
+                        "auto": bool(entry.auto_devices), "per_token_head": reads}  # fmt: skip
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     choice, why = auto_choice(device)
     report["auto"] = {"choice": choice, "reason": why, "order": list(AUTO_ORDER)}

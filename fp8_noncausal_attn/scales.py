@@ -4,6 +4,11 @@ A scale is a *dequantisation multiplier*: real K = stored K * k_scale[kv_head]. 
 ``None``, a Python float, a 0-d / 1-element tensor or a ``[num_kv_heads]`` tensor; kernels only
 ever see the normalised form, a contiguous float32 ``[num_kv_heads]`` tensor, so a per-head scale
 can never be dropped or broadcast from element 0 on the way down.
+
+Per-token-head scales (vLLM's ``fp8_per_token_head`` / ``int8_per_token_head``) are float32
+``[num_blocks, block_size, num_kv_heads]``, indexed like the cache's first three dims, with any
+strides (vLLM keeps them inline in the page): real K = stored K * k_scale[block, slot, kv_head].
+The cache write computes them; kernels get the user's tensors themselves, never a copy.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 SIXTEEN_BIT_DTYPES = (torch.bfloat16, torch.float16)
+# Caches that take per-KV-head scales.
 CACHE_DTYPES = FP8_DTYPES + SIXTEEN_BIT_DTYPES
 # Caches whose scale is computed per token and KV head when the token is written (vLLM's
 # fp8_per_token_head and int8_per_token_head; e5m2 is the same rule with e5m2's max).
@@ -21,6 +27,8 @@ PER_TOKEN_HEAD_DTYPES = FP8_DTYPES + (torch.int8,)
 # The floor of a per-token-head scale (vLLM's write clamps amax / max to it), so an all-zero
 # row gets a positive scale; a float32 like every scale (float32(1e-6) = 9.99999997e-07).
 PER_TOKEN_HEAD_MIN_SCALE = 1e-6
+# Every cache dtype a call may bring (int8 with per-token-head scales only).
+ALL_CACHE_DTYPES = CACHE_DTYPES + (torch.int8,)
 
 ScaleArg = float | torch.Tensor | None
 
@@ -76,6 +84,77 @@ def normalize_scale(
     return per_head.contiguous()
 
 
+def is_per_token_head(scale: ScaleArg) -> bool:
+    """Whether ``scale`` is meant per token and head (a rank-3 tensor)."""
+    return isinstance(scale, torch.Tensor) and scale.dim() == 3
+
+
+def _describe(scale: ScaleArg) -> str:
+    if isinstance(scale, torch.Tensor):
+        return f"a tensor of shape {list(scale.shape)}"
+    return "None" if scale is None else f"a {type(scale).__name__}"
+
+
+def check_per_token_head_scales(
+    k_scale: ScaleArg, v_scale: ScaleArg, key_cache: torch.Tensor, device: torch.device
+) -> None:
+    """Check per-token-head scales against ``key_cache`` (no value is read, no copy is made).
+
+    Both must be float32 tensors on ``device`` of shape ``key_cache.shape[:3]`` =
+    ``[num_blocks, block_size, num_kv_heads]``, any strides, and the cache's dtype one of
+    :data:`PER_TOKEN_HEAD_DTYPES`. Raises TypeError / ValueError naming the argument: a scale of
+    the wrong kind (one per token and head, the other not; an int8 cache with per-head scales),
+    shape, dtype or device, or a 16-bit cache given per-token-head scales.
+    """
+    expected = list(key_cache.shape[:3])
+    layout = f"[num_blocks, block_size, num_kv_heads] = {expected}"
+    if key_cache.dtype not in PER_TOKEN_HEAD_DTYPES:
+        raise TypeError(
+            f"per-token-head k_scale/v_scale ({layout}) need a key_cache of dtype in "
+            f"{list(PER_TOKEN_HEAD_DTYPES)}, got {key_cache.dtype}"
+        )
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not is_per_token_head(scale):
+            why = (
+                "an int8 cache has per-token-head scales only"
+                if key_cache.dtype == torch.int8
+                else "both scales must be of one kind"
+            )
+            raise ValueError(
+                f"{name} must be a float32 tensor per token and head, {layout} ({why}), "
+                f"got {_describe(scale)}"
+            )
+        if scale.dtype != torch.float32:
+            raise TypeError(f"{name} must have dtype torch.float32, got {scale.dtype}")
+        if scale.device != device:
+            raise ValueError(f"{name} must be on {device} like query, got {scale.device}")
+        if list(scale.shape) != expected:
+            raise ValueError(
+                f"{name} per token and head must have the key_cache's first dims {layout}, "
+                f"got {list(scale.shape)}"
+            )
+
+
+def normalize_scales(
+    k_scale: ScaleArg,
+    v_scale: ScaleArg,
+    key_cache: torch.Tensor,
+    device: torch.device,
+    check_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both scales in the kernels' form: per-token-head tensors (either scale of rank 3, or an
+    int8 cache) checked by :func:`check_per_token_head_scales` and returned as they are; else
+    each through :func:`normalize_scale`."""
+    if key_cache.dtype == torch.int8 or is_per_token_head(k_scale) or is_per_token_head(v_scale):
+        check_per_token_head_scales(k_scale, v_scale, key_cache, device)
+        return k_scale, v_scale  # type: ignore[return-value]
+    num_kv_heads = key_cache.shape[2]
+    return (
+        normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values),
+        normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values),
+    )
+
+
 def check_host_float(value: float, name: str) -> float:
     """A host scalar the kernels take as float32: finite, > 0, a normal float32 (ValueError)."""
     value = float(value)
@@ -99,11 +178,9 @@ def check_score_scale(
     """Refuse, by name, a score scale whose float32 products overflow or underflow.
 
     The kernels fold k_scale into the softmax scale, ``softmax_scale * k_scale[h] * log2(e)``,
-    in float32, and multiply it by ``q . k_stored``. Refused: that product outside float32's
-    normal range (an underflow to 0 gives a uniform softmax), or its product with the largest key
-    the cache format can hold (a unit query against that key) overflowing float32, which would
-    give inf scores and NaN. A tensor ``k_scale`` is read only when ``check_values`` (its values
-    are on the host, or the caller asked for the sync).
+    in float32, and multiply it by ``q . k_stored``: see :func:`check_score_range`. A tensor
+    ``k_scale`` is read only when ``check_values`` (its values are on the host, or the caller
+    asked for the sync).
     """
     if isinstance(k_scale, torch.Tensor):
         if not check_values:
@@ -112,16 +189,28 @@ def check_score_scale(
         low, high = min(per_head), max(per_head)
     else:
         low = high = 1.0 if k_scale is None else float(k_scale)
-    fmax = finite_max(cache_dtype)
-    if softmax_scale * high * LOG2E * fmax > FLOAT32_MAX:
-        what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
+    check_score_range(softmax_scale, low, high, cache_dtype)
+
+
+def check_score_range(
+    softmax_scale: float, low: float, high: float, cache_dtype: torch.dtype
+) -> None:
+    """Refuse, by name, k_scale values in ``[low, high]`` whose score products leave float32.
+
+    Refused: ``softmax_scale * low * log2(e)`` below float32's normal range (an underflow to 0
+    gives a uniform softmax), or ``softmax_scale * high * log2(e)`` times the largest key the
+    cache format can hold (a unit query against that key) overflowing float32, which would give
+    inf scores and NaN.
+    """
+    largest = largest_stored(cache_dtype)
+    what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
+    if softmax_scale * high * LOG2E * largest > FLOAT32_MAX:
         raise ValueError(
-            f"softmax_scale * k_scale * log2(e) * {fmax:.6g} (the largest {cache_dtype} key) "
+            f"softmax_scale * k_scale * log2(e) * {largest:.6g} (the largest {cache_dtype} key) "
             f"must fit in float32 (<= {FLOAT32_MAX:.4g}): {what}{high:.4g} gives "
-            f"{softmax_scale * high * LOG2E * fmax:.4g}"
+            f"{softmax_scale * high * LOG2E * largest:.4g}"
         )
     if softmax_scale * low * LOG2E < FLOAT32_TINY:
-        what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
         raise ValueError(
             f"softmax_scale * k_scale * log2(e) must be >= {FLOAT32_TINY:.4g} (float32's "
             f"smallest normal): {what}{low:.4g} gives {softmax_scale * low * LOG2E:.4g}"
@@ -151,6 +240,12 @@ def per_token_head_range(cache_dtype: torch.dtype) -> tuple[float, float]:
         return -128.0, 127.0
     fmax = finite_max(cache_dtype)
     return -fmax, fmax
+
+
+def largest_stored(cache_dtype: torch.dtype) -> float:
+    """The largest magnitude a cache element holds: 128 for int8 (its lowest code), else the
+    format's finite max."""
+    return -per_token_head_range(cache_dtype)[0]
 
 
 def quantize_per_token_head(

@@ -16,12 +16,15 @@ import torch
 from .masking import normalize_causal
 from .problem import AttentionProblem, Batch
 from .scales import (
-    CACHE_DTYPES,
+    ALL_CACHE_DTYPES,
+    PER_TOKEN_HEAD_MIN_SCALE,
     SIXTEEN_BIT_DTYPES,
     ScaleArg,
     check_host_float,
+    check_score_range,
     check_score_scale,
-    normalize_scale,
+    is_per_token_head,
+    normalize_scales,
 )
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -86,7 +89,7 @@ def check_kv_tokens(key: torch.Tensor, value: torch.Tensor) -> None:
 def check_caches(key_cache: object, value_cache: object, device: torch.device) -> None:
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         _require_tensor(cache, name)
-        _require_dtype(cache, name, CACHE_DTYPES)
+        _require_dtype(cache, name, ALL_CACHE_DTYPES)
         _require_rank(cache, name, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
         _require_device(cache, name, device)
         _require_last_dim_contiguous(cache, name)
@@ -380,6 +383,51 @@ def validate_batch(
     return batch, max_page, check_values
 
 
+def read_slots(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(blocks, offsets)``, int64 ``[keys]``: the page and slot of every key the batch reads
+    (keys ``j < seq_lens[s]`` of each sequence, through its block table). Reads ``seq_lens`` on
+    the host (a sync)."""
+    block_size = batch.block_size
+    pages = -(-max(batch.seq_lens.tolist(), default=0) // block_size)
+    positions = torch.arange(pages * block_size, device=batch.device)
+    used = positions[None, :] < batch.seq_lens[:, None]
+    blocks = batch.block_table[:, :pages].long().repeat_interleave(block_size, dim=1)
+    return blocks[used], (positions % block_size).expand_as(used)[used]
+
+
+def check_per_token_head_values(
+    k_scale: torch.Tensor, v_scale: torch.Tensor, batch: Batch, read_values: bool
+) -> None:
+    """The score-scale rule (:func:`scales.check_score_range`) for per-token-head scales.
+
+    Their values are the cache write's output (``amax / the format's max``, never below
+    :data:`scales.PER_TOKEN_HEAD_MIN_SCALE`, NaN for a row holding NaN, which then reads as
+    NaN) and change with every write, so they are read on the host only when ``read_values``
+    (``validate=True``): then the scales of every key the batch reads must be > 0 or NaN, and
+    k_scale's smallest and largest must pass the rule. Otherwise only the floor is checked (no
+    sync): ``softmax_scale * PER_TOKEN_HEAD_MIN_SCALE * log2(e)`` must be a normal float32.
+    """
+    floor = PER_TOKEN_HEAD_MIN_SCALE
+    if not read_values:
+        check_score_range(batch.softmax_scale, floor, floor, batch.cache_dtype)
+        return
+    blocks, offsets = read_slots(batch)
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        values = scale[blocks, offsets]  # [keys, num_kv_heads]
+        bad = (values <= 0).nonzero()
+        if bad.shape[0]:
+            key, head = bad[0].tolist()
+            block, slot = int(blocks[key]), int(offsets[key])
+            raise ValueError(
+                f"{name} must be > 0 (or NaN, a poisoned row) for every key read: "
+                f"{name}[{block}, {slot}, {head}] = {values[key, head].item()}"
+            )
+        known = values[~values.isnan()]
+        if name == "k_scale" and known.numel():
+            low, high = torch.aminmax(known)
+            check_score_range(batch.softmax_scale, low.item(), high.item(), batch.cache_dtype)
+
+
 def validate_attention(
     query: object,
     key_cache: object,
@@ -425,9 +473,11 @@ def validate_attention(
         head_dim=head_dim, block_size=block_size, query_dtype=query.dtype,
         cache_dtype=key_cache.dtype, device=device, validate=validate, num_blocks=num_blocks,
     )  # fmt: skip
-    k_scale_t = normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values)
-    v_scale_t = normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values)
-    check_score_scale(batch.softmax_scale, k_scale, k_scale_t, key_cache.dtype, check_values)
+    k_scale_t, v_scale_t = normalize_scales(k_scale, v_scale, key_cache, device, check_values)
+    if is_per_token_head(k_scale_t):
+        check_per_token_head_values(k_scale_t, v_scale_t, batch, validate and check_values)
+    else:
+        check_score_scale(batch.softmax_scale, k_scale, k_scale_t, key_cache.dtype, check_values)
     sinks = check_sinks(sinks, num_q_heads, device, check_values)
     return AttentionProblem(batch, query, key_cache, value_cache, k_scale_t, v_scale_t, sinks)
 
@@ -474,7 +524,5 @@ def validate_cache_write(
             raise ValueError(
                 f"slot_mapping entries must be < num_blocks * block_size = {num_slots}, got {top}"
             )
-    return (
-        normalize_scale(k_scale, "k_scale", num_kv_heads, device, check_values),
-        normalize_scale(v_scale, "v_scale", num_kv_heads, device, check_values),
-    )
+    # Per-token-head scales are this write's output: only their form is checked.
+    return normalize_scales(k_scale, v_scale, key_cache, device, check_values)

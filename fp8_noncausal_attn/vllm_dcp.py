@@ -6,7 +6,8 @@ tensor-parallel rank for a shard of each request's tokens: position ``j`` lives 
 ``(j // I) % N``, ``I = cp_kv_cache_interleave_size`` (vLLM's ``get_dcp_local_seq_lens`` counts
 them). The ranks of a group share their KV heads, so the layer's per-KV-head ``k_scale`` /
 ``v_scale`` (this TP rank's slice) are the right ones for the local shard, and their query heads
-differ. One layer's attention is then, per rank:
+differ (per-token-head caches: the scales inline in this rank's pages, the local shard's own).
+One layer's attention is then, per rank:
 
 1. the context (each request's keys before its new tokens): the query is all-gathered over the
    group's heads (``N x num_heads`` query heads against the same KV heads) and attends this

@@ -18,6 +18,15 @@ made ``(w - 1, w - 1)`` when the batch is not all causal, exactly as vLLM's FLAS
 query head of this rank) join each row's softmax denominator. Window and sinks run on every
 backend (the CUDA kernels, Triton, the reference on CPU).
 
+Per-token-head caches (``fp8_per_token_head``, ``int8_per_token_head``): the page is vLLM
+TRITON_ATTN's, ``[num_blocks, num_kv_heads, block_size, 2 * (head_size + 4)]`` bytes with each
+token's and head's float32 scale inline after its K and after its V (``customize_spec`` packs
+it as TRITON_ATTN's does, :func:`fp8_noncausal_attn.layouts.split_per_token_head_cache` views
+it), so a page either backend writes reads the same in the other. The write computes each
+scale (``reshape_and_cache`` with the scale views); the layer's ``_k_scale``/``_v_scale`` are not
+used, as in TRITON_ATTN. Which of the library's backends read such scales:
+``available_backends()[name]["per_token_head"]``; ``auto`` takes the first that does.
+
 The interfaces used (``AttentionBackend.validate_configuration``,
 ``AttentionImpl.do_kv_cache_update``, ``CommonAttentionMetadata.causal``, the registry) are the
 same in vLLM 0.32 and 0.33: 0.33 only adds what this backend does not use.
@@ -25,13 +34,14 @@ same in vLLM 0.32 and 0.33: 0.33 only adds what this backend does not use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 from vllm.config import get_layers_from_vllm_config
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms.interface import DeviceCapability
+from vllm.utils.torch_utils import get_dtype_size
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -44,7 +54,7 @@ from vllm.v1.attention.backend import (
 
 from . import config, registry, vllm_dcp
 from .api import reshape_and_cache
-from .layouts import split_kv_cache
+from .layouts import split_kv_cache, split_per_token_head_cache
 from .plan import PagedAttention
 from .scales import SIXTEEN_BIT_DTYPES
 from .validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_HEAD_DIMS
@@ -55,6 +65,11 @@ _FP8_CACHE_DTYPES = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
+}
+# The element type of a per-token-head cache's data (vLLM's fp8 on CUDA is e4m3fn).
+_PER_TOKEN_HEAD_CACHE_DTYPES = {
+    "fp8_per_token_head": torch.float8_e4m3fn,
+    "int8_per_token_head": torch.int8,
 }
 
 
@@ -330,20 +345,39 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         self.attn_type = attn_type
         # None keeps the tensor's own dtype (16-bit caches); FP8 caches arrive as uint8.
         self._cache_view_dtype = _FP8_CACHE_DTYPES.get(kv_cache_dtype)
+        # Per-token-head caches: their data's dtype (pages of bytes with the scales inline).
+        self._per_token_head_dtype = _PER_TOKEN_HEAD_CACHE_DTYPES.get(kv_cache_dtype)
         registry.backend_from_env()  # a bad FP8NCA_BACKEND fails when the layer is built
-        # The layer's cache as (tensor, key view, value view): views are made once per tensor.
-        self._cache_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # The layer's cache as (tensor, key view, value view, k_scale view, v_scale view; the
+        # scale views None but for per-token-head caches): views are made once per tensor.
+        self._cache_views: tuple | None = None
 
     def cache_dtype(self, kv_cache_spec) -> torch.dtype:
-        """The dtype the kernels read: the FP8 format for FP8 caches, else the spec's dtype."""
-        return self._cache_view_dtype or kv_cache_spec.dtype
+        """The dtype the kernels read: the FP8 format for FP8 caches, the data's (e4m3fn, int8)
+        for per-token-head ones, else the spec's dtype."""
+        return self._per_token_head_dtype or self._cache_view_dtype or kv_cache_spec.dtype
 
-    def _split_cache(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _caches_and_scales(self, layer: AttentionLayer, kv_cache: torch.Tensor) -> tuple:
+        """``(key_cache, value_cache, k_scale, v_scale)`` of this layer: views of ``kv_cache``
+        and, for per-token-head caches, of its inline scales; else the layer's scales."""
         views = self._cache_views
         if views is None or views[0] is not kv_cache:
-            key_cache, value_cache = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
-            views = self._cache_views = (kv_cache, key_cache, value_cache)
-        return views[1], views[2]
+            if self._per_token_head_dtype is None:
+                split = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
+                views = (kv_cache, *split, None, None)
+            else:
+                views = (
+                    kv_cache,
+                    *split_per_token_head_cache(kv_cache, self._per_token_head_dtype),
+                )
+                # As TRITON_ATTN's _ensure_scale_caches when it first views a cache: every
+                # inline scale starts at 1.0, so either backend's pages are byte for byte alike.
+                views[3].fill_(1.0)
+                views[4].fill_(1.0)
+            self._cache_views = views
+        if self._per_token_head_dtype is not None:
+            return views[1:]
+        return (views[1], views[2], *self._scales(layer))
 
     def _scales(self, layer: AttentionLayer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The layer's K/V dequantisation multipliers, checked against this rank's KV heads.
@@ -372,14 +406,15 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Write new K/V into the cache, quantised with the layer's scales.
+        """Write new K/V into the cache, quantised with the layer's scales (per-token-head caches:
+        with each token's and head's own, computed and written inline).
 
         key, value: [num_tokens, num_kv_heads, head_size] (may be padded past slot_mapping);
-        kv_cache: [num_blocks, num_kv_heads, block_size, 2 * head_size];
-        slot_mapping: [num_actual_tokens] int64, negative entries skipped.
+        kv_cache: [num_blocks, num_kv_heads, block_size, 2 * head_size] (per-token-head:
+        ``2 * (head_size + 4)`` bytes); slot_mapping: [num_actual_tokens] int64, negative
+        entries skipped.
         """
-        key_cache, value_cache = self._split_cache(kv_cache)
-        k_scale, v_scale = self._scales(layer)
+        key_cache, value_cache, k_scale, v_scale = self._caches_and_scales(layer, kv_cache)
         num_tokens = slot_mapping.shape[0]
         reshape_and_cache(
             key[:num_tokens], value[:num_tokens], key_cache, value_cache, slot_mapping,
@@ -409,8 +444,7 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         if attn_metadata is None:
             # vLLM's memory-profiling run passes no metadata.
             return output.fill_(0)
-        key_cache, value_cache = self._split_cache(kv_cache)
-        k_scale, v_scale = self._scales(layer)
+        key_cache, value_cache, k_scale, v_scale = self._caches_and_scales(layer, kv_cache)
         num_tokens = attn_metadata.num_actual_tokens
         sinks = self.sinks
         if sinks is not None and sinks.dtype != torch.float32:
@@ -433,15 +467,16 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     """``FP8_NONCAUSAL``: what ``fp8_noncausal_attn``'s kernels run, declared to vLLM's selector.
 
     Accepted (``validate_configuration`` returns no reason): decoder attention, bf16/fp16
-    activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2, head sizes
+    activations, kv-cache dtypes auto/bfloat16/float16/fp8/fp8_e4m3/fp8_e5m2 and
+    fp8_per_token_head/int8_per_token_head (``customize_spec``: TRITON_ATTN's page), head sizes
     64/128/256, kernel block sizes 8..256 (powers of two), causal and non-causal, per-head
     scales, compute capability >= 8.9 (the mma_sync kernels, Triton where they do not run) or
     none (vLLM's CPU platform: the reference kernels), sliding windows and attention sinks
     (every backend runs them), decode context parallelism
     (``decode_context_parallel_size > 1``, :mod:`fp8_noncausal_attn.vllm_dcp`; without windows).
     Refused with vLLM's own reasons: MLA, sparse attention, multimodal prefix attention, batch
-    invariance, PCP, other attention types; vLLM's Attention layer refuses ALiBi-sqrt for it,
-    and the impl refuses ALiBi and logit soft-capping.
+    invariance, PCP, other attention types, int4_per_token_head; vLLM's Attention layer refuses
+    ALiBi-sqrt for it, and the impl refuses ALiBi and logit soft-capping.
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
@@ -451,6 +486,17 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     @staticmethod
     def get_name() -> str:
         return BACKEND_NAME
+
+    @classmethod
+    def customize_spec(cls, spec):
+        """Per-token-head caches: each (head, slot) cell holds K, its float32 scale, V, its
+        float32 scale, as vLLM's TRITON_ATTN packs it (its ``customize_spec``, 0.32 and 0.33),
+        so that either backend reads the other's pages."""
+        if spec.state_content_bytes is not None or not spec.kv_quant_mode.is_per_token_head:
+            return spec
+        scale_bytes = get_dtype_size(torch.float32)
+        content = (spec.head_size + spec.head_size_v) * get_dtype_size(spec.dtype)
+        return replace(spec, state_content_bytes=content + 2 * scale_bytes)
 
     @staticmethod
     def get_impl_cls() -> type[Fp8NoncausalAttentionImpl]:

@@ -75,10 +75,22 @@ def test_sixteen_bit_cache_on_an_unsupported_device_keeps_its_dtype():
 
 
 def test_dtypes_our_kernels_do_not_run_are_left_to_vllm():
-    plan = resolve_drafter_kv_cache("fp8_per_token_head", None, drafter_non_causal=False,
+    plan = resolve_drafter_kv_cache("int4_per_token_head", None, drafter_non_causal=False,
                                     device_capability=HOPPER)  # fmt: skip
-    assert (plan.kv_cache_dtype, plan.backend) == ("fp8_per_token_head", AUTO_BACKEND)
+    assert (plan.kv_cache_dtype, plan.backend) == ("int4_per_token_head", AUTO_BACKEND)
     assert "supports kv-cache dtypes" in plan.reason
+
+
+@pytest.mark.parametrize("dtype", ["fp8_per_token_head", "int8_per_token_head"])
+def test_a_drafter_only_per_token_head_cache_runs_here(dtype):
+    """The target on fp8, the drafter alone on a per-token-head cache (no checkpoint scales):
+    this backend runs the drafter, and says why."""
+    plan = resolve_drafter_kv_cache("fp8", dtype, drafter_non_causal=True,
+                                    device_capability=HOPPER)  # fmt: skip
+    assert (plan.kv_cache_dtype, plan.backend) == (dtype, BACKEND_NAME)
+    assert plan.speculative_config == {"kv_cache_dtype": dtype, "attention_backend": BACKEND_NAME}
+    assert "a scale per token and KV head" in plan.reason
+    assert f"set by speculative_config.kv_cache_dtype='{dtype}'" in plan.reason
 
 
 @pytest.mark.parametrize(

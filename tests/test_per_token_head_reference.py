@@ -8,11 +8,10 @@ import pytest
 import torch
 from helpers import TOLERANCE
 
-from fp8_noncausal_attn.backends import reference
+import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
-from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES
-from fp8_noncausal_attn.synthetic import per_token_head_problem, relative_error
+from fp8_noncausal_attn.synthetic import relative_error
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 64, 16
 Q_LENS, KV_LENS = [8, 3, 1], [40, 21, 9]
@@ -38,7 +37,7 @@ class TokenHeadCase:
 
 
 def make_case(cache_dtype, query_dtype, seed=0) -> TokenHeadCase:
-    """Drafter-like rows written by the reference's per-token-head write into a vLLM page:
+    """Drafter-like rows written by the per-token-head cache write into a vLLM page:
     keys of order 1-10 and values of order 0.01-0.1, each token's magnitude drawn over a decade
     (so one scale per head cannot stand in for one per token), shuffled pages."""
     gen = torch.Generator().manual_seed(seed)
@@ -59,10 +58,8 @@ def make_case(cache_dtype, query_dtype, seed=0) -> TokenHeadCase:
         shape = (kv_len, NUM_KV_HEADS, HEAD_DIM)
         keys.append((torch.randn(shape, generator=gen) * gain).to(query_dtype))
         values.append((torch.randn(shape, generator=gen) * gain * 0.01).to(query_dtype))
-    reference.reshape_and_cache(CacheWrite(
-        torch.cat(keys), torch.cat(values), key_cache, value_cache,
-        torch.tensor(slots), k_scale, v_scale,
-    ))  # fmt: skip
+    fna.reshape_and_cache(torch.cat(keys), torch.cat(values), key_cache, value_cache,
+                          torch.tensor(slots), k_scale=k_scale, v_scale=v_scale)  # fmt: skip
     query = torch.randn(sum(Q_LENS), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(query_dtype)
     cu = torch.tensor([0, *Q_LENS]).cumsum(0).to(torch.int32)
     return TokenHeadCase(query, keys, values, key_cache, value_cache, k_scale, v_scale,
@@ -109,17 +106,14 @@ def float64_attention(case, rows, causal, window=(-1, -1), sinks=None):
 
 
 def run_reference(case, causal, window=(-1, -1), sinks=None, k_scale=None, v_scale=None):
-    problem = per_token_head_problem(
+    return fna.paged_attention(
         case.query, case.key_cache, case.value_cache, case.block_table, case.cu_seqlens_q,
         case.seq_lens, k_scale=case.k_scale if k_scale is None else k_scale,
         v_scale=case.v_scale if v_scale is None else v_scale,
         causal=torch.tensor(causal, dtype=torch.int32), window=window,
-        sinks=None if sinks is None else torch.tensor(sinks),
+        sinks=None if sinks is None else torch.tensor(sinks), backend="reference",
+        validate=True, return_lse=True,
     )  # fmt: skip
-    out = torch.empty_like(case.query)
-    lse = torch.empty(case.query.shape[:2])
-    reference.paged_attention(problem, out, lse)
-    return out, lse
 
 
 CAUSAL_WINDOW_SINKS = [

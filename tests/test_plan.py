@@ -204,7 +204,7 @@ def test_run_before_plan_and_bad_plans_are_refused():
         ({"block_size": 12}, ValueError, "block_size .* must be a power of two"),
         ({"num_q_heads": 6, "num_kv_heads": 4}, ValueError, "must be a multiple of num_kv_heads"),
         ({"query_dtype": torch.float32}, TypeError, "query_dtype must be one of"),
-        ({"cache_dtype": torch.int8}, TypeError, "cache_dtype must be one of"),
+        ({"cache_dtype": torch.uint8}, TypeError, "cache_dtype must be one of"),
         ({"max_num_tokens": 0}, ValueError, "max_num_tokens must be an int >= 1"),
     ],
 )

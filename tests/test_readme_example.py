@@ -157,3 +157,17 @@ def test_readme_accuracy_table_is_the_committed_result(tmp_path):
     assert len(table) == 2 + len(accuracy.ACCURACY_KV_LENS["quick"])
     for line in table:
         assert line in readme.splitlines(), line
+
+
+def test_readme_cache_format_table_is_the_committed_result():
+    """The README quotes the cache-format study's table as committed (whose rendering from its
+    JSON is checked in tests/test_benchmarks.py)."""
+    from benchmarks import accuracy
+
+    results = README.parent / "benchmarks" / "results"
+    committed = (results / "accuracy-cache-formats-quick-cpu.md").read_text()
+    table = [line for line in committed.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(accuracy.ACCURACY_KV_LENS["quick"])
+    readme = README.read_text().splitlines()
+    for line in table:
+        assert line in readme, line

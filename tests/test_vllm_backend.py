@@ -211,7 +211,18 @@ def test_a_platform_without_a_compute_capability_is_accepted():
 
 
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL, DeviceCapability(12, 0)])
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "auto"])
+@pytest.mark.parametrize(
+    "kv_cache_dtype",
+    [
+        "fp8",
+        "fp8_e4m3",
+        "fp8_e5m2",
+        "bfloat16",
+        "auto",
+        "fp8_per_token_head",
+        "int8_per_token_head",
+    ],
+)
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("block_size", [16, 32, 64, None])
 def test_drafter_configurations_are_accepted(capability, kv_cache_dtype, head_size, block_size):
@@ -231,7 +242,7 @@ def test_drafter_configurations_are_accepted(capability, kv_cache_dtype, head_si
         ({"device_capability": DeviceCapability(8, 0)}, "compute capability not supported"),
         ({"head_size": 96}, "head_size not supported"),
         ({"dtype": torch.float32}, "dtype not supported"),
-        ({"kv_cache_dtype": "fp8_per_token_head"}, "kv_cache_dtype not supported"),
+        ({"kv_cache_dtype": "int4_per_token_head"}, "kv_cache_dtype not supported"),
         ({"kv_cache_dtype": "nvfp4"}, "kv_cache_dtype not supported"),
         ({"block_size": 12}, "block_size not supported"),
         ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
@@ -706,7 +717,7 @@ def test_per_head_scales_of_the_wrong_length_fail_clearly():
         ({"alibi_slopes": [1.0] * NUM_HEADS}, NotImplementedError, "alibi_slopes"),
         ({"logits_soft_cap": 30.0}, NotImplementedError, "logits_soft_cap"),
         ({"attn_type": "encoder_only"}, NotImplementedError, "decoder attention only"),
-        ({"kv_cache_dtype": "int8_per_token_head"}, ValueError, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "int4_per_token_head"}, ValueError, "kv_cache_dtype"),
         ({"head_size": 96}, ValueError, "head sizes"),
     ],
 )
@@ -751,3 +762,121 @@ def test_build_and_forward_read_no_device_value_on_the_host(vllm_config):
                         device="meta")  # fmt: skip
     output = torch.empty_like(query)
     assert layer.impl.forward(state, query, None, None, kv_cache, meta, output) is output
+
+
+# vLLM's per-token-head cache dtypes -> the element type of the data in their pages.
+PER_TOKEN_HEAD = {"fp8_per_token_head": torch.float8_e4m3fn, "int8_per_token_head": torch.int8}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [*PER_TOKEN_HEAD, "fp8", "bfloat16"])
+def test_customize_spec_packs_pages_as_triton_attn(vllm_config, kv_cache_dtype):
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    spec = make_layer(vllm_config, kv_cache_dtype).get_kv_cache_spec(vllm_config)
+    ours = Fp8NoncausalAttentionBackend.customize_spec(spec)
+    assert ours == TritonAttentionBackend.customize_spec(spec)
+    if kv_cache_dtype in PER_TOKEN_HEAD:
+        assert ours.state_content_bytes == 2 * (HEAD_SIZE + 4)
+    else:
+        assert ours is spec
+
+
+def per_token_rows(gen, n):
+    """:func:`drafter_rows` with each token's magnitude drawn over two decades: one scale per
+    KV head cannot stand in for one per token."""
+    gain = torch.logspace(-1, 1, n)[torch.randperm(n, generator=gen)][:, None, None]
+    return (drafter_rows(gen, n).float() * gain).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", PER_TOKEN_HEAD)
+def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, kv_cache_dtype):
+    """vLLM's Attention layer on a per-token-head cache (its TRITON_ATTN page, viewed by vLLM's
+    own TritonAttentionImpl too): the write computes each token's and head's scale inline, and
+    forward (causal and bidirectional requests, a window, sinks) reads them, against float64 over
+    what vLLM's views read from the page, and over the unquantised K/V."""
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    data_dtype = PER_TOKEN_HEAD[kv_cache_dtype]
+    gen = torch.Generator().manual_seed(13)
+    sinks = torch.tensor([3.0, -4.0, 1.0, 0.5, -2.0, 0.0, 2.0, -6.0])
+    layer = make_layer(vllm_config, kv_cache_dtype, per_layer_sliding_window=30, sinks=sinks)
+    spec = Fp8NoncausalAttentionBackend.customize_spec(layer.get_kv_cache_spec(vllm_config))
+    keys = [per_token_rows(gen, kv) for kv in KV_LENS]
+    values = [per_token_rows(gen, kv) for kv in KV_LENS]
+    content = spec.state_content_bytes // spec.dtype.itemsize
+    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, content, dtype=spec.dtype)
+    # vLLM's own views of the page (TRITON_ATTN sets the inline scales to 1.0 when it first
+    # views a cache, and so do we).
+    triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
+                                 kv_cache_dtype)  # fmt: skip
+    vllm_k, vllm_v = triton._pth_key_value_caches(layer.kv_cache)
+    common, slots = make_batch_metadata(gen, 24)
+    context = [
+        (k[: kv - q], v[: kv - q], slot[: kv - q])
+        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
+    ]
+    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
+    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
+    meta = make_builder(vllm_config, layer).build(0, common)
+    assert meta.attention.cache_dtype == data_dtype
+    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
+    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
+    num_tokens = sum(Q_LENS)
+    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
+    with set_forward_context({LAYER_NAME: meta}, vllm_config,
+                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
+        output = layer(query, new_k.flatten(1), new_v.flatten(1))
+
+    def read_by_vllm(cache, scale, slot):  # float64 [n, NUM_KV_HEADS, HEAD_SIZE]
+        blocks, offsets = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        stored = cache.view(data_dtype)[blocks, offsets, :, :HEAD_SIZE].double()
+        return stored * scale[blocks, offsets].double()[..., None]
+
+    real_k = [read_by_vllm(vllm_k, triton._k_scale_cache, slot) for slot in slots]
+    real_v = [read_by_vllm(vllm_v, triton._v_scale_cache, slot) for slot in slots]
+    q = query.view(num_tokens, NUM_HEADS, HEAD_SIZE)
+    window = (29, 29)  # the mixed batch symmetrises the layer's (29, 0), as FLASH_ATTN does
+    expected = float64_attention(q, real_k, real_v, HEAD_SIZE**-0.5, window=window, sinks=sinks)
+    output = output.view_as(expected)
+    assert relative_error(output, expected) <= TOLERANCE[torch.bfloat16]
+    # Against the unquantised K/V: the format's own rounding (a half step of e4m3, 1/254 of a
+    # row's amax for int8) on keys up to ~600, measured 4.8e-2 (e4m3) and 7.5e-3 (int8) here;
+    # the bounds are 1.5 times that.
+    exact = float64_attention(q, [k.double() for k in keys], [v.double() for v in values],
+                              HEAD_SIZE**-0.5, window=window, sinks=sinks)  # fmt: skip
+    bound = {torch.float8_e4m3fn: 7e-2, torch.int8: 1.1e-2}[data_dtype]
+    assert relative_error(output, exact) <= bound
+    # What must not happen fails here: one scale per head (token 0's) instead of per token.
+    per_head = [r / s[..., None] * s[:1, :, None] for r, s in (
+        (read_by_vllm(vllm_k, triton._k_scale_cache, slot),
+         triton._k_scale_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE].double())
+        for slot in slots)]  # fmt: skip
+    wrong = float64_attention(q, per_head, real_v, HEAD_SIZE**-0.5, window=window, sinks=sinks)
+    assert relative_error(wrong, expected) > 0.1
+
+
+@pytest.mark.parametrize("kv_cache_dtype", PER_TOKEN_HEAD)
+def test_a_written_page_is_byte_for_byte_what_triton_attn_leaves(vllm_config, kv_cache_dtype):
+    """Our impl's write into a fresh page (garbage bytes) gives the bytes TRITON_ATTN's first view
+    (every inline scale set to 1.0) and the per-token-head write give: the scales of slots no
+    token was written to included. (vLLM's write itself is compared with the library's byte for
+    byte in tests/test_per_token_head_cache.py.)"""
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    layer = make_layer(vllm_config, kv_cache_dtype)
+    spec = Fp8NoncausalAttentionBackend.customize_spec(layer.get_kv_cache_spec(vllm_config))
+    shape = (4, NUM_KV_HEADS, BLOCK_SIZE, spec.state_content_bytes // spec.dtype.itemsize)
+    ours = torch.full(shape, 0x5A, dtype=torch.uint8).view(spec.dtype)
+    theirs = ours.clone()
+    gen = torch.Generator().manual_seed(14)
+    key, value = per_token_rows(gen, 5), per_token_rows(gen, 5)
+    slots = torch.tensor([3, 17, 40, -1, 63])
+    layer.impl.do_kv_cache_update(layer, key, value, ours, slots)
+    triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
+                                 kv_cache_dtype)  # fmt: skip
+    triton._ensure_scale_caches(theirs)
+    views = fna.split_per_token_head_cache(theirs, PER_TOKEN_HEAD[kv_cache_dtype])
+    fna.reshape_and_cache(key, value, views[0], views[1], slots, k_scale=views[2],
+                          v_scale=views[3])  # fmt: skip
+    assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))

@@ -34,6 +34,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 
 from fp8_noncausal_attn import vllm_backend  # noqa: E402
+from fp8_noncausal_attn.scales import quantize_per_token_head  # noqa: E402
 from fp8_noncausal_attn.synthetic import relative_error  # noqa: E402
 from fp8_noncausal_attn.vllm_backend import Fp8NoncausalMetadataBuilder  # noqa: E402
 
@@ -101,8 +102,10 @@ def owner(position: int, interleave: int) -> tuple[int, int]:
     return rank, local
 
 
-@pytest.mark.parametrize("interleave", [1, 16])
-def test_dcp_ranks_match_float64_attention(monkeypatch, interleave):
+@pytest.mark.parametrize(
+    "interleave,kv_cache_dtype", [(1, "fp8"), (16, "fp8"), (16, "int8_per_token_head")]
+)
+def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dtype):
     group = ThreadGroup(RANKS)
     monkeypatch.setattr(parallel_state, "_DCP", group)
     gen = torch.Generator().manual_seed(21)
@@ -126,15 +129,21 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave):
             cache_config=CacheConfig(block_size=BLOCK_SIZE),
             parallel_config=ParallelConfig(cp_kv_cache_interleave_size=interleave),
         )
-        layer = make_layer(config, torch.tensor(SINKS[rank * HEADS : (rank + 1) * HEADS]))
+        layer = make_layer(
+            config,
+            torch.tensor(SINKS[rank * HEADS : (rank + 1) * HEADS]),
+            kv_cache_dtype=kv_cache_dtype,
+        )
         layer.register_buffer("_k_scale", k_scale.clone())
         layer.register_buffer("_v_scale", v_scale.clone())
         with set_default_torch_dtype(torch.bfloat16):
-            spec = layer.get_kv_cache_spec(config)
+            spec = layer.attn_backend.customize_spec(layer.get_kv_cache_spec(config))
             builder = Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
         assert builder.dcp is not None and builder.dcp.world_size == RANKS
         # This rank's shard: local pages in order, the context written through the impl.
-        kv_cache = torch.zeros(32, 1, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+        # A per-token-head page holds each token's scale after its K and after its V.
+        content = spec.state_content_bytes or 2 * HEAD_SIZE
+        kv_cache = torch.zeros(32, 1, BLOCK_SIZE, content, dtype=spec.dtype)
         table = torch.zeros(len(Q_LENS), 8, dtype=torch.int32)
         page = 0
         slots_of = []
@@ -190,6 +199,8 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave):
     if errors:
         raise errors[0]
 
+    if kv_cache_dtype == "int8_per_token_head":  # scales per token and head, from the write
+        k_scale = v_scale = None
     exact = float64_attention(query, keys, values, k_scale, v_scale)
     for rank in range(RANKS):
         heads = slice(rank * HEADS, (rank + 1) * HEADS)
@@ -198,17 +209,19 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave):
             assert error <= TOLERANCE[torch.bfloat16], (rank, h, error)
     # Negative control: the other KV head's scales (a misaligned slice) give a wrong answer.
     wrong = float64_attention(query, keys, values, model_k_scale[:1], model_v_scale[:1])
+    if k_scale is None:  # or scales dropped (all ones) instead of each token's
+        wrong = float64_attention(query, keys, values, None, None, dropped=True)
     assert relative_error(wrong, exact) > 0.1
 
 
-def make_layer(config, sinks=None, num_kv_heads=1, **kwargs):
+def make_layer(config, sinks=None, num_kv_heads=1, kv_cache_dtype="fp8", **kwargs):
     """vLLM's Attention layer on this backend, as vLLM's model loader builds it: this rank's
-    query heads, one KV head, an FP8 cache, the sinks of its heads."""
+    query heads, one KV head, an FP8 cache (or ``kv_cache_dtype``), the sinks of its heads."""
     vllm_backend.register()
     with set_current_vllm_config(config), set_default_torch_dtype(torch.bfloat16):
         return Attention(
             HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, num_kv_heads=num_kv_heads,
-            cache_config=CacheConfig(cache_dtype="fp8"), prefix=LAYER_NAME, sinks=sinks,
+            cache_config=CacheConfig(cache_dtype=kv_cache_dtype), prefix=LAYER_NAME, sinks=sinks,
             attn_backend=AttentionBackendEnum["FP8_NONCAUSAL"].get_class(), **kwargs,
         )  # fmt: skip
 
@@ -254,19 +267,24 @@ def test_dcp_with_micro_batches_is_refused_by_the_builder(monkeypatch, micro_bat
         assert Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu").dcp is None
 
 
-def real_rows(rows, scale, context):
+def real_rows(rows, scale, context, dropped=False):
     """[n, 1, d] rows as attention reads them, float64 [n, d]: the first ``context`` from the FP8
-    cache (rounded by the scale, times it), the rest as given."""
-    cached = (rows[:context].float() / scale).to(torch.float8_e4m3fn).double() * scale.double()
+    cache (rounded by the scale, times it; ``scale`` None: an int8 per-token-head cache, each
+    row's own scale, ``dropped``: not applied), the rest as given."""
+    if scale is None:
+        stored, row_scale = quantize_per_token_head(rows[:context], torch.int8)
+        cached = stored.double() * (1.0 if dropped else row_scale.double()[..., None])
+    else:
+        cached = (rows[:context].float() / scale).to(torch.float8_e4m3fn).double() * scale.double()
     return torch.cat([cached, rows[context:].double()])[:, 0]
 
 
-def float64_attention(query, keys, values, k_scale, v_scale):
-    """Every head of the group over each whole sequence in float64: context keys as the FP8
-    cache holds them (scaled by this KV head's scales), new tokens' keys as given (16-bit)."""
+def float64_attention(query, keys, values, k_scale, v_scale, dropped=False):
+    """Every head of the group over each whole sequence in float64: context keys as the cache
+    holds them (:func:`real_rows`), new tokens' keys as given (16-bit)."""
     out, start = [], 0
     for c, q_len, causal, k, v in zip(CONTEXT, Q_LENS, CAUSAL, keys, values, strict=True):
-        kr, vr = real_rows(k, k_scale, c), real_rows(v, v_scale, c)
+        kr, vr = real_rows(k, k_scale, c, dropped), real_rows(v, v_scale, c, dropped)
         q = query[start : start + q_len].double()
         start += q_len
         scores = torch.einsum("ihd,jd->hij", q, kr) * HEAD_SIZE**-0.5

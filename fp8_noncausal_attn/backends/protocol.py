@@ -23,6 +23,12 @@ class Refused(Exception):
 class Backend(Protocol):
     """One backend: a module or an object with these attributes."""
 
+    # None when the kernels read per-token-head scales (float32 [num_blocks, block_size,
+    # num_kv_heads], real K = stored K * k_scale[block, slot, kv_head]) and int8 caches, else
+    # why not. Asked at plan time for an int8 cache and at run time for such scales (a layer's
+    # property): a named backend raises with it, ``auto`` moves on.
+    PER_TOKEN_HEAD_REFUSAL: str | None
+
     def availability(self) -> tuple[bool, str]:
         """Whether the backend runs on this machine, and why (not). Asked once per process
         (``available_backends()`` asks again)."""

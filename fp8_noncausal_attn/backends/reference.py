@@ -12,6 +12,9 @@ from ..masking import visible_range
 from ..problem import AttentionProblem, Batch, CacheWrite
 from ..scales import dequantize, quantize, quantize_per_token_head
 
+# backends.protocol.Backend: gather_sequence_kv reads per-token-head scales.
+PER_TOKEN_HEAD_REFUSAL = None
+
 
 def availability() -> tuple[bool, str]:
     return True, "plain PyTorch: runs on every device, fp32 math, reads lengths on the host"

@@ -5,10 +5,10 @@ scripts/setup_engine.sh); the main suite's .venv collects nothing here.
 ``FP8NCA_ENGINE_PLANT`` (comma-separated names of scenarios.PLANTS) plants errors that the
 comparisons must catch.
 
-Engine runs are the cost (~40 s and ~1.8 GB per process each): every run the tests need is
-started once per session, two at a time, in the order the tests read them; a test waits for its
-runs only. Each run is ``run_engine.py`` in its own process group, which is killed afterwards
-so that no engine core or worker outlives it.
+Engine runs are the cost (~40 s and ~1.8 GB per process each): every run the selected tests
+need (their module's ``ENGINE_RUNS``) is started once per session, two at a time, in the order
+the tests read them; a test waits for its runs only. Each run is ``run_engine.py`` in its own
+process group, which is killed afterwards so that no engine core or worker outlives it.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ class EngineRuns:
         return ", ".join(f"{run.name} {run.wall_s:.0f} s" for run in done)
 
 
-def _start_runs() -> EngineRuns:
+def _start_runs(names: set[str] | None = None) -> EngineRuns:
+    """Start the runs ``names`` (all if None)."""
     import shutil
 
     from .scenarios import engine_specs
@@ -141,7 +142,10 @@ def _start_runs() -> EngineRuns:
     root = ROOT / "build" / "engine-tier"
     shutil.rmtree(root, ignore_errors=True)
     plants = frozenset(filter(None, os.environ.get("FP8NCA_ENGINE_PLANT", "").split(",")))
-    return EngineRuns(engine_specs(root / "models", plants), root / "runs")
+    specs = engine_specs(root / "models", plants)
+    if names is not None:
+        specs = {name: spec for name, spec in specs.items() if name in names}
+    return EngineRuns(specs, root / "runs")
 
 
 _started: dict[str, object] = {}
@@ -152,8 +156,10 @@ def pytest_collection_finish(session):
     before them (tests/test_vllm_backend.py in the tier's command) run meanwhile."""
     if session.config.option.collectonly or "runs" in _started:
         return
-    if any("engine_runs" in getattr(item, "fixturenames", ()) for item in session.items):
-        _started["runs"], _started["start"] = _start_runs(), time.monotonic()
+    users = [i for i in session.items if "engine_runs" in getattr(i, "fixturenames", ())]
+    if users:
+        names = {name for item in users for name in item.module.ENGINE_RUNS}
+        _started["runs"], _started["start"] = _start_runs(names), time.monotonic()
 
 
 def pytest_sessionfinish(session):

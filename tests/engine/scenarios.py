@@ -9,11 +9,13 @@ the same scales.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
 
 from .models import (
+    NUM_LAYERS,
     write_dflash_drafter,
     write_head_scale_target,
     write_target,
@@ -22,14 +24,36 @@ from .models import (
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PLUGIN_DIR = HERE / "plugin"  # the test plugin (engine_test_plugin.py and its dist-info)
+
+
+def _plugin():
+    """The test plugin's module (it lives on the engine processes' PYTHONPATH, not ours)."""
+    spec = importlib.util.spec_from_file_location("engine_test_plugin",
+                                                  PLUGIN_DIR / "engine_test_plugin.py")  # fmt: skip
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PLUGIN = _plugin()
 # Planted errors that the comparisons must catch: references without the FP8 rounding, causal
-# references, and a TP = 2 run from a checkpoint whose per-head scales are in reverse head order.
-PLANTS = ("no_fp8_rounding", "causal_reference", "swapped_head_scales")
+# references, a TP = 2 run from a checkpoint whose per-head scales are in reverse head order, and
+# in the backend on per-token-head caches (engine_test_plugin.BACKEND_PLANTS): forward reading
+# the cache with scale 1, the write keeping one scale per KV head instead of one per token.
+PLANTS = ("no_fp8_rounding", "causal_reference", "swapped_head_scales") + PLUGIN.BACKEND_PLANTS
 BLOCK_SIZE = 32  # CPU_ATTN takes multiples of 32, the backend powers of two from 8
 MAX_TOKENS = 8
 BACKEND = "FP8_NONCAUSAL"
 # Drafter cases: (FP8 format, DFlash speculative tokens, sliding window drafter).
 DRAFTER_CASES = {"e4m3_k4": ("fp8_e4m3", 4, False), "e5m2_k8_window": ("fp8_e5m2", 8, True)}
+# Per-token-head cases: (the target's kv_cache_dtype, the drafter's in speculative_config, None:
+# inherited, DFlash speculative tokens). "fp8": the target on fp8 with its checkpoint's per-head
+# scales, the drafter alone on fp8_per_token_head (the recipe for drafters without scales);
+# "int8": every layer, target and drafter, on int8_per_token_head.
+PER_TOKEN_HEAD_CASES = {"fp8": ("fp8", "fp8_per_token_head", 4),
+                        "int8": ("int8_per_token_head", None, 8)}  # fmt: skip
+# The DFlash drafter's one layer, numbered after the target's.
+DRAFTER_LAYER = f"model.layers.{NUM_LAYERS}.self_attn.attn"
 # Prompt lengths far enough apart (> MAX_TOKENS + 9) that a sequence length names one request
 # and step in both runs, however the scheduler batched them.
 DRAFTER_PROMPTS = [24, 72, 120]
@@ -46,6 +70,7 @@ def _common(model: Path) -> dict:
 
 
 def _reference(fmt: str, plants: frozenset[str]) -> dict[str, str]:
+    """A reference run's environment: ``fmt`` as engine_test_reference's FP8NCA_ENGINE_ROUND."""
     rounding = "" if "no_fp8_rounding" in plants else fmt
     causal = "1" if "causal_reference" in plants else "0"
     return {"FP8NCA_ENGINE_MODE": "reference", "FP8NCA_ENGINE_ROUND": rounding,
@@ -100,4 +125,28 @@ def engine_specs(
          "max_tokens": 1, "phases": ["prompt_logprobs"]},
         {"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
     )  # fmt: skip
+    # Per-token-head caches: each backend run records what its layers attend to (unquantised
+    # and as cached) for the float64 comparisons. Its reference run gives only the drafter a
+    # bf16 cache (the reference over K/V rounded through the drafter's format): the target runs
+    # on the backend in both, so the drafter sees the same inputs in both.
+    for name, (target_dtype, drafter_dtype, k) in PER_TOKEN_HEAD_CASES.items():
+        model = head_scales if target_dtype == "fp8" else target
+        for reference in (False, True):
+            speculative = {"method": "dflash", "model": str(drafters[False]),
+                           "num_speculative_tokens": k, "attention_backend": BACKEND}  # fmt: skip
+            if reference or drafter_dtype is not None:
+                speculative["kv_cache_dtype"] = "bfloat16" if reference else drafter_dtype
+            # Eager: the compiled model is the other runs' (its compilation is most of a run).
+            llm = _common(model) | {"attention_backend": BACKEND, "kv_cache_dtype": target_dtype,
+                                    "speculative_config": speculative,
+                                    "enforce_eager": True}  # fmt: skip
+            spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=10 + k),
+                    "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
+            if reference:
+                rounding = _reference(drafter_dtype or target_dtype, plants)
+                specs[f"per_token_head_{name}_ref"] = (spec, rounding)
+            else:
+                planted = ",".join(sorted(plants & set(PLUGIN.BACKEND_PLANTS)))
+                env = {PLUGIN.RECORD_KV_ENV: "1", PLUGIN.BACKEND_PLANT_ENV: planted}
+                specs[f"per_token_head_{name}"] = (spec, env)
     return specs

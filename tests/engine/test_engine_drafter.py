@@ -11,8 +11,10 @@ import torch
 from fp8_noncausal_attn.synthetic import relative_error
 
 from .models import SWA_WINDOW
-from .scenarios import DRAFTER_CASES
+from .scenarios import DRAFTER_CASES, DRAFTER_LAYER
 
+ENGINE_RUNS = tuple(f"drafter_{case}{suffix}" for case in DRAFTER_CASES
+                    for suffix in ("", "_ref"))  # fmt: skip
 # Relative error (Frobenius) of a request's drafter attention output in one step, backend vs
 # reference: the two compute on the same rounded values and differ in fp32 accumulation order and
 # bf16 output rounding only. A reference without the FP8 rounding lands an order above.
@@ -54,7 +56,7 @@ def test_drafter_runs_non_causal_on_the_backend_and_matches_the_reference(engine
     assert select["selector"]["kv_cache_dtype"] == fmt
     assert select["selector"]["use_non_causal"] and not select["reference"]
     calls = run.kind("forward")
-    assert calls and {c["layer"] for c in calls} == {"model.layers.2.self_attn.attn"}
+    assert calls and {c["layer"] for c in calls} == {DRAFTER_LAYER}
     assert all(c["causal"] is False and c["kernels"] == "reference" for c in calls)
     # Each step queries 1 + k rows per request.
     assert all(c["output"].shape[0] % (k + 1) == 0 for c in calls)

@@ -9,6 +9,7 @@ import torch
 
 from .models import NUM_KV_HEADS, NUM_LAYERS, head_scales
 
+ENGINE_RUNS = ("every_layer", "every_layer_ref", "every_layer_tp2")
 # Teacher-forced prompt logprobs: mean and max absolute difference over all prompt tokens
 # (their noise is the bf16 rounding of everything else). A reference without the FP8 rounding
 # lands about twice above both (see docs/vllm.md), swapped head scales far above.

@@ -24,6 +24,8 @@ class RecordingBackend:
     """A backend that takes every batch and layer on any device, and records what it is asked
     to plan (``plans``: batches) and run (``runs``: ``(problem, plan, out, lse)``)."""
 
+    PER_TOKEN_HEAD_REFUSAL = None
+
     def __init__(self) -> None:
         self.plans: list = []
         self.runs: list = []

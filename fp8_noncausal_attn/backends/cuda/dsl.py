@@ -41,6 +41,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -60,6 +61,10 @@ class Family:
     name: str
     archs: dict[tuple[int, int], str]  # compute capability -> the arch of its cubins
     gpus: str  # the GPUs that capability means, for messages
+    # Kernels never run on hardware get no new code: per-KV-head scales only.
+    PER_TOKEN_HEAD_REFUSAL: ClassVar[str] = (
+        f"the CUTLASS-DSL kernels ({STATUS}) read per-KV-head scales only"
+    )
 
     def key_tile(self, head_dim: int) -> int:
         """Keys per main-loop tile (dsl/<family>/traits.py; a test ties them): split-KV ranges

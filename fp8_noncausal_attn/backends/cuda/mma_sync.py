@@ -19,6 +19,8 @@ from . import extension
 # This module is a backend (backends/protocol.py): whether it runs here and on which tensors is
 # whether _C does.
 
+PER_TOKEN_HEAD_REFUSAL = "its kernels read per-KV-head scales only (per-token-head: reference)"
+
 
 def availability() -> tuple[bool, str]:
     """Whether the compiled kernels run here, and why not."""

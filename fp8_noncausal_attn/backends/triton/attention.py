@@ -40,6 +40,8 @@ MAX_SPLITS = 64
 # An unbounded window side as the kernel gets it: past any position, so the window's clamps
 # reduce to the plain mask, and p + WINDOW_UNBOUNDED + 1 stays within int32 for p < 2^30.
 WINDOW_UNBOUNDED = 1 << 30
+# backends.protocol.Backend: None once the kernels read per-token-head scales.
+PER_TOKEN_HEAD_REFUSAL = "its kernels read per-KV-head scales only (per-token-head: reference)"
 
 
 def interpreting() -> bool:
