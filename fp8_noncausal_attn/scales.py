@@ -15,6 +15,12 @@ import torch
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 SIXTEEN_BIT_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = FP8_DTYPES + SIXTEEN_BIT_DTYPES
+# Caches whose scale is computed per token and KV head when the token is written (vLLM's
+# fp8_per_token_head and int8_per_token_head; e5m2 is the same rule with e5m2's max).
+PER_TOKEN_HEAD_DTYPES = FP8_DTYPES + (torch.int8,)
+# The floor of a per-token-head scale (vLLM's write clamps amax / max to it), so an all-zero
+# row gets a positive scale; a float32 like every scale (float32(1e-6) = 9.99999997e-07).
+PER_TOKEN_HEAD_MIN_SCALE = 1e-6
 
 ScaleArg = float | torch.Tensor | None
 
@@ -138,6 +144,53 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> 
     return scaled.clamp(-fmax, fmax).to(cache_dtype)
 
 
+def per_token_head_range(cache_dtype: torch.dtype) -> tuple[float, float]:
+    """(lowest, highest) value a per-token-head write stores: (-128, 127) for int8, +-the
+    finite max for FP8 (the bounds vLLM's write clamps to)."""
+    if cache_dtype == torch.int8:
+        return -128.0, 127.0
+    fmax = finite_max(cache_dtype)
+    return -fmax, fmax
+
+
+def quantize_per_token_head(
+    x: torch.Tensor, cache_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store-side conversion with one scale per row, bit for bit vLLM's per-token-head write
+    (``_reshape_cache_per_token_head`` in ``vllm/v1/attention/ops/
+    triton_reshape_and_cache_flash.py``, vLLM 0.32 and 0.33), every step a float32 operation
+    rounded to nearest even:
+
+    - ``scale = max(amax(|x|) / high, 1e-6)``, the amax over the row's ``head_dim`` values and
+      ``high`` = 127 (int8) or the FP8 finite max (448 e4m3, 57344 e5m2);
+    - ``y = x * (1 / scale)`` (a reciprocal, then a product: not ``x / scale``);
+    - int8: ``y + 0.5`` for ``y >= 0``, else ``y - 0.5``, clamped to [-128, 127] and truncated
+      toward zero (round half away from zero, as the float32 sums round); FP8: ``y`` clamped to
+      +-max and rounded to nearest even.
+
+    A row holding NaN gets a NaN scale (so it reads back as NaN; int8 stores 0 where ``y`` is
+    NaN, FP8 stores NaN): vLLM leaves that case to the hardware's max.
+
+    Args:
+        x: ``[..., head_dim]`` floating (bf16/fp16 K or V rows).
+        cache_dtype: one of :data:`PER_TOKEN_HEAD_DTYPES`.
+    Returns:
+        ``(stored, scale)``: ``stored`` ``[..., head_dim]`` in ``cache_dtype`` and ``scale``
+        float32 ``[...]``, the dequantisation multiplier (real x ~= stored * scale).
+    """
+    low, high = per_token_head_range(cache_dtype)
+    x = x.float()
+    scale = (x.abs().amax(dim=-1) / high).clamp_min(PER_TOKEN_HEAD_MIN_SCALE)
+    scaled = x * torch.reciprocal(scale)[..., None]
+    if cache_dtype == torch.int8:
+        scaled = torch.where(scaled >= 0, scaled + 0.5, scaled - 0.5).clamp(low, high)
+        # Float -> int truncates toward zero; NaN has no int8 code (the NaN scale carries it).
+        return torch.where(scaled.isnan(), 0.0, scaled).to(torch.int8), scale
+    return scaled.clamp(low, high).to(cache_dtype), scale
+
+
 def dequantize(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Load-side conversion: ``[..., num_kv_heads, head_dim]`` cache rows to float32 real values."""
-    return stored.float() * scale[:, None]
+    """Load-side conversion of cache rows ``[..., num_kv_heads, head_dim]`` to float32 real
+    values: ``scale`` is float32 ``[num_kv_heads]`` (per head) or ``[..., num_kv_heads]``, one
+    per row (per token and head); int8 converts exactly."""
+    return stored.float() * scale[..., None]

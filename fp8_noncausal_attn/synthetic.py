@@ -8,11 +8,13 @@ fails), and the cache is written through :func:`reshape_and_cache` with scales f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from .layouts import CacheLayout, split_kv_cache
+from .problem import AttentionProblem
 from .scales import FP8_DTYPES
 
 
@@ -184,6 +186,39 @@ def make_case(
         v_scale=v_scale,
         q_lens=list(q_lens),
         kv_lens=list(kv_lens),
+    )
+
+
+def per_token_head_problem(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    causal: bool | torch.Tensor = True,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+) -> AttentionProblem:
+    """The :class:`AttentionProblem` of a ``paged_attention`` call over a per-token-head cache
+    (float8_e4m3fn, float8_e5m2 or int8 data; float32 ``[num_blocks, block_size, num_kv_heads]``
+    scales), for the reference backend, which reads such scales while validation takes per-head
+    ones only: every other argument is validated as ``paged_attention`` does (the caches through
+    an FP8 view of their bytes), then the caches and scales are put in place.
+    """
+    from .validation import validate_attention
+
+    problem = validate_attention(
+        query, key_cache.view(torch.float8_e4m3fn), value_cache.view(torch.float8_e4m3fn),
+        block_table, cu_seqlens_q, seq_lens, causal=causal, k_scale=None, v_scale=None,
+        softmax_scale=None, max_seqlen_q=None, max_seqlen_k=None, out=None, validate=True,
+        window=window, sinks=sinks,
+    )  # fmt: skip
+    return dataclasses.replace(
+        problem, key_cache=key_cache, value_cache=value_cache, k_scale=k_scale, v_scale=v_scale
     )
 
 

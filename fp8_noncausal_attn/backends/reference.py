@@ -10,7 +10,7 @@ import torch
 
 from ..masking import visible_range
 from ..problem import AttentionProblem, CacheWrite
-from ..scales import dequantize, quantize
+from ..scales import dequantize, quantize, quantize_per_token_head
 
 
 def availability() -> tuple[bool, str]:
@@ -24,12 +24,19 @@ def unsupported_reason(problem: AttentionProblem) -> str | None:
 def gather_sequence_kv(
     problem: AttentionProblem, seq: int, kv_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Real (dequantised) K and V of one sequence, float32 ``[kv_len, num_kv_heads, head_dim]``."""
+    """Real (dequantised) K and V of one sequence, float32 ``[kv_len, num_kv_heads, head_dim]``.
+
+    The scale's rank chooses the rule: ``[num_kv_heads]``, real K = stored K * k_scale[kv_head];
+    per token and head, ``[num_blocks, block_size, num_kv_heads]`` (any strides, e.g. vLLM's
+    scales inline in the page), real K = stored K * k_scale[block, slot, kv_head].
+    """
     num_pages = -(-kv_len // problem.block_size)
     pages = problem.block_table[seq, :num_pages].long()
 
     def gather(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         rows = cache[pages].reshape(-1, problem.num_kv_heads, problem.head_dim)[:kv_len]
+        if scale.dim() == 3:
+            scale = scale[pages].reshape(-1, problem.num_kv_heads)[:kv_len]
         return dequantize(rows, scale)
 
     return gather(problem.key_cache, problem.k_scale), gather(problem.value_cache, problem.v_scale)
@@ -112,7 +119,13 @@ def merge_states(
 
 def reshape_and_cache(write: CacheWrite) -> None:
     """Quantise ``write.key`` / ``write.value`` rows into the paged caches at
-    ``write.slot_mapping`` (< 0: skipped)."""
+    ``write.slot_mapping`` (< 0: skipped).
+
+    The scale's rank chooses the rule: a ``[num_kv_heads]`` scale divides each row; a
+    ``[num_blocks, block_size, num_kv_heads]`` float32 scale (any strides; caches float8_e4m3fn,
+    float8_e5m2 or int8) is computed per token and head by
+    :func:`scales.quantize_per_token_head` and written there, next to the row.
+    """
     keep = write.slot_mapping >= 0
     slots = write.slot_mapping[keep]
     block_size = write.key_cache.shape[1]
@@ -120,7 +133,11 @@ def reshape_and_cache(write: CacheWrite) -> None:
     pairs = ((write.key, write.key_cache, write.k_scale), (write.value, write.value_cache,
              write.v_scale))  # fmt: skip
     for rows, cache, scale in pairs:
-        stored = quantize(rows[keep], scale, cache.dtype)
+        if scale.dim() == 3:
+            stored, row_scale = quantize_per_token_head(rows[keep], cache.dtype)
+            scale[blocks, offsets] = row_scale
+        else:
+            stored = quantize(rows[keep], scale, cache.dtype)
         # index_put_ is not implemented for FP8 dtypes: write the same bytes through a uint8 view.
         as_bytes = torch.uint8 if cache.element_size() == 1 else torch.int16
         cache.view(as_bytes)[blocks, offsets] = stored.view(as_bytes)
