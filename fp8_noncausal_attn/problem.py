@@ -66,6 +66,13 @@ class AttentionProblem:
         return self.window[0] >= 0 or self.window[1] >= 0
 
     @property
+    def per_token_head_scales(self) -> bool:
+        """``k_scale`` and ``v_scale`` hold one scale per key: float32 ``[num_blocks, block_size,
+        num_kv_heads]`` (any strides), real K = stored K * k_scale[block, slot, kv_head]. Both
+        or neither: a problem never mixes them with per-head ``[num_kv_heads]`` scales."""
+        return self.k_scale.dim() == 3
+
+    @property
     def num_tokens(self) -> int:
         return self.query.shape[0]
 
