@@ -411,9 +411,23 @@ def _tiles_for_dots(
     Otherwise 4 warps while the fp32 O tile (block_m x head_dim) is at most 64 registers per
     thread, else 8: 4 warps spilled at 128 rows x d128 (200 B on sm_90), 8 warps at 32 rows x
     d256 (16 B on sm_100, where ptxas stopped at 128 registers).
+
+    Per-token-head scales: 4 warps at 64 rows, else 8, and at most 32 rows at head_dim 256.
+    Multiplying the score and P tiles by a vector per key column keeps Triton 3.9's pipeliner
+    from making the K and V loads asynchronous (their TTGIR holds plain loads, one byte per
+    thread, not cp.async), which costs registers: at 4 warps d128 x 16-32 rows spilled 200-350 B
+    of stack on sm_90, 64 rows x d256 120 B even at 8 warps, and 8 warps at 64 rows x d128
+    16 B on sm_100 (ptxas stopped at 128 registers).
     """
     if needs_fp32_dots(problem) and not interpreting():
         return 16, 16, 4, 1
+    if problem.per_token_head_scales:
+        return (
+            min(block_m, 32) if problem.head_dim == 256 else block_m,
+            block_n,
+            4 if block_m == 64 else 8,
+            2,
+        )
     return block_m, block_n, 4 if block_m * problem.head_dim <= 64 * 128 else 8, 2
 
 
