@@ -107,6 +107,12 @@ class AttentionProblem:
         """This layer's query rows (at most the batch's ``num_tokens``)."""
         return self.query.shape[0]
 
+    @property
+    def per_token_head_scales(self) -> bool:
+        """Whether ``k_scale`` / ``v_scale`` hold one scale per key and KV head (3-D) rather
+        than one per KV head (validation gives both scales the same kind)."""
+        return self.k_scale.dim() == 3
+
     # The batch's fields, read through (plain properties: the launch path reads them per layer).
     @property
     def block_table(self) -> torch.Tensor:

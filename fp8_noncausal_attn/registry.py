@@ -225,7 +225,7 @@ def run(
     if problem.num_tokens == 0:
         return
     refusals = []
-    per_token_head = problem.k_scale.dim() == 3
+    per_token_head = problem.per_token_head_scales
     for planned in chain:
         why = planned.kernels.PER_TOKEN_HEAD_REFUSAL if per_token_head else None
         if why is not None:

@@ -8,7 +8,7 @@ and page size are launch arguments, so each case costs a launch. Triton compiles
 constexpr variant (the tile, the mask mode, SPLIT, WINDOW, SINKS, FP32 dots, the page size), so
 :data:`TRITON_CASES` covers, rather than multiplies, them: every head_dim x query x cache dtype,
 every tile the launch plan picks, every (mask mode, split, window, sinks) combination, each page
-size.
+size; per-token-head caches (int8 too) likewise, each axis on its own.
 
 The tables are plain data: the CPU tests below check that they cover every kernel the C++ plan
 can report and every variant the Triton launch can take, so a variant added without a case here
@@ -23,11 +23,13 @@ from typing import NamedTuple
 import pytest
 import torch
 from helpers import DEVICE, NUM_ATTENTION_KERNELS, TOLERANCE, replaced
+from helpers.per_token_head_cases import make_token_head_case, token_head_problem
 
 import fp8_noncausal_attn as fna
+from fp8_noncausal_attn.backends import reference as reference_backend
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
-from fp8_noncausal_attn.scales import CACHE_DTYPES, SIXTEEN_BIT_DTYPES
+from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES, SIXTEEN_BIT_DTYPES
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import SUPPORTED_HEAD_DIMS, validate_attention
 
@@ -70,6 +72,7 @@ class TritonCase(NamedTuple):
     num_splits: int
     page_size: int
     return_lse: bool  # the unsplit kernel writes the LSE itself, a split launch's merge writes it
+    token_head_scales: bool = False  # a per-token-head cache: scales [blocks, slots, kv heads]
 
 
 def _triton_cases() -> list[TritonCase]:
@@ -78,8 +81,11 @@ def _triton_cases() -> list[TritonCase]:
     and both split settings), both page sizes for every cache dtype and independent of the
     split, 16 to 128 rows per KV head (64 at most at head_dim 256, where the plan caps the
     tile), and the LSE asked for on every other pair of dtype pairs (with and without a
-    split)."""
+    split). Then the per-token-head caches (e4m3, e5m2, int8) the same way, each head_dim x
+    query x cache dtype once: 18 of the 24 flag combinations, covering every mask x split and
+    window x sinks pair, each cache in both page sizes, the LSE on every other pair of cases."""
     dtypes = [(q, kv) for q in (BF16, FP16) for kv in (E4M3, E5M2, BF16, FP16)]
+    token_head_dtypes = [(q, kv) for q in (BF16, FP16) for kv in PER_TOKEN_HEAD_DTYPES]
     flags = list(itertools.product(MASKS, WINDOWS, SPLITS))
     cases = []
     for d_index, head_dim in enumerate((64, 128, 256)):
@@ -90,20 +96,30 @@ def _triton_cases() -> list[TritonCase]:
             cases.append(TritonCase(head_dim, q, kv, q_lens[i % len(q_lens)], mask, window,
                                     splits, PAGE_SIZES[(i // 2 + d_index) % 2],
                                     return_lse=i // 2 % 2 == 1))  # fmt: skip
+        for i, (q, kv) in enumerate(token_head_dtypes):
+            n = d_index * len(token_head_dtypes) + i
+            mask, window, splits = flags[n * 7 % len(flags)]
+            page_size = PAGE_SIZES[(i // 3 + d_index) % 2]
+            cases.append(TritonCase(head_dim, q, kv, q_lens[i % len(q_lens)], mask, window,
+                                    splits, page_size, return_lse=n // 2 % 2 == 1,
+                                    token_head_scales=True))  # fmt: skip
     return cases
 
 
 TRITON_CASES = _triton_cases()
 
 
-def build(head_dim, query_dtype, cache_dtype, q_len, mask, window, page_size, seed, device):
+def build(head_dim, query_dtype, cache_dtype, q_len, mask, window, page_size, seed, device,
+          token_head_scales=False):  # fmt: skip
     """A random case (make_case) of :data:`KV_LENS` with ``PADDED_ROWS`` padding rows, its problem
-    with the window and sinks of ``WINDOWS[window]``, and the keywords that add them to a call."""
-    case = make_case(
-        [q_len, max(1, q_len // 3), 1], KV_LENS, num_q_heads=NUM_Q_HEADS,
-        num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, block_size=page_size,
-        cache_dtype=cache_dtype, query_dtype=query_dtype, causal=MASKS[mask],
-        padded_rows=PADDED_ROWS, device=device, seed=seed,
+    with the window and sinks of ``WINDOWS[window]``, and the keywords that add them to a call.
+    ``token_head_scales``: a per-token-head cache instead (make_token_head_case: vLLM's inline
+    page, the scales strided views), its problem built as validation will."""
+    q_lens = [q_len, max(1, q_len // 3), 1]
+    batch = dict(
+        num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
+        block_size=page_size, cache_dtype=cache_dtype, query_dtype=query_dtype,
+        causal=MASKS[mask], padded_rows=PADDED_ROWS, device=device, seed=seed,
     )  # fmt: skip
     window_sides, with_sinks = WINDOWS[window]
     sinks = None
@@ -111,6 +127,10 @@ def build(head_dim, query_dtype, cache_dtype, q_len, mask, window, page_size, se
         gen = torch.Generator().manual_seed(seed)
         sinks = (torch.rand(NUM_Q_HEADS, generator=gen) * 32 - 16).to(device)
     extra = {"window": window_sides, "sinks": sinks}
+    if token_head_scales:
+        case = make_token_head_case(q_lens, KV_LENS, **batch)
+        return case, token_head_problem(case, **extra), extra
+    case = make_case(q_lens, KV_LENS, **batch)
     problem = validate_attention(
         *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
     )
@@ -228,7 +248,7 @@ def test_every_mma_sync_kernel_matches_the_reference(kernel, mask, window, page_
 # The kernels' constexpr parameters this table covers; a new one needs its axis here.
 TRITON_CONSTEXPRS = {
     "attention": {"GROUP", "HEAD_DIM", "BLOCK_SIZE", "BLOCK_M", "BLOCK_N", "MASK_MODE", "SPLIT",
-                  "DOT_FP32", "WINDOW", "SINKS", "RETURN_LSE"},
+                  "DOT_FP32", "WINDOW", "SINKS", "RETURN_LSE", "PER_TOKEN_SCALES"},
     # HEAD_POW2 follows HEAD_DIM; RETURN_LSE is the "lse x split" axis.
     "merge": {"HEAD_DIM", "HEAD_POW2", "SPLITS_POW2", "SINKS", "RETURN_LSE"},
 }  # fmt: skip
@@ -236,7 +256,7 @@ TRITON_CONSTEXPRS = {
 
 def triton_case(case: TritonCase, seed: int, device: str):
     return build(case.head_dim, case.query_dtype, case.cache_dtype, case.q_len, case.mask,
-                 case.window, case.page_size, seed, device)  # fmt: skip
+                 case.window, case.page_size, seed, device, case.token_head_scales)  # fmt: skip
 
 
 class _Recorder:
@@ -269,8 +289,8 @@ def triton_variant(problem, num_splits, monkeypatch, return_lse=False) -> dict[s
     launches = triton_launches(problem, num_splits, monkeypatch, return_lse)
     attention, merge = launches["attention"], launches.get("merge")
     d = attention["HEAD_DIM"]
-    return {
-        "dtypes": (d, problem.query.dtype, problem.key_cache.dtype),
+    variant = {
+        "dtypes": (d, problem.query.dtype, problem.key_cache.dtype, attention["PER_TOKEN_SCALES"]),
         "tile": (d, attention["BLOCK_M"], attention["BLOCK_N"], attention["DOT_FP32"],
                  attention["num_warps"], attention["num_stages"]),
         # Sinks join the unsplit kernel's epilogue, or the merge's when split.
@@ -282,32 +302,59 @@ def triton_variant(problem, num_splits, monkeypatch, return_lse=False) -> dict[s
         "lse x split": (attention["RETURN_LSE"] or bool(merge and merge["RETURN_LSE"]),
                         attention["SPLIT"]),
     }  # fmt: skip
+    if attention["PER_TOKEN_SCALES"]:
+        flags = variant["flags"]
+        variant |= {
+            "token-head tile": variant["tile"],
+            "token-head mask x split": flags[:2],
+            "token-head window x sinks": flags[2:],
+            "token-head cache x page": variant["cache x page"],
+            "token-head lse x split": variant["lse x split"],
+        }
+    return variant
 
 
 def triton_variants_to_cover(monkeypatch) -> dict[str, set]:
     """Every value of each axis: every supported head dim x query x cache dtype; every tile the
     launch plan picks for 1 to 64 query tokens; every mask mode x split x window x sinks; every
-    mask mode and split setting at each head dim; each cache dtype in pages of each size."""
-    tiles = set()
-    for head_dim, q, kv in itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES):
-        _, problem, _ = build(head_dim, q, kv, 1, "bidirectional", "full", 16, 0, "cpu")
-        for q_len in range(1, 65):
-            variant = triton_variant(replaced(problem, max_seqlen_q=q_len), 1,
-                                     monkeypatch)  # fmt: skip
-            tiles.add(variant["tile"])
+    mask mode and split setting at each head dim; each cache dtype in pages of each size. For
+    per-token-head caches (the PER_TOKEN_SCALES variant): each head dim x query x cache dtype,
+    every tile, mask mode x split, window x sinks, cache x page size and LSE x split."""
+    tiles, token_head_tiles = set(), set()
+    for token_head, caches, found in (
+        (False, CACHE_DTYPES, tiles),
+        (True, PER_TOKEN_HEAD_DTYPES, token_head_tiles),
+    ):
+        for head_dim, q, kv in itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, caches):
+            _, problem, _ = build(head_dim, q, kv, 1, "bidirectional", "full", 16, 0, "cpu",
+                                  token_head)  # fmt: skip
+            for q_len in range(1, 65):
+                variant = triton_variant(replaced(problem, max_seqlen_q=q_len), 1,
+                                         monkeypatch)  # fmt: skip
+                found.add(variant["tile"])
     both = (False, True)
     return {
-        "dtypes": set(itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES)),
+        "dtypes": {
+            *itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES, [False]),
+            *itertools.product(
+                SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, PER_TOKEN_HEAD_DTYPES, [True]
+            ),
+        },
         "tile": tiles,
         "flags": set(itertools.product(range(3), both, both, both)),
         "head_dim x mask x split": set(itertools.product(SUPPORTED_HEAD_DIMS, range(3), both)),
         "cache x page": set(itertools.product(CACHE_DTYPES, PAGE_SIZES)),
         "lse x split": set(itertools.product(both, both)),
+        "token-head tile": token_head_tiles,
+        "token-head mask x split": set(itertools.product(range(3), both)),
+        "token-head window x sinks": set(itertools.product(both, both)),
+        "token-head cache x page": set(itertools.product(PER_TOKEN_HEAD_DTYPES, PAGE_SIZES)),
+        "token-head lse x split": set(itertools.product(both, both)),
     }
 
 
 def missing_triton_variants(variants: list[dict], to_cover: dict[str, set]) -> dict[str, set]:
-    covered = {axis: {v[axis] for v in variants} for axis in to_cover}
+    covered = {axis: {v.get(axis) for v in variants} for axis in to_cover}
     return {
         axis: to_cover[axis] - covered[axis] for axis in to_cover if to_cover[axis] - covered[axis]
     }
@@ -337,6 +384,8 @@ def test_triton_table_covers_every_variant_the_launch_takes(monkeypatch):
 
 def triton_id(case: TritonCase) -> str:
     dtypes = f"{dtype_name(case.query_dtype)}-{dtype_name(case.cache_dtype)}"
+    if case.token_head_scales:
+        dtypes += "-per_token_head"
     return (
         f"d{case.head_dim}-{dtypes}-q{case.q_len}-{case.mask}-{case.window}-"
         f"s{case.num_splits}-p{case.page_size}{'-lse' if case.return_lse else ''}"
@@ -356,9 +405,15 @@ def test_every_triton_variant_matches_the_reference(case):
     lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE) if case.return_lse else None
     triton_attention.run(problem, plan, out, lse)
     torch.cuda.synchronize()
-    expected = fna.paged_attention(
-        *paged.args(), **paged.kwargs(), **extra, backend="reference", return_lse=case.return_lse
-    )
+    if case.token_head_scales:  # the reference backend on the same problem
+        expected = torch.empty_like(out)
+        expected_lse = torch.empty(problem.query.shape[:2], device=DEVICE)
+        reference_backend.paged_attention(problem, expected, expected_lse)
+        if case.return_lse:
+            expected = expected, expected_lse
+    else:
+        expected = fna.paged_attention(*paged.args(), **paged.kwargs(), **extra,
+                                       backend="reference", return_lse=case.return_lse)  # fmt: skip
     if case.return_lse:
         expected, expected_lse = expected
         # Padded rows are empty states (-inf), as in the reference.

@@ -28,8 +28,11 @@ from helpers.gpu_mock import (
 from helpers.lse import (
     KV_LENS,
     LAYOUTS,
+    LSE_TOLERANCE,
+    check_state,
     interleaved_shards,
     lse_case,
+    lse_error,
     run_backend,
     shard_problem,
 )
@@ -42,27 +45,7 @@ from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 
-# Absolute LSE error against float64: fp32 scores of LSEs up to ~40 (the reference, Triton's
-# fp32 interpreter dots); the GPU kernels round P to 16 bits and use ex2.approx, but their LSE
-# comes from fp32 row maxima and sums.
-LSE_TOLERANCE = {"cpu": 1e-4, "cuda": 2e-3}[DEVICE]
 SINKS = [25.0, -40.0, 0.5, 3.0]  # per q head: one outweighs every key, one changes nothing
-
-
-def lse_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """Largest |got - want| over the rows where want is finite; inf when the -inf rows (empty
-    states) differ or a finite row is not finite."""
-    got, want = got.double().cpu(), want.double().cpu()
-    empty = want == -math.inf
-    if not torch.equal(got[empty], want[empty]) or not torch.isfinite(got[~empty]).all():
-        return math.inf
-    return float((got[~empty] - want[~empty]).abs().max()) if (~empty).any() else 0.0
-
-
-def check_state(out, lse, exact_out, exact_lse, dtype):
-    assert relative_error(exact_out, out) < TOLERANCE[dtype]
-    assert lse.dtype == torch.float32 and lse.shape == exact_out.shape[:2]
-    assert lse_error(lse, exact_lse) < LSE_TOLERANCE
 
 
 # ---------------------------------------------------------------- return_lse on every backend

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import triton
 
+from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES, SIXTEEN_BIT_DTYPES
+
 # Compiles kernels or packages and reads what they hold (scripts/test.sh --quick leaves it out).
 pytestmark = pytest.mark.compile
 
@@ -30,7 +32,8 @@ def expected_kernels() -> int:
     from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 
     attention = sum(2 if v[4] else 1 for v in check.drafter_variants())  # v[4]: split
-    lse = 1 + 2 + 2  # unsplit kernel; split kernel and merge; two merge_states merges
+    # unsplit kernel; split kernel and merge; unsplit per-token-head kernel; two merge_states
+    lse = 1 + 2 + 1 + 2
     # Cache writes: per-head and per-token-head scales, each from two 16-bit input dtypes.
     return attention + lse + 2 * (len(CACHE_DTYPES) + len(PER_TOKEN_HEAD_DTYPES))
 
@@ -69,5 +72,14 @@ def test_triton_kernels_compile_for_gpu_target_without_spills(cc):
     merge_flags = {re.search(r"SINKS=(\d)", line).group(1) for line in lines if "_merge" in line}
     assert merge_flags == {"0", "1"}
     # The LSE outputs: the unsplit kernel's, the split launch's merge's, merge_states'.
-    assert sum("RETURN_LSE=1" in line for line in lines) == 4
+    assert sum("RETURN_LSE=1" in line for line in lines) == 5
     assert sum(line.startswith(f"cc{cc} merge_states ") for line in lines) == 2
+    # The per-token-head scale reads: each of their cache dtypes x query dtype, split and not,
+    # with a window and sinks, with the LSE.
+    token_head = [line for line in lines if "PER_TOKEN_SCALES=1" in line]
+    attention_lines = [line for line in token_head if line.startswith(f"cc{cc} attention ")]
+    dtypes = {re.search(r"_kernel (\S+) (\S+) ", line).groups() for line in attention_lines}
+    assert dtypes == {(str(kv), str(q)) for kv in PER_TOKEN_HEAD_DTYPES for q in SIXTEEN_BIT_DTYPES}
+    assert {"split=True" in line for line in token_head} == {True, False}
+    assert any("WINDOW=1 SINKS=1" in line for line in token_head)
+    assert sum("RETURN_LSE=1" in line for line in token_head) == 1

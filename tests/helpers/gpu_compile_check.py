@@ -15,7 +15,9 @@ kernel, ``SINKS`` of the merge) are compiled once per flag combination on the dr
 the other constexprs do not change with them, and each compile costs CI time. So are the
 ``RETURN_LSE`` variants (``return_lse=True``: the unsplit kernel with sinks, the split launch's
 merge) and ``merge_attention_states``' use of the merge (float32 states of a head dim that is not a
-power of two, bf16 ones).
+power of two, bf16 ones). The ``PER_TOKEN_SCALES`` variants (per-token-head caches, scales inline
+in vLLM's page) are compiled for each of their cache dtypes x query dtype, int8 at every head dim,
+with a window and sinks, and with the LSE.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
+from helpers.per_token_head_cases import make_token_head_case, token_head_problem
 from tools.sass_model.triton_kernels import captured_launches, compile_launch
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -65,29 +68,60 @@ def attention_variants():
 WINDOW_SINK_VARIANTS = (((64, 64), True, False), ((64, 64), True, True), ((-1, -1), True, False))
 
 
+def token_head_variants():
+    """The PER_TOKEN_SCALES variants, as :func:`attention_variants` gives them with a window and
+    sinks: every per-token-head cache dtype x query dtype on the drafter's shape (split, mixed
+    flags), int8 at every head dim and query tile (the plan's warps differ), and int8 with a
+    window and sinks (unsplit)."""
+    for cache_dtype in PER_TOKEN_HEAD_DTYPES:
+        for query_dtype in SIXTEEN:
+            yield cache_dtype, query_dtype, 128, [True, False], True, 8, (-1, -1), False
+    for head_dim in (64, 128, 256):
+        for tokens in (4, 8, 16, 32):
+            if (head_dim, tokens) != (128, 8):
+                yield torch.int8, torch.bfloat16, head_dim, False, False, tokens, (-1, -1), False
+    yield torch.int8, torch.float16, 128, True, False, 8, (64, 64), True
+
+
 def drafter_variants():
-    """Every variant: (cache dtype, query dtype, head_dim, causal, split, tokens, window, sinks)."""
+    """Every variant: (cache dtype, query dtype, head_dim, causal, split, tokens, window, sinks,
+    per-token-head scales)."""
     for variant in attention_variants():
-        yield *variant, (-1, -1), False
+        yield *variant, (-1, -1), False, False
     for window, sinks, split in WINDOW_SINK_VARIANTS:
-        yield torch.float8_e4m3fn, torch.bfloat16, 128, False, split, 8, window, sinks
+        yield torch.float8_e4m3fn, torch.bfloat16, 128, False, split, 8, window, sinks, False
+    for variant in token_head_variants():
+        yield *variant, True
+
+
+def drafter_problem(cache_dtype, query_dtype, head_dim, causal, tokens, window, sinks,
+                    token_head):  # fmt: skip
+    """The problem of one variant: 2 sequences of ``tokens`` over 40 and 300 keys, 32 / 8 heads.
+
+    ``causal``: a bool, or a list (per-sequence flags, bool or int32 as vLLM passes them)."""
+    flags = isinstance(causal, list)
+    batch = dict(
+        num_q_heads=32, num_kv_heads=8, head_dim=head_dim, query_dtype=query_dtype,
+        causal=[bool(c) for c in causal] if flags else causal,
+        causal_dtype=torch.int32 if flags and isinstance(causal[0], int) else torch.bool,
+    )  # fmt: skip
+    sinks = torch.randn(32) if sinks else None
+    if token_head:
+        case = make_token_head_case([tokens, tokens], [40, 300], cache_dtype=cache_dtype, **batch)
+        return token_head_problem(case, window, sinks)
+    case = make_case([tokens, tokens], [40, 300], cache_dtype=cache_dtype, scales="none", **batch)
+    return validate_attention(*case.args(), **case.kwargs(), softmax_scale=None, out=None,
+                              validate=False, window=window, sinks=sinks)  # fmt: skip
 
 
 def attention_launches():
     """(label, launch) for every attention variant: the kernel and, when split, the merge."""
     for variant in drafter_variants():
-        cache_dtype, query_dtype, head_dim, causal, split, tokens, window, sinks = variant
-        flags = isinstance(causal, list)
-        case = make_case(
-            [tokens, tokens], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
-            cache_dtype=cache_dtype, query_dtype=query_dtype, scales="none",
-            causal=[bool(c) for c in causal] if flags else causal,
-            causal_dtype=torch.int32 if flags and isinstance(causal[0], int) else torch.bool,
-        )  # fmt: skip
-        problem = validate_attention(
-            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
-            window=window, sinks=torch.randn(32) if sinks else None,
-        )  # fmt: skip
+        cache_dtype, query_dtype, head_dim, causal, split, tokens, window, sinks, token_head = (
+            variant
+        )
+        problem = drafter_problem(cache_dtype, query_dtype, head_dim, causal, tokens, window,
+                                  sinks, token_head)  # fmt: skip
         out = torch.empty_like(problem.query)
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
@@ -99,43 +133,37 @@ def attention_launches():
         )
         for launch in launches:
             # The flags as the kernel received them (the merge has no WINDOW).
-            flags = " ".join(
-                f"{name}={int(launch.kwargs[name])}"
-                for name in ("WINDOW", "SINKS")
-                if name in launch.kwargs
-            )
-            yield f"attention {launch.fn.__name__} {label} {flags}", launch
+            yield f"attention {launch.fn.__name__} {label} {kernel_flags(launch)}", launch
 
 
 def lse_launches():
     """(label, launch) of the RETURN_LSE variants on the drafter's variant, unsplit (the kernel
-    writes the LSE, sinks inside) and split (the merge writes it), and of merge_states."""
-    for split in (False, True):
-        case = make_case(
-            [8, 8], [40, 300], num_q_heads=32, num_kv_heads=8, head_dim=128, scales="none",
-        )  # fmt: skip
-        problem = validate_attention(
-            *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
-            sinks=torch.randn(32),
-        )  # fmt: skip
+    writes the LSE, sinks inside) and split (the merge writes it), the unsplit one over an e4m3
+    per-token-head cache too, and of merge_states."""
+    for split, token_head in ((False, False), (True, False), (False, True)):
+        problem = drafter_problem(torch.float8_e4m3fn, torch.bfloat16, 128, False, 8, (-1, -1),
+                                  True, token_head)  # fmt: skip
         out = torch.empty_like(problem.query)
         lse = torch.empty(problem.query.shape[:2])
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
             triton_attention.paged_attention(problem, out, num_splits=4 if split else 1, lse=lse)
         for launch in launches:
-            yield f"lse {launch.fn.__name__} split={split} {lse_flags(launch)}", launch
+            yield f"lse {launch.fn.__name__} split={split} {kernel_flags(launch)}", launch
     for dtype, head_dim in ((torch.float32, 80), (torch.bfloat16, 128)):
         outs, lses = torch.randn(3, 9, 4, head_dim).to(dtype), torch.randn(3, 9, 4)
         with captured_launches(triton_attention, "_merge_splits_kernel") as launches:
             triton_attention.merge_states(outs, lses, torch.empty_like(outs[0]), lses[0].clone())
         (launch,) = launches
-        yield f"merge_states {launch.fn.__name__} {dtype} d{head_dim} {lse_flags(launch)}", launch
+        yield (
+            f"merge_states {launch.fn.__name__} {dtype} d{head_dim} {kernel_flags(launch)}",
+            launch,
+        )
 
 
-def lse_flags(launch) -> str:
-    """The flags as the kernel received them (the merge has no WINDOW)."""
-    names = ("WINDOW", "SINKS", "RETURN_LSE")
+def kernel_flags(launch) -> str:
+    """The flags as the kernel received them (the merge has no WINDOW or PER_TOKEN_SCALES)."""
+    names = ("WINDOW", "SINKS", "RETURN_LSE", "PER_TOKEN_SCALES")
     return " ".join(f"{n}={int(launch.kwargs[n])}" for n in names if n in launch.kwargs)
 
 

@@ -6,7 +6,8 @@ import torch
 
 
 def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None, return_lse=False):
-    """Token-by-token, key-by-key float64 attention read straight from the cache bytes.
+    """Token-by-token, key-by-key float64 attention read straight from the cache bytes (scales
+    per KV head, or per token and head: ``[num_blocks, block_size, num_kv_heads]``).
 
     ``window=(left, right)``: token at position p sees keys p - left .. p + right (-1 unbounded)
     inside its mask; ``sinks``: a list of per-q-head logits added to the denominator.
@@ -19,14 +20,18 @@ def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None, ret
     group = q_all.shape[1] // num_kv_heads
     block_size = case.key_cache.shape[1]
 
-    def per_head(s):
-        if s is None:
-            return [1.0] * num_kv_heads
-        if isinstance(s, float):
-            return [s] * num_kv_heads
-        return s.double().tolist()
+    def scale_at(s):
+        """(page, slot, kv head) -> the multiplier: per head, or per token and head (rank 3)."""
+        if isinstance(s, torch.Tensor) and s.dim() == 3:
+            table = s.double().cpu()
+            return lambda page, slot, kvh: float(table[page, slot, kvh])
+        if s is None or isinstance(s, float):
+            per_head = [1.0 if s is None else s] * num_kv_heads
+        else:
+            per_head = s.double().tolist()
+        return lambda page, slot, kvh: per_head[kvh]
 
-    k_scale, v_scale = per_head(case.k_scale), per_head(case.v_scale)
+    k_scale, v_scale = scale_at(case.k_scale), scale_at(case.v_scale)
     out = torch.zeros_like(q_all)
     lse = torch.full(q_all.shape[:2], -math.inf, dtype=torch.float64)
     cu = case.cu_seqlens_q.tolist()
@@ -45,9 +50,11 @@ def float64_attention(case, softmax_scale=None, window=(-1, -1), sinks=None, ret
                 kvh = h // group
                 keys, vals = [], []
                 for j in range(first, last + 1):
-                    page = int(case.block_table[seq, j // block_size])
-                    keys.append(case.key_cache[page, j % block_size, kvh].double() * k_scale[kvh])
-                    vals.append(case.value_cache[page, j % block_size, kvh].double() * v_scale[kvh])
+                    page, slot = int(case.block_table[seq, j // block_size]), j % block_size
+                    keys.append(case.key_cache[page, slot, kvh].double() * k_scale(page, slot, kvh))
+                    vals.append(
+                        case.value_cache[page, slot, kvh].double() * v_scale(page, slot, kvh)
+                    )
                 scores = torch.stack(keys) @ q_all[cu[seq] + i, h] * scale
                 if sinks is None:
                     shift = float(scores.max())

@@ -8,6 +8,16 @@ softmax scale and v_scale[kv_head] into the output, never multiplied per element
 programs exist to fill the GPU, the keys are split (flash decoding) and a second kernel merges the
 partial results by their log-sum-exp.
 
+Per-token-head scales (vLLM's ``fp8_per_token_head`` / ``int8_per_token_head``: float32
+``[num_blocks, block_size, num_kv_heads]``, any strides, e.g. inline in the page) take the
+``PER_TOKEN_SCALES`` variant: each key's K scale is read with its page id and multiplies its score
+column in fp32 before the softmax; each value's V scale multiplies P's column before the PV dot
+(normalised by the tile's largest, see the kernel). int8 codes (|x| <= 128) convert exactly to
+either 16-bit dtype. The scale reads cost 4 bytes x 2 (K and V) per key and KV head against
+1 x head_dim x 2 bytes of FP8 / int8 data: 4 / head_dim more bytes, 3.1% at head_dim 128 (6.3% at
+64, 1.6% at 256). In vLLM's inline page each scale word lies in a 32-byte sector with K or V
+bytes that are read anyway (the layout's arithmetic, not a measurement).
+
 Plan once, launch per layer: :func:`launch_plan` decides tiles, grid and split count on the host
 from shapes and ``max_seqlen_q/k`` only; :func:`launch` runs it, optionally on a caller-owned
 workspace. Lengths, page ids and per-sequence causal flags are read on the device, in place and
@@ -40,8 +50,8 @@ MAX_SPLITS = 64
 # An unbounded window side as the kernel gets it: past any position, so the window's clamps
 # reduce to the plain mask, and p + WINDOW_UNBOUNDED + 1 stays within int32 for p < 2^30.
 WINDOW_UNBOUNDED = 1 << 30
-# backends.protocol.Backend: None once the kernels read per-token-head scales.
-PER_TOKEN_HEAD_REFUSAL = "its kernels read per-KV-head scales only (per-token-head: reference)"
+# backends.protocol.Backend: None, the kernels read per-token-head scales (PER_TOKEN_SCALES).
+PER_TOKEN_HEAD_REFUSAL = None
 
 
 def interpreting() -> bool:
@@ -88,6 +98,8 @@ if triton is not None:
         stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
+        stride_ksb, stride_kss, stride_ksh,
+        stride_vsb, stride_vss, stride_vsh,
         stride_bt, stride_bt_col, stride_cu, stride_sl, stride_causal,
         stride_pos, stride_pot, stride_poh,
         stride_pls, stride_plt, stride_plh,
@@ -104,6 +116,7 @@ if triton is not None:
         WINDOW: tl.constexpr,  # a sliding window (window_left/right, -1 = unbounded) applies
         SINKS: tl.constexpr,  # sink logits join the denominator here (unsplit launch only)
         RETURN_LSE: tl.constexpr,  # write each row's natural-log LSE (unsplit launch only)
+        PER_TOKEN_SCALES: tl.constexpr,  # k/v_scale per key: [num_blocks, block_size, kv_heads]
     ):  # fmt: skip
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -183,7 +196,10 @@ if triton is not None:
         if DOT_FP32:
             q = q.to(tl.float32)
         dot_dtype = q.dtype
-        qk_scale = softmax_scale_log2 * tl.load(k_scale_ptr + kv_head)
+        if PER_TOKEN_SCALES:
+            qk_scale = softmax_scale_log2  # each key's K scale joins its score column below
+        else:
+            qk_scale = softmax_scale_log2 * tl.load(k_scale_ptr + kv_head)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -203,9 +219,18 @@ if triton is not None:
                 mask=key_valid[None, :], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             if DOT_FP32:
-                scores = tl.dot(q, k, input_precision="ieee") * qk_scale
+                scores = tl.dot(q, k, input_precision="ieee")
             else:
-                scores = tl.dot(q, k) * qk_scale
+                scores = tl.dot(q, k)
+            if PER_TOKEN_SCALES:
+                # Each key's scale, read with its page id, multiplies its score column in fp32.
+                k_key_scale = tl.load(
+                    k_scale_ptr + page * stride_ksb + slot * stride_kss + kv_head * stride_ksh,
+                    mask=key_valid, other=0.0,
+                )  # fmt: skip
+                scores = scores * (qk_scale * k_key_scale)[None, :]
+            else:
+                scores = scores * qk_scale
             visible = key_valid[None, :] & (keys[None, :] < row_limit[:, None])
             if WINDOW:
                 visible = visible & (keys[None, :] >= row_start[:, None])
@@ -221,14 +246,30 @@ if triton is not None:
                 + kv_head * stride_vh + dims[None, :],
                 mask=key_valid[:, None], other=0.0,
             ).to(dot_dtype)  # fmt: skip
+            p_v = p
+            if PER_TOKEN_SCALES:
+                # P's columns times each value's scale over the tile's largest, which multiplies
+                # the tile's product in fp32: P stays in [0, 1] (fp16's normal range; a value
+                # scale of 1e-4 times P would be subnormal there). The row sum l keeps plain P.
+                v_key_scale = tl.load(
+                    v_scale_ptr + page * stride_vsb + slot * stride_vss + kv_head * stride_vsh,
+                    mask=key_valid, other=0.0,
+                )  # fmt: skip
+                v_tile_scale = tl.max(v_key_scale, 0)
+                p_v = p * (v_key_scale / v_tile_scale)[None, :]
             if DOT_FP32:
-                pv = tl.dot(p, v, input_precision="ieee")
+                pv = tl.dot(p_v, v, input_precision="ieee")
             else:
-                pv = tl.dot(p.to(dot_dtype), v)
+                pv = tl.dot(p_v.to(dot_dtype), v)
+            if PER_TOKEN_SCALES:
+                pv = pv * v_tile_scale
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        v_scale = tl.load(v_scale_ptr + kv_head)
+        if PER_TOKEN_SCALES:
+            v_scale = 1.0  # applied per key above
+        else:
+            v_scale = tl.load(v_scale_ptr + kv_head)
         if SINKS:
             # The sink joins the denominator, shifted by max(m, sink) (log2 units); a row that
             # saw no key (m = -inf) gets alpha 0 and l = 1 at m = sink.
@@ -368,7 +409,9 @@ def workspace_shapes(
     return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
 
 
-def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int, int, int]:
+def _tiles_for_dots(
+    batch: Batch, block_m: int, block_n: int, per_token_head: bool
+) -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) of a launch.
 
     The IEEE fp32 dots (``needs_fp32_dots``) are FMA loops whose operands each thread holds over
@@ -378,14 +421,32 @@ def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int,
     Otherwise 4 warps while the fp32 O tile (block_m x head_dim) is at most 64 registers per
     thread, else 8: 4 warps spilled at 128 rows x d128 (200 B on sm_90), 8 warps at 32 rows x
     d256 (16 B on sm_100, where ptxas stopped at 128 registers).
+
+    Per-token-head scales: 4 warps at 64 rows, else 8, and at most 32 rows at head_dim 256.
+    Multiplying the score and P tiles by a vector per key column keeps Triton 3.9's pipeliner
+    from making the K and V loads asynchronous (their TTGIR holds plain loads, one byte per
+    thread, not cp.async), which costs registers: at 4 warps d128 x 16-32 rows spilled 200-350 B
+    of stack on sm_90, 64 rows x d256 120 B even at 8 warps, and 8 warps at 64 rows x d128
+    16 B on sm_100 (ptxas stopped at 128 registers).
     """
     if needs_fp32_dots(batch) and not interpreting():
         return 16, 16, 4, 1
+    if per_token_head:
+        return (
+            min(block_m, 32) if batch.head_dim == 256 else block_m,
+            block_n,
+            4 if block_m == 64 else 8,
+            2,
+        )
     return block_m, block_n, 4 if block_m * batch.head_dim <= 64 * 128 else 8, 2
 
 
 def launch_plan(
-    batch: Batch, num_splits: int | None = None, *, max_splits: int = MAX_SPLITS
+    batch: Batch,
+    num_splits: int | None = None,
+    *,
+    max_splits: int = MAX_SPLITS,
+    per_token_head: bool = False,
 ) -> TritonLaunchPlan:
     """Tile sizes, grid and split count for a call; host arithmetic only (no device sync).
 
@@ -400,7 +461,9 @@ def launch_plan(
     if batch.head_dim == 256:
         block_m = min(block_m, 64)
     block_n = 128 if interpreting() else (64 if batch.head_dim <= 128 else 32)
-    block_m, block_n, num_warps, num_stages = _tiles_for_dots(batch, block_m, block_n)
+    block_m, block_n, num_warps, num_stages = _tiles_for_dots(
+        batch, block_m, block_n, per_token_head
+    )
     num_q_tiles = triton.cdiv(rows, block_m)
     key_span = batch.max_seqlen_k
     left, right = batch.window
@@ -500,6 +563,11 @@ def launch(
     has_sinks = problem.sinks is not None
     sinks = problem.sinks if has_sinks else problem.k_scale
     has_window = problem.has_window
+    per_token_scales = problem.per_token_head_scales
+    # (block, slot, kv head) strides of each per-token scale; unused (0) for per-head scales.
+    scale_strides = (
+        (*problem.k_scale.stride(), *problem.v_scale.stride()) if per_token_scales else (0,) * 6
+    )
     window_left, window_right = (WINDOW_UNBOUNDED if side < 0 else side for side in problem.window)
     q_st, o_st, kc_st, vc_st, bt_st = (
         query.stride(),
@@ -522,6 +590,7 @@ def launch(
         o_st[0], o_st[1],
         kc_st[0], kc_st[1], kc_st[2],
         vc_st[0], vc_st[1], vc_st[2],
+        *scale_strides,
         bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_flags.stride(0),
         *part_strides,
         *lse_strides,
@@ -537,6 +606,7 @@ def launch(
         WINDOW=has_window,
         SINKS=has_sinks and not split,
         RETURN_LSE=return_lse and not split,
+        PER_TOKEN_SCALES=per_token_scales,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
@@ -563,7 +633,8 @@ def paged_attention(
 ) -> None:
     """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim] (and
     ``lse`` [num_tokens, num_q_heads] float32, natural log, when given)."""
-    launch(problem, launch_plan(problem.batch, num_splits), out, lse=lse)
+    decided = launch_plan(problem.batch, num_splits, per_token_head=problem.per_token_head_scales)
+    launch(problem, decided, out, lse=lse)
 
 
 def merge_states(
@@ -598,9 +669,15 @@ def merge_states(
 
 @dataclass(frozen=True)
 class TritonPlan:
-    """A batch's launch plan and, when it splits keys, its views of the kept workspace."""
+    """A batch's launch plans and, when they split keys, their views of the kept workspace.
+
+    The scales' kind is a layer's (its ``k_scale`` tensor), and per-token-head scales take their
+    own tiles (:func:`_tiles_for_dots`), so both launches are planned here, once per batch, with
+    one split count: ``launch`` for per-KV-head scales, ``per_token_head_launch`` for
+    per-token-head ones."""
 
     launch: TritonLaunchPlan
+    per_token_head_launch: TritonLaunchPlan
     part_out: torch.Tensor | None
     part_lse: torch.Tensor | None
 
@@ -608,18 +685,21 @@ class TritonPlan:
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> TritonPlan:
     """Host-only plan; with a workspace (``fp8_noncausal_attn.plan.Workspace``) the split count
     is capped by what it holds and the partials are its views. ``num_splits`` forces a count."""
-    if workspace is None:
-        return TritonPlan(launch_plan(batch, num_splits), None, None)
-    max_splits = min(MAX_SPLITS, workspace.max_splits(batch.num_tokens))
+    max_splits = MAX_SPLITS
+    if workspace is not None:
+        max_splits = min(MAX_SPLITS, workspace.max_splits(batch.num_tokens))
     decided = launch_plan(batch, num_splits, max_splits=max_splits)
-    if decided.num_splits == 1:
-        return TritonPlan(decided, None, None)
+    per_token = launch_plan(batch, decided.num_splits, max_splits=max_splits, per_token_head=True)
+    if workspace is None or decided.num_splits == 1:
+        return TritonPlan(decided, per_token, None, None)
     part_out, part_lse = workspace.partials(decided.num_splits, batch.num_tokens)
-    return TritonPlan(decided, part_out, part_lse)
+    return TritonPlan(decided, per_token, part_out, part_lse)
 
 
 def run(
     problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor, lse: torch.Tensor | None = None
 ) -> None:
-    """Launch a planned batch for one layer (``lse``: see :func:`launch`)."""
-    launch(problem, plan.launch, out, plan.part_out, plan.part_lse, lse)
+    """Launch a planned batch for one layer (``lse``: see :func:`launch`), on the plan for its
+    scales' kind."""
+    decided = plan.per_token_head_launch if problem.per_token_head_scales else plan.launch
+    launch(problem, decided, out, plan.part_out, plan.part_lse, lse)
