@@ -17,13 +17,18 @@ import torch
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
-# Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
+# Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them). int8: per-token-head
+# caches, read by the attention kernels only.
 DTYPE_CODES = {
     torch.bfloat16: 0,
     torch.float16: 1,
     torch.float8_e4m3fn: 2,
     torch.float8_e5m2: 3,
+    torch.int8: 5,
 }
+# The launch's scale_mode values (csrc/common/params.h ScaleMode, _C.SCALE_MODES; a test ties
+# them): k_scale / v_scale per KV head, or per token and KV head.
+SCALE_MODES = {"per_head": 0, "per_token_head": 1}
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.
 MAX_SPLITS = 32

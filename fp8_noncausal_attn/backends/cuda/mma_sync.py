@@ -2,7 +2,9 @@
 into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for the newest:
 ``backend="mma_sync"``, ``auto``'s first choice on a GPU. Its plan comes from the C++ plan
 function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
-allocator (graph-safe). Nothing here synchronises with the host.
+allocator (graph-safe). Per-token-head scales (e4m3, e5m2 and int8 caches) run on kernels of
+their own, chosen per layer by the launch's ``scale_mode``. Nothing here synchronises with the
+host.
 """
 
 from __future__ import annotations
@@ -55,10 +57,27 @@ def sizes_reason(batch: Batch) -> str | None:
     return None
 
 
+def token_scales(problem: AttentionProblem) -> bool:
+    """Whether the layer's scales are per token and KV head (float32 ``[num_blocks, block_size,
+    num_kv_heads]``), which the per-token-head kernels read, rather than per KV head."""
+    return problem.k_scale.dim() == 3
+
+
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
-    """None when the layer's own tensors suit the kernels' loads (checked on every run: pointers
-    differ per layer). ``out`` is never a reason: the kernels pick their store width from its
-    alignment and write it in place."""
+    """None when the layer's own tensors suit the kernels (checked on every run: pointers and
+    scales differ per layer). ``out`` is never a reason: the kernels pick their store width from
+    its alignment and write it in place.
+
+    The scale kind is the layer's (a batch plans without it), so the kernels that are not
+    compiled for it are refused here: per-token-head kernels exist for 1-byte caches (e4m3,
+    e5m2, int8) only, with both scales per token and head, and an int8 cache has no other."""
+    per_token = token_scales(problem)
+    if per_token != (problem.v_scale.dim() == 3):
+        return "k_scale and v_scale must both be per token and KV head, or both per KV head"
+    if per_token and problem.key_cache.element_size() != 1:
+        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
+    if not per_token and problem.key_cache.dtype == torch.int8:
+        return "an int8 cache is compiled with per-token-head scales only"
     # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
     for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
         if not _aligned(cache, cache.stride()[:3], 16):
@@ -94,7 +113,7 @@ def resident_ctas(batch: Batch) -> int:
 
 def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> dict[str, object]:
     """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
-    for more than 64 rows per KV head on an FP8 cache at head_dim 128), ``block_n``,
+    for more than 64 rows per KV head on a 1-byte cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
     split-KV workspace sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when
     unsplit) for ``resident`` CTA slots on the GPU. ``num_splits`` forces the count (clamped to
@@ -181,9 +200,9 @@ def run(
     window_left, window_right = extension.window_sides(problem)
     flags = problem.causal_per_seq
     cache, bt = problem.key_cache, problem.block_table
-    # Every Given field of AttnParams (csrc/common/params.h FP8NCA_ATTN_FIELDS, _C.ATTN_FIELDS),
-    # by name. The index tensors are read in place through their strides: vLLM rewrites them
-    # (the causal flags too, bool or int32) between replays.
+    # Every Given field of AttnParams and TokenScaleParams (csrc/common/params.h
+    # FP8NCA_ATTN_FIELDS, _C.ATTN_FIELDS), by name. The index tensors are read in place through
+    # their strides: vLLM rewrites them (the causal flags too, bool or int32) between replays.
     tensors = {
         "q": q, "k": cache, "v": problem.value_cache, "out": out, "block_table": bt,
         "cu_seqlens_q": problem.cu_seqlens_q, "seq_lens": problem.seq_lens,
@@ -208,6 +227,13 @@ def run(
         window_left=window_left, window_right=window_right,
         softmax_scale=float(problem.softmax_scale),
     )  # fmt: skip
+    # The last block of the fields: the scale kind, then the per-token-head scales' block, slot
+    # and head strides (0 with per-head scales).
+    per_token = token_scales(problem)
+    fields["scale_mode"] = extension.SCALE_MODES["per_token_head" if per_token else "per_head"]
+    for name, scale in (("ks", problem.k_scale), ("vs", problem.v_scale)):
+        scale_strides = scale.stride() if per_token else (0, 0, 0)
+        fields.update(zip((f"{name}_stride_{d}" for d in "bsh"), scale_strides, strict=True))
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(device):
         extension.loaded().paged_attention(
