@@ -320,6 +320,10 @@ void reshape_and_cache(int device, std::uintptr_t stream, std::uintptr_t key,
   if (in_dtype != fp8nca::kBF16 && in_dtype != fp8nca::kFP16) {
     throw std::invalid_argument("fp8_noncausal_attn._C: key/value must be bf16 or fp16");
   }
+  // int8 has a dtype code (the attention kernels read int8 caches) but no per-head write.
+  if (cache_dtype == fp8nca::kI8) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: reshape_and_cache writes no int8 cache");
+  }
   const DeviceGuard guard(device);
   check(fp8nca::launch_reshape_and_cache(p, reinterpret_cast<cudaStream_t>(stream)),
         "reshape_and_cache launch");

@@ -341,6 +341,23 @@ def test_dtype_codes_are_the_extensions():
     assert extension.SCALE_MODES == _C.SCALE_MODES
 
 
+def test_cache_write_refuses_an_int8_cache_before_any_cuda_call():
+    """int8 has a dtype code for the attention kernels, but the cache write has no int8 path
+    (per-token-head caches are written elsewhere): the binding refuses it, never launches."""
+    _extension_path()
+    from fp8_noncausal_attn import _C
+
+    codes = _C.DTYPE_CODES
+    with pytest.raises(ValueError, match="writes no int8 cache"):
+        _C.reshape_and_cache(
+            device=0, stream=0, key=0, value=0, key_cache=0, value_cache=0, slot_mapping=0,
+            k_scale=0, v_scale=0, key_strides=(0, 0), value_strides=(0, 0),
+            kc_strides=(0, 0, 0), vc_strides=(0, 0, 0), slot_stride=1, num_tokens=1,
+            num_kv_heads=1, head_dim=64, block_size=16, in_dtype=codes["bfloat16"],
+            cache_dtype=codes["int8"],
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("forced", [None, 1, 5])
 def test_plan_reports_grid_and_workspace(forced):
     """Grid (M tiles, KV heads, seqs x splits [+ the padded-rows slice when unsplit]) and the
