@@ -32,6 +32,9 @@ MMA_SYNC = "mma_sync"
 DSL_FAMILIES = ("wgmma", "tcgen05")
 FAMILIES = (MMA_SYNC, *DSL_FAMILIES)
 
+# The scale_mode field's values (csrc/common/params.h ScaleMode, _C.SCALE_MODES).
+SCALE_MODES = {"per_head": 0, "per_token_head": 1}
+
 # Window sides travel as C ints; a side this long reaches past any context, so larger ones
 # (validation admits any int) go as this.
 INT32_MAX = 2**31 - 1
@@ -71,7 +74,9 @@ class Field:
     entry fixes it per variant). DSL only: ``kernel_families`` names the families whose kernel
     reads it; ``launch_only`` fields size the grid or pick the stream and are not passed to the
     kernel; ``kernel_as`` names the kernel parameter of a value the entry transforms first (the
-    softmax scale in log2 units)."""
+    softmax scale in log2 units). mma.sync only: ``params`` names the C++ struct that holds it
+    (``AttnParams``, or ``TokenScaleParams``, which only the per-token-head kernels take, so that
+    the other kernels' code does not change)."""
 
     name: str
     kind: str
@@ -85,6 +90,7 @@ class Field:
     kernel_families: tuple[str, ...] = DSL_FAMILIES
     launch_only: bool = False
     kernel_as: str = ""
+    params: str = "AttnParams"
 
     @property
     def parameter(self) -> str:
@@ -136,6 +142,21 @@ def _flags(i: LaunchInputs):
     return i.problem.causal_per_seq
 
 
+def _token_scale_strides(prefix: str, scale) -> tuple[Field, ...]:
+    """A per-token-head scale's block, slot and head strides (0 with per-KV-head scales)."""
+    return tuple(
+        Field(
+            f"{prefix}_stride_{d}",
+            "i64",
+            f"per-token-head {prefix[0]}_scale stride: {d}",
+            lambda i, at=at: scale(i).stride(at) if scale(i).dim() == 3 else 0,
+            families=(MMA_SYNC,),
+            params="TokenScaleParams",
+        )  # fmt: skip
+        for at, d in enumerate("bsh")
+    )
+
+
 def _size(name: str, doc: str, **more) -> Field:
     return Field(name, "i32", doc, lambda i: getattr(i.problem, name), **more)
 
@@ -156,8 +177,9 @@ FIELDS: tuple[Field, ...] = (
     _ptr("cu_seqlens_q", "int32", 4, "int32 [num_seqs + 1]; rows from [num_seqs] on: padding",
          lambda i: i.problem.cu_seqlens_q),
     _ptr("seq_lens", "int32", 4, "int32 [num_seqs]", lambda i: i.problem.seq_lens),
-    _ptr("k_scale", "float32", 4, "fp32 [num_kv_heads]", lambda i: i.problem.k_scale),
-    _ptr("v_scale", "float32", 4, "fp32 [num_kv_heads]", lambda i: i.problem.v_scale),
+    _ptr("k_scale", "float32", 4, "fp32 [num_kv_heads], or per token (TokenScaleParams)",
+         lambda i: i.problem.k_scale),
+    _ptr("v_scale", "float32", 4, "likewise", lambda i: i.problem.v_scale),
     _ptr("causal_per_seq", "flags", 1, "[num_seqs] bool or int32 (nonzero: causal), or null",
          _flags),
     _ptr("sinks", "float32", 4, "fp32 [num_q_heads] natural-log sink logits, or null",
@@ -202,6 +224,15 @@ FIELDS: tuple[Field, ...] = (
           lambda i: window_sides(i.problem)[1]),
     Field("softmax_scale", "f32", "the scale of q . k", lambda i: float(i.problem.softmax_scale),
           kernel_as="scale_log2"),
+    # mma.sync's TokenScaleParams: with per-token-head scales, k_scale / v_scale point at float32
+    # [num_blocks, block_size, num_kv_heads] tensors read through these strides (any values:
+    # vLLM's inline scales are a strided view of its page).
+    Field("scale_mode", "i32", "ScaleMode: which kernels the launch runs",
+          lambda i: SCALE_MODES["per_token_head" if i.problem.per_token_head_scales
+                                else "per_head"],
+          families=_MMA, params="TokenScaleParams"),
+    *_token_scale_strides("ks", lambda i: i.problem.k_scale),
+    *_token_scale_strides("vs", lambda i: i.problem.v_scale),
     Field("row_tiles", "i32", "ceil(max_seqlen_q x group / rows per CTA)", lambda i: i.row_tiles,
           families=_DSL, launch_only=True),
     Field("q_is_bf16", "i32", "1: bf16 query and output, 0: fp16", families=_DSL, source="entry",

@@ -115,7 +115,7 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   d["ws_lse_elems"] = p.ws_lse_elems;
   // Warps sharing one key tile in the longest sequence's CTAs (the key-group split).
   d["key_groups"] = m::key_groups(
-      m::tile_shape(head_dim, fp8nca::dtype_bytes(kv_dtype), p.block_m), rows_in_tile);
+      m::tile_shape(head_dim, fp8nca::cache_bytes(kv_dtype), p.block_m), rows_in_tile);
   return d;
 }
 
@@ -157,7 +157,8 @@ T field(const py::dict& fields, const char* name) {
   }
 }
 
-// The names of AttnParams' Given fields (FP8NCA_ATTN_FIELDS), in order.
+// The names of the Given fields of AttnParams and TokenScaleParams (FP8NCA_ATTN_FIELDS), in
+// order.
 std::vector<std::string> given_fields() {
   std::vector<std::string> names;
 #define FP8NCA_NAME_Given(name) names.emplace_back(#name);
@@ -178,11 +179,15 @@ std::vector<std::string> given_fields() {
 void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan, int q_dtype,
                      int kv_dtype, const py::dict& fields, std::uintptr_t lse) {
   fp8nca::AttnParams p{};
-#define FP8NCA_FILL_Given(type, name) p.name = field<type>(fields, #name);
-#define FP8NCA_FILL_Derived(type, name)
-#define FP8NCA_FILL(type, name, source) FP8NCA_FILL_##source(type, name)
-  FP8NCA_ATTN_FIELDS(FP8NCA_FILL)
-#undef FP8NCA_FILL
+  fp8nca::TokenScaleParams ts{};
+#define FP8NCA_FILL_Given(to, type, name) to.name = field<type>(fields, #name);
+#define FP8NCA_FILL_Derived(to, type, name)
+#define FP8NCA_FILL_P(type, name, source) FP8NCA_FILL_##source(p, type, name)
+#define FP8NCA_FILL_TS(type, name, source) FP8NCA_FILL_##source(ts, type, name)
+  FP8NCA_LAUNCH_FIELDS(FP8NCA_FILL_P)
+  FP8NCA_TOKEN_SCALE_FIELDS(FP8NCA_FILL_TS)
+#undef FP8NCA_FILL_TS
+#undef FP8NCA_FILL_P
 #undef FP8NCA_FILL_Derived
 #undef FP8NCA_FILL_Given
   const std::vector<std::string> names = given_fields();
@@ -207,6 +212,10 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
   if (p.window_left < -1 || p.window_right < -1) {
     throw std::invalid_argument("fp8_noncausal_attn._C: window sides must be -1 or >= 0");
   }
+  if (ts.scale_mode != fp8nca::kScalePerHead && ts.scale_mode != fp8nca::kScalePerTokenHead) {
+    throw std::invalid_argument(
+        "fp8_noncausal_attn._C: scale_mode must be 0 (per KV head) or 1 (per token and head)");
+  }
   // With no sequence every row is padding: the launch still zeroes them.
   if (p.num_tokens == 0) return;
   // The grid's y and z come from the batch's sizes: a plan made for another batch is refused.
@@ -220,7 +229,7 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
   const DeviceGuard guard(device);
-  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype, ptr<float>(lse),
+  check(fp8nca::launch_attention(plan, p, ts, q_dtype, kv_dtype, ptr<float>(lse),
                                  reinterpret_cast<cudaStream_t>(stream)),
         "attention launch");
 }
@@ -304,6 +313,10 @@ void reshape_and_cache(int device, std::uintptr_t stream, std::uintptr_t key,
   if (in_dtype != fp8nca::kBF16 && in_dtype != fp8nca::kFP16) {
     throw std::invalid_argument("fp8_noncausal_attn._C: key/value must be bf16 or fp16");
   }
+  // int8 has a dtype code (the attention kernels read int8 caches) but no per-head write.
+  if (cache_dtype == fp8nca::kI8) {
+    throw std::invalid_argument("fp8_noncausal_attn._C: reshape_and_cache writes no int8 cache");
+  }
   const DeviceGuard guard(device);
   check(fp8nca::launch_reshape_and_cache(p, reinterpret_cast<cudaStream_t>(stream)),
         "reshape_and_cache launch");
@@ -378,7 +391,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
-  m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams' Given fields
+  m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams', TokenScaleParams'
   // The launch record this was built from (fp8_noncausal_attn/launch_record.py record_hash):
   // the package refuses another record's when it loads this module.
   m.attr("LAUNCH_RECORD_HASH") = FP8NCA_LAUNCH_RECORD_HASH;
@@ -387,6 +400,11 @@ PYBIND11_MODULE(_C, m) {
   codes["float16"] = static_cast<int>(fp8nca::kFP16);
   codes["float8_e4m3fn"] = static_cast<int>(fp8nca::kE4M3);
   codes["float8_e5m2"] = static_cast<int>(fp8nca::kE5M2);
+  codes["int8"] = static_cast<int>(fp8nca::kI8);
   m.attr("DTYPE_CODES") = codes;  // element type codes of csrc/common/params.h
+  py::dict scale_modes;
+  scale_modes["per_head"] = static_cast<int>(fp8nca::kScalePerHead);
+  scale_modes["per_token_head"] = static_cast<int>(fp8nca::kScalePerTokenHead);
+  m.attr("SCALE_MODES") = scale_modes;  // the scale_mode field's values (params.h ScaleMode)
   m.attr("MERGE_FP32") = fp8nca::kMergeFP32;  // merge_splits' code for float32 rows
 }

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import NUM_ATTENTION_KERNELS
+from helpers import NUM_ATTENTION_KERNELS, NUM_TOKEN_SCALE_KERNELS, replaced
 
+from fp8_noncausal_attn import launch_record
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 
 DEFAULT_ARCHS = ("89", "90", "100f", "120")
@@ -117,7 +118,8 @@ def test_attention_kernels_use_tensor_cores(family, arch):
     kernel, mma, copy = FAMILIES[family]
     functions = sass_functions(arch)
     attention = {n: s for n, s in functions.items() if kernel in n}
-    assert len(attention) == 2 * NUM_ATTENTION_KERNELS, sorted(functions)  # with LSE twins
+    # With the LSE twins and the per-token-head kernels.
+    assert len(attention) == 2 * NUM_ATTENTION_KERNELS + NUM_TOKEN_SCALE_KERNELS, sorted(functions)
     for name, sass in attention.items():
         assert re.search(mma, sass), f"{name} on sm_{arch} has no {mma}"
         assert copy in sass, f"{name} on sm_{arch} does not use {copy}"
@@ -207,6 +209,50 @@ def test_lse_twins_differ_from_their_kernels_only_after_the_main_loop(arch):
         assert lse_stores > plain_stores, f"{lse} on sm_{arch} stores no more than {plain}"
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
+def test_token_scale_kernels_add_only_the_scales_to_their_twins_main_loop(arch):
+    """Each per-token-head kernel's main loop against its per-head LSE twin's (FP8 caches): the
+    same MMAs, two more async copies (each key row's K and V scale ride with its tile) and one
+    more conversion per value pair a thread dequantises (value x scale rounded to 16 bits); the
+    K scales are fp32 multiplies on the scores, no conversion. The int8 kernels (no twin) turn
+    bytes into numbers by byte moves: no integer-to-float conversion in their loop."""
+    require_arch(arch)
+    from collections import Counter
+
+    from helpers import host_hooks
+
+    from tools.sass_model.cfg import ControlFlowGraph
+    from tools.sass_model.pipes import CONVERSION, is_tensor, pipe_of
+    from tools.sass_model.sass import parse
+
+    def loop_counts(sass):
+        graph = ControlFlowGraph(parse(sass))
+        body = [ins for b in graph.main_loop(is_tensor).body for ins in graph.block_instructions(b)]
+        counts = Counter(ins.base for ins in body)
+        counts[CONVERSION] = sum(pipe_of(ins) == CONVERSION for ins in body)
+        return counts
+
+    functions = sass_functions(arch)
+    token_scaled = {n: s for n, s in functions.items() if "_pthI" in n}
+    assert len(token_scaled) == NUM_TOKEN_SCALE_KERNELS
+    # Mangled names carry each identifier's length: _pth and _lse are as long.
+    variant = re.compile(r"_pthILi(\d+)E\w+?Li(\d)E")
+    for name, sass in token_scaled.items():
+        head_dim, kv_dtype = (int(x) for x in variant.search(name).groups())
+        counts = loop_counts(sass)
+        if kv_dtype == extension.DTYPE_CODES[torch.int8]:
+            assert not counts.keys() & {"I2F", "I2FP", "I2I"}, f"{name} on sm_{arch}"
+            continue
+        twin = name.replace("_pthI", "_lseI").replace("ENS_16TokenScaleParamsE", "E")
+        block_m = 128 if "_m128_" in name else 64
+        value_pairs = host_hooks.load().mma_sync_tables(head_dim, 1, block_m)["copy_slots"] * 8
+        plain = loop_counts(functions[twin])
+        assert counts["HMMA"] == plain["HMMA"], f"{name} on sm_{arch}"
+        assert counts["LDGSTS"] == plain["LDGSTS"] + 2, f"{name} on sm_{arch}"
+        assert counts[CONVERSION] == plain[CONVERSION] + value_pairs, f"{name} on sm_{arch}"
+
+
 def drafter_problem(batch: int, kv_len: int, q_len: int = 8):
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
@@ -293,6 +339,24 @@ def test_dtype_codes_are_the_extensions():
     assert {str(k).removeprefix("torch."): v for k, v in extension.DTYPE_CODES.items()} == (
         _C.DTYPE_CODES
     )
+    assert launch_record.SCALE_MODES == _C.SCALE_MODES
+
+
+def test_cache_write_refuses_an_int8_cache_before_any_cuda_call():
+    """int8 has a dtype code for the attention kernels, but the cache write has no int8 path
+    (per-token-head caches are written elsewhere): the binding refuses it, never launches."""
+    _extension_path()
+    from fp8_noncausal_attn import _C
+
+    codes = _C.DTYPE_CODES
+    with pytest.raises(ValueError, match="writes no int8 cache"):
+        _C.reshape_and_cache(
+            device=0, stream=0, key=0, value=0, key_cache=0, value_cache=0, slot_mapping=0,
+            k_scale=0, v_scale=0, key_strides=(0, 0), value_strides=(0, 0),
+            kc_strides=(0, 0, 0), vc_strides=(0, 0, 0), slot_stride=1, num_tokens=1,
+            num_kv_heads=1, head_dim=64, block_size=16, in_dtype=codes["bfloat16"],
+            cache_dtype=codes["int8"],
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("forced", [None, 1, 5])
@@ -410,6 +474,62 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     del empty["sinks"]
     with pytest.raises(ValueError, match="needs sinks"):
         launch(fields=empty)
+
+
+def test_backend_passes_token_scale_strides_and_refuses_what_is_not_compiled(monkeypatch):
+    """A layer with per-token-head scales: run() passes scale_mode per_token_head and each
+    scale's (block, slot, head) strides; per-head scales pass per_head and zero strides. Layers
+    no kernel is compiled for are refused at run time, with the reason (the scale kind is the
+    layer's, not the batch's): one scale per head and the other per token, per-token-head
+    scales over a 16-bit cache, an int8 cache with per-head scales, and vLLM's own inline pages,
+    whose rows are not 16-byte aligned."""
+    import contextlib
+
+    from helpers.token_heads import token_head_problem
+
+    from fp8_noncausal_attn.layouts import split_per_token_head_cache
+    from fp8_noncausal_attn.synthetic import make_case
+    from fp8_noncausal_attn.validation import validate_attention
+
+    calls = []
+    ext = types.SimpleNamespace(paged_attention=lambda **kwargs: calls.append(kwargs["fields"]))
+    monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
+        cuda_stream=0))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    plan = mma_sync.MmaSyncPlan(1, None, None, object())
+    problem = token_head_problem(torch.int8, torch.bfloat16, [3], [40])
+    case = make_case([3], [40], cache_dtype=torch.bfloat16)
+    per_head = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
+    )
+    for layer in (problem, per_head):
+        assert mma_sync.run_unsupported_reason(layer, None) is None
+        mma_sync.run(layer, plan, torch.empty_like(layer.query))
+    pth, plain = calls
+    assert pth["scale_mode"] == launch_record.SCALE_MODES["per_token_head"]
+    assert (pth["k_scale"], pth["v_scale"]) == (problem.k_scale.data_ptr(),
+                                                problem.v_scale.data_ptr())  # fmt: skip
+    for name, scale in (("ks", problem.k_scale), ("vs", problem.v_scale)):
+        assert tuple(pth[f"{name}_stride_{d}"] for d in "bsh") == scale.stride()
+    assert len(set(problem.k_scale.stride())) == 3 and problem.k_scale.stride()[1] != 1
+    assert plain["scale_mode"] == launch_record.SCALE_MODES["per_head"]
+    assert all(plain[f"{name}_stride_{d}"] == 0 for name in ("ks", "vs") for d in "bsh")
+
+    heads = torch.ones(problem.num_kv_heads)
+    head_scales = {"k_scale": heads, "v_scale": heads}
+    vllm_page = torch.zeros(3, 2, 16, 2 * (64 + 4), dtype=torch.uint8)
+    names = ("key_cache", "value_cache", "k_scale", "v_scale")
+    vllm_caches = dict(zip(names, split_per_token_head_cache(vllm_page, torch.int8), strict=True))
+    token_scales = {"k_scale": problem.k_scale, "v_scale": problem.v_scale}
+    refused = {
+        "must both be per token and KV head": replaced(problem, v_scale=heads),
+        "compiled for e4m3, e5m2 and int8": replaced(per_head, **token_scales),
+        "int8 cache is compiled with per-token-head": replaced(problem, **head_scales),
+        "multiples of 16 bytes": replaced(problem, **vllm_caches),
+    }
+    for why, layer in refused.items():
+        assert why in mma_sync.run_unsupported_reason(layer, None)
 
 
 def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):

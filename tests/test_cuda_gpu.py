@@ -3,7 +3,9 @@
 import pytest
 import torch
 from helpers import GPU_BACKEND, TOLERANCE, replaced
+from helpers.lse import run_backend
 from helpers.matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
+from helpers.token_heads import token_head_problem
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import registry
@@ -440,3 +442,37 @@ def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
     unwindowed = torch.empty_like(case.query)
     mma_sync.paged_attention(replaced(problem, window=(-1, -1)), unwindowed, num_splits=num_splits)
     assert not torch.isfinite(unwindowed.float()).all()
+
+
+# Per-token-head caches (mma.sync only: paged_attention_kernel_pth): (q_len, num_splits) over
+# sequences [q_len / 700 keys, 3 / 90]: GQA 4 gives 32 rows per KV head (the 64-row tile) or 160
+# (the 128-row tile at head_dim 128); the plan's split count, or forced.
+TOKEN_SCALE_LAUNCHES = [(8, None), (8, 1), (8, 3), (40, 2)]
+
+
+@pytest.mark.parametrize("q_len,num_splits", TOKEN_SCALE_LAUNCHES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8],
+                         ids=str)  # fmt: skip
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+def test_token_scale_kernels_match_reference(query_dtype, cache_dtype, head_dim, q_len,
+                                             num_splits):  # fmt: skip
+    """Every per-token-head kernel (head dims x query dtypes x e4m3 / e5m2 / int8, both tiles),
+    causal and bidirectional, split and unsplit, with the LSE, on aligned inline pages (strided
+    scales); padded rows zero."""
+    if GPU_BACKEND != "mma_sync":
+        pytest.skip("per-token-head caches run on the mma.sync kernels only")
+    problem = token_head_problem(
+        cache_dtype, query_dtype, [q_len, 3], [700, 90], head_dim=head_dim,
+        causal=[False, True], padded_rows=2, device="cuda", seed=head_dim,
+    )  # fmt: skip
+    assert mma_sync.run_unsupported_reason(problem, None) is None
+    out = torch.full_like(problem.query, float("nan"))
+    lse = torch.full(problem.query.shape[:2], float("nan"), device="cuda")
+    mma_sync.paged_attention(problem, out, num_splits=num_splits, lse=lse)
+    ref, ref_lse = run_backend("reference", problem)
+    tokens = q_len + 3
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out[:tokens], ref[:tokens]) <= TOLERANCE[query_dtype]
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
+    assert torch.allclose(lse, ref_lse, rtol=0, atol=1e-3)

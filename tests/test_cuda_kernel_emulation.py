@@ -12,8 +12,10 @@ their strides (int32 or bool causal flags included), each row's visible key rang
 bidirectional, sliding window), the key tiles a CTA's window touches and which of them need the
 mask, the key groups of warps the rows leave idle and their merge, the split-KV ranges over the
 windowed tiles, the attention sink in the unsplit epilogue and the log-sum-exp merge (which adds
-the sink once). Only the mma.sync m16n8k16 fragment layouts and ldmatrix (the PTX ISA's) and the
-(exact) FP8 -> 16-bit conversion are modelled in Python.
+the sink once), and per-token-head scales (their copy into each V row's pad, the K scale on the
+score columns, the V scale on the dequantised values, int8 by byte moves). Only the mma.sync
+m16n8k16 fragment layouts and ldmatrix (the PTX ISA's), the (exact) FP8 -> 16-bit conversion and
+the fp32 products of the per-token-head scales are modelled in Python.
 """
 
 import functools
@@ -24,6 +26,7 @@ import pytest
 import torch
 from helpers import TOLERANCE, host_hooks, replaced
 from helpers.lse import LAYOUTS, lse_case, run_backend, shard_problem
+from helpers.token_heads import token_head_problem
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
@@ -100,7 +103,9 @@ def mma(acc, a, b0, b1):
 def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=None):
     """paged_attention_kernel for one CTA; pb holds the problem's arrays, T the kernel's maps
     for tiles as copied (the cache's format). Unsplit, ``lse`` (or None) is the LSE output of
-    paged_attention_kernel_lse's epilogue."""
+    paged_attention_kernel_lse's epilogue. With per-token-head scales (``pb["token_scales"]``)
+    it is paged_attention_kernel_pth: each key's scales copied with its tile into its V row's
+    pad, the K scale on its score column, the V scale on its row of the dequantised tile."""
     hk = host()
     d, elt, group, bn = T["head_dim"], T["elt"], pb["group"], T["block_n"]
     C = tables(d, 2, T["block_m"])  # the 16-bit tiles the MMAs read
@@ -168,6 +173,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=N
 
     k_smem = np.zeros(bn * T["k_row"], np.uint8)
     v_smem = np.zeros(bn * T["v_row"], np.uint8)
+    token_scales = pb["token_scales"]
 
     block_shift = pb["block_size"].bit_length() - 1
 
@@ -189,31 +195,56 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=N
             else:
                 k_smem[kdst : kdst + 16] = 0
                 v_smem[vdst : vdst + 16] = 0
+        if not token_scales:
+            return
+        # Thread r < block_n copies key row r's K and V scale (zeros past n_keys).
+        for r, offsets in enumerate(T["scale"]):
+            if n0 + r >= n_keys:
+                for dst in offsets:
+                    v_smem[dst : dst + 4] = 0
+                continue
+            page = pb["block_table"][seq, (n0 >> block_shift) + hk.tile_page(r, block_shift)]
+            off = hk.page_key(n0, r, pb["block_size"])
+            for dst, (data, base), st in zip(offsets, pb["scale_raw"], pb["scale_strides"],
+                                             strict=True):  # fmt: skip
+                src = base + (page * st[0] + off * st[1] + kvh * st[2]) * 4
+                v_smem[dst : dst + 4] = data[src : src + 4]
 
     def word(smem, addr):
         return int(smem[addr : addr + 4].view(np.uint32)[0])
 
-    # An FP8 tile is dequantised once per CTA into a 16-bit tile: K to the query dtype, V to
-    # fp16 (the P V operand dtype); a 16-bit cache's tile is read as copied.
+    # A 1-byte tile is dequantised once per CTA into a 16-bit tile: K to the query dtype, V to
+    # fp16 (the P V operand dtype), or with per-token-head scales V times its key's scale in
+    # fp32, rounded once to the query dtype; a 16-bit cache's tile is read as copied.
     kv_dtype = pb["kv_dtype"]
     fp8 = elt == 1
     k_dtype = pb["q_dtype"] if fp8 else kv_dtype
-    v_dtype = torch.float16 if fp8 else kv_dtype
+    v_dtype = pb["q_dtype"] if token_scales else torch.float16 if fp8 else kv_dtype
     k16 = np.zeros(bn * C["k_row"], np.uint8) if fp8 else k_smem
     v16 = np.zeros(bn * C["v_row"], np.uint8) if fp8 else v_smem
 
-    def widen(src, src_off, dst, dst_offs, dtype, order=range(16)):
+    def widen(src, src_off, dst, dst_offs, dtype, order=range(16), scale=None):
         values = decode(src[src_off : src_off + 16], kv_dtype)[list(order)]
+        if scale is not None:  # an fp32 product (the cache values are exact in fp32)
+            values = values.astype(np.float32) * scale
         wide = torch.from_numpy(values).to(dtype).view(torch.uint8).numpy()
         for half, off in enumerate(dst_offs):
             dst[off : off + 16] = wide[16 * half : 16 * half + 16]
 
-    def dequantize_tile():
-        for k8, v8, k0, k1, v0, v1 in T["dequant"]:
-            widen(k_smem, k8, k16, (k0, k1), k_dtype, order)
-            widen(v_smem, v8, v16, (v0, v1), v_dtype)
+    def scale_of(r, which):
+        """Key row r's per-token-head scale (0: K, 1: V) where the tile copy put it."""
+        at = T["scale"][r][which]
+        return v_smem[at : at + 4].view(np.float32)[0]
 
-    scale_log2 = pb["softmax_scale"] * pb["k_scale"][kvh] * 1.4426950408889634
+    def dequantize_tile():
+        for slot, (k8, v8, k0, k1, v0, v1) in enumerate(T["dequant"]):
+            widen(k_smem, k8, k16, (k0, k1), k_dtype, order)
+            v_scale = scale_of(T["copy"][slot][0], 1) if token_scales else None
+            widen(v_smem, v8, v16, (v0, v1), v_dtype, scale=v_scale)
+
+    # Per-token-head K scales multiply the score columns instead (in fp32, below).
+    head_k_scale = 1.0 if token_scales else pb["k_scale"][kvh]
+    scale_log2 = pb["softmax_scale"] * head_k_scale * 1.4426950408889634
     o = np.zeros((warps, 32, C["ot"], 4))
     m_i = np.full((warps, 32, 2), -math.inf)
     l_i = np.zeros((warps, 32, 2))
@@ -236,6 +267,13 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=N
                         b1 = [pair(w[2 * kk + 1], k_dtype) for w in kw]
                         acc = s[:, j]
                         mma(acc, qf[warp, c * C["steps_per_unit"] + kk], b0, b1)
+            if token_scales:
+                # Lane (g, t)'s columns of n-tile j: keys 8j + 2t, + 1 (accumulators e & 1).
+                for lane in range(32):
+                    for j in jr[warp]:
+                        for e in range(4):
+                            key = 8 * j + 2 * (lane & 3) + (e & 1)
+                            s[lane, j, e] = np.float32(s[lane, j, e]) * scale_of(key, 0)
             n0 = tile * bn
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
@@ -297,7 +335,7 @@ def run_cta(pb, T, m_tile, kvh, seq, split, num_splits, out, ws_o, ws_lse, lse=N
                     continue
                 tok = q_start + row_of(warp, g, h) // group
                 head = kvh * group + row_of(warp, g, h) % group
-                scale = pb["v_scale"][kvh]
+                scale = 1.0 if token_scales else pb["v_scale"][kvh]
                 m = m_i[warp, lane, h] * scale_log2  # total's reference point, log2 units
                 if num_splits == 1 and pb["sinks"] is not None:
                     # The sink joins the denominator at max(m, sink), log2 units (epilogue.cuh).
@@ -341,6 +379,8 @@ def emulate(problem, num_splits, lse=None):
     T = tables(problem.head_dim, problem.key_cache.element_size(), plan["block_m"])
     assert (plan["threads"], plan["smem_bytes"]) == (T["threads"], T["smem"])
     seqs, padding_start = sequences(problem)
+    token_scales = problem.per_token_head_scales
+    scales = (problem.k_scale, problem.v_scale)
     pb = {
         "group": problem.group_size,
         "seqs": seqs,
@@ -356,6 +396,9 @@ def emulate(problem, num_splits, lse=None):
         "softmax_scale": problem.softmax_scale,
         "k_scale": problem.k_scale.double().numpy(),
         "v_scale": problem.v_scale.double().numpy(),
+        "token_scales": token_scales,
+        "scale_raw": [raw_bytes(t) for t in scales] if token_scales else None,
+        "scale_strides": [t.stride() for t in scales] if token_scales else None,
         "window": extension.window_sides(problem),
         "sinks": None if problem.sinks is None else problem.sinks.double().numpy(),
     }
@@ -478,21 +521,27 @@ def test_fp8_bit_dequantisation_is_exact_for_every_byte(kv_dtype):
                 assert math.copysign(1.0, g) == math.copysign(1.0, w)
 
 
-def test_e5m2_to_fp16_byte_moves_are_exact_for_every_byte():
-    """e5m2 -> fp16 (V, and K under an fp16 query) is a byte move: each pair equals the fp16
-    conversion of the e5m2 values, Inf and NaN included."""
-    hk = host()
-    rng = np.random.default_rng(6)
+def words_with_every_byte(seed: int):
+    """(byte, position, word): 4 random bytes with each of the 256 bytes at each position."""
+    rng = np.random.default_rng(seed)
     for b in range(256):
         for pos in range(4):
             raw = rng.integers(0, 256, 4, dtype=np.uint8)
             raw[pos] = b
-            lo, hi = hk.e5m2x4_to_f16x2(int(raw.view(np.uint32)[0]))
-            got = np.array([*pair(lo, torch.float16), *pair(hi, torch.float16)])
-            want = decode(raw, torch.float8_e5m2)
-            assert np.array_equal(got, want, equal_nan=True), (b, pos, got, want)
-            finite = ~np.isnan(want)
-            assert np.array_equal(np.signbit(got[finite]), np.signbit(want[finite]))
+            yield b, pos, raw
+
+
+def test_e5m2_to_fp16_byte_moves_are_exact_for_every_byte():
+    """e5m2 -> fp16 (V, and K under an fp16 query) is a byte move: each pair equals the fp16
+    conversion of the e5m2 values, Inf and NaN included."""
+    hk = host()
+    for b, pos, raw in words_with_every_byte(6):
+        lo, hi = hk.e5m2x4_to_f16x2(int(raw.view(np.uint32)[0]))
+        got = np.array([*pair(lo, torch.float16), *pair(hi, torch.float16)])
+        want = decode(raw, torch.float8_e5m2)
+        assert np.array_equal(got, want, equal_nan=True), (b, pos, got, want)
+        finite = ~np.isnan(want)
+        assert np.array_equal(np.signbit(got[finite]), np.signbit(want[finite]))
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 64, 128, 256])
@@ -558,10 +607,104 @@ def test_emulated_128_row_tile_matches_reference(cache, query, causal, window, s
     assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
 
 
+# Per-token-head caches (paged_attention_kernel_pth): sequences [q 3 / kv 70, q 8 / kv 40]
+# (GQA 4: 12 and 32 rows), pages of 16 keys in aligned inline pages (strided scales), two padded
+# rows: (cache, query, causal, window, sinks, splits).
+TOKEN_SCALE_CASES = [
+    (torch.float8_e4m3fn, torch.bfloat16, [True, False], (-1, -1), False, 1),
+    (torch.float8_e5m2, torch.float16, False, (-1, -1), True, 3),
+    (torch.int8, torch.bfloat16, [False, True], (5, 3), False, 2),
+    (torch.int8, torch.float16, True, (-1, -1), True, 1),
+]
+
+
+def token_scale_problem(cache, query, causal, window=(-1, -1), sinks=False, **sizes):
+    return token_head_problem(
+        cache, query, sizes.pop("q_lens", [3, 8]), sizes.pop("kv_lens", [70, 40]),
+        causal=causal, window=window, padded_rows=2, seed=21,
+        sinks=torch.tensor(SINKS * 2) if sinks else None, **sizes,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cache,query,causal,window,sinks,splits", TOKEN_SCALE_CASES, ids=str)
+def test_emulated_token_scales_match_reference(cache, query, causal, window, sinks, splits):
+    """k_scale / v_scale per token and KV head ([num_blocks, block_size, num_kv_heads], strided
+    views of the page): each key's K scale on its score column, each value's V scale on the
+    dequantised value tile (rounded once to the query dtype), int8 converted exactly; causal or
+    bidirectional, windows, sinks, split or unsplit, the LSE; padded rows zero."""
+    problem = token_scale_problem(cache, query, causal, window, sinks)
+    assert problem.per_token_head_scales and problem.k_scale.stride()[1] != 1
+    lse = np.full(problem.query.shape[:2], np.nan)
+    out = emulate(problem, splits, lse).to(query)
+    ref, ref_lse = run_backend("reference", problem)
+    tokens = int(problem.cu_seqlens_q[-1])
+    assert torch.isfinite(out.float()).all()
+    assert relative_error(out[:tokens], ref[:tokens]) <= TOLERANCE[query]
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
+    lse = torch.from_numpy(lse)
+    assert torch.all(lse[tokens:] == -math.inf)
+    assert (lse[:tokens] - ref_lse[:tokens].double()).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("cache", [torch.float8_e4m3fn, torch.int8], ids=str)
+def test_emulated_token_scales_dropped_or_per_head_are_caught(cache):
+    """The comparison above bites: the kernel replayed over one scale per KV head (each head's
+    first key's, broadcast to every token) or with the V scales dropped (all ones) misses the
+    reference by far more than the tolerance."""
+    problem = token_scale_problem(cache, torch.bfloat16, [True, False])
+    ref, _ = run_backend("reference", problem)
+    first_page = int(problem.block_table[0, 0])
+    per_head = {name: getattr(problem, name).clone() for name in ("k_scale", "v_scale")}
+    for name, scale in per_head.items():
+        scale[:] = getattr(problem, name)[first_page, 0]
+    broadcast = replaced(problem, **per_head)
+    dropped = replaced(problem, v_scale=torch.ones_like(problem.v_scale))
+    for wrong in (broadcast, dropped):
+        out = emulate(wrong, 1).to(torch.bfloat16)
+        assert relative_error(out, ref) > 10 * TOLERANCE[torch.bfloat16]
+
+
+def test_emulated_128_row_tile_reads_token_scales():
+    """More than 64 rows per KV head on an int8 cache at head_dim 128: the 128-row per-token-head
+    kernel (paged_attention_kernel_m128_pth), split."""
+    problem = token_scale_problem(torch.int8, torch.bfloat16, [False, True], q_lens=[40, 17],
+                                  kv_lens=[120, 75], head_dim=128)  # fmt: skip
+    plan = mma_sync.kernel_plan(problem.batch, resident=1, num_splits=2)
+    assert (plan["block_m"], plan["m_tiles"]) == (128, 2)
+    out = emulate(problem, 2).to(torch.bfloat16)
+    ref, _ = run_backend("reference", problem)
+    tokens = int(problem.cu_seqlens_q[-1])
+    assert relative_error(out[:tokens], ref[:tokens]) <= TOLERANCE[torch.bfloat16]
+
+
+def test_int8_byte_moves_are_exact_for_every_byte():
+    """int8 -> fp16 (K and V of int8 caches) is a byte move under fp16's 1024 and one fp16
+    subtraction: exact for every byte, in order."""
+    hk = host()
+    for b, pos, raw in words_with_every_byte(7):
+        lo, hi, bias = hk.int8x4_to_biased_f16x2(int(raw.view(np.uint32)[0]))
+        biased = [*pair(lo, torch.float16), *pair(hi, torch.float16)]
+        # The subtraction is exact in fp16 (an integer of at most 8 bits): modelled in fp64.
+        assert [x - bias for x in biased] == raw.view(np.int8).tolist(), (b, pos)
+
+
+def test_scale_slots_lie_in_the_value_rows_pad():
+    """Each key row's two scales sit in its V row's 16-byte pad of a 1-byte stage: inside the
+    row, past its data, distinct per row and scale, 4-byte aligned."""
+    for head_dim in (64, 128, 256):
+        for block_m in (64, 128):
+            T = tables(head_dim, 1, block_m)
+            data_end = T["units"] * 16
+            assert T["v_row"] == data_end + 16
+            for r, (k, v) in enumerate(T["scale"]):
+                assert r * T["v_row"] + data_end <= k and v == k + 4 <= (r + 1) * T["v_row"] - 4
+                assert k % 4 == 0
+
+
 def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():
-    """block_m_for: 128 rows for R > 64 on e4m3 / e5m2 at head_dim 128, else 64 (16-bit
-    caches, head_dims 64 and 256); the 128-row tile never splits keys and fits 99 KB of shared
-    memory (sm_89 / sm_120)."""
+    """block_m_for: 128 rows for R > 64 on 1-byte caches (e4m3, e5m2, int8) at head_dim 128,
+    else 64 (16-bit caches, head_dims 64 and 256); the 128-row tile never splits keys and fits
+    99 KB of shared memory (sm_89 / sm_120)."""
     from fp8_noncausal_attn import _C
 
     codes = extension.DTYPE_CODES

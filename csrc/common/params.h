@@ -9,10 +9,19 @@
 namespace fp8nca {
 
 // Element type codes (_C.DTYPE_CODES; fp8_noncausal_attn/backends/cuda/extension.py maps torch
-// dtypes to them, and a test ties the two).
-enum DType : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3 };
+// dtypes to them, and a test ties the two). int8 caches hold per-token-head scales only (vLLM's
+// int8_per_token_head); 4 is the merge's float32 output code (cascade/merge.h kMergeFP32).
+enum DType : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3, kI8 = 5 };
 
+// Bytes per element of the formats the cache write takes (it writes no int8 cache).
 constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ? 1 : 2; }
+// Bytes per element of a cache the attention kernels read.
+constexpr int cache_bytes(int dtype) { return dtype == kI8 ? 1 : dtype_bytes(dtype); }
+
+// How k_scale / v_scale index the cache (TokenScaleParams::scale_mode): one scale per KV head,
+// [num_kv_heads], or one per token and KV head, [num_blocks, block_size, num_kv_heads] through
+// their strides (vLLM's fp8_per_token_head / int8_per_token_head pages keep them inline).
+enum ScaleMode : int { kScalePerHead = 0, kScalePerTokenHead = 1 };
 
 // log2(e): the kernels run the softmax in log2 units (2^x is one instruction), so natural-log
 // quantities such as the attention-sink logits are multiplied by it.
@@ -25,14 +34,22 @@ constexpr float kLn2 = 0.6931471805599453f;
 // vLLM passes slices of persistent buffers it updates in place between CUDA-graph replays.
 //
 // Its fields are the launch record's (fp8_noncausal_attn/launch_record.py, the one definition of
-// the launch arguments): FP8NCA_ATTN_FIELDS(X) of the generated launch_record.h lists them as
-// X(type, name, source), in the order of AttnParams. python/bindings.cpp takes each Given field
-// by name from the dict the package passes and computes the Derived ones.
-struct AttnParams {
+// the launch arguments): FP8NCA_LAUNCH_FIELDS(X) of the generated launch_record.h lists them as
+// X(type, name, source), in the order of AttnParams; FP8NCA_TOKEN_SCALE_FIELDS(X) likewise those
+// of TokenScaleParams, which only the per-token-head kernels take as a second argument, so that
+// AttnParams, and with it every other kernel's code, is unchanged (with kScalePerTokenHead,
+// k_scale / v_scale point at float32 [num_blocks, block_size, num_kv_heads] tensors read through
+// its strides). python/bindings.cpp takes each Given field by name from the dict the package
+// passes (FP8NCA_ATTN_FIELDS: both lists) and computes the Derived ones.
 #define FP8NCA_DECLARE_FIELD(type, name, source) type name;
-  FP8NCA_ATTN_FIELDS(FP8NCA_DECLARE_FIELD)
-#undef FP8NCA_DECLARE_FIELD
+struct AttnParams {
+  FP8NCA_LAUNCH_FIELDS(FP8NCA_DECLARE_FIELD)
 };
+
+struct TokenScaleParams {
+  FP8NCA_TOKEN_SCALE_FIELDS(FP8NCA_DECLARE_FIELD)
+};
+#undef FP8NCA_DECLARE_FIELD
 
 // One cache write: new K/V rows -> the paged caches at slot_mapping (negative = skipped).
 struct CacheWriteParams {

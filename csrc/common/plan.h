@@ -46,8 +46,8 @@ struct Plan {
 };
 
 // Query rows per CTA for R = q_len x group rows per KV head (the batch's longest): the 128-row
-// tile (one KV pass, the FP8 tile dequantised once) when R > 64 on an FP8 cache at head_dim 128,
-// else 64. Not compiled for the others: at head_dim 64 the 8-warp CTA takes 168-186 registers,
+// tile (one KV pass, the 1-byte tile dequantised once) when R > 64 on a 1-byte cache (FP8, or
+// int8 with per-token-head scales) at head_dim 128, else 64. Not compiled for the others: at head_dim 64 the 8-warp CTA takes 168-186 registers,
 // so one CTA (8 warps) per SM where the 64-row tile keeps three (12 warps), and it would add
 // ~5% to the build; head_dim 256's would not fit the 99 KB of shared memory of sm_89 / sm_120;
 // 16-bit caches have no dequantisation to share.

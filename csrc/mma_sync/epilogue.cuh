@@ -1,9 +1,10 @@
 // Epilogue of the mma.sync family: normalises O by the row sum (plus the attention sink, when
-// given) and v_scale and writes it to `out` (one split) or to the split-KV workspace with its
-// log-sum-exp (several splits, merged with the sink by csrc/cascade/merge.cu); and the padded
-// rows past the last sequence, written as zeros. The kernels built with kWriteLse also write
-// each row's natural-log LSE when unsplit (FA3's epilogue_fwd.hpp), into ws_lse read as
-// [num_tokens, num_q_heads]: asking for the LSE then costs no split and no second pass.
+// given) and the per-head v_scale and writes it to `out` (one split) or to the split-KV
+// workspace with its log-sum-exp (several splits, merged with the sink by
+// csrc/cascade/merge.cu); and the padded rows past the last sequence, written as zeros. The
+// kernels built with kWriteLse also write each row's natural-log LSE when unsplit (FA3's
+// epilogue_fwd.hpp), into ws_lse read as [num_tokens, num_q_heads]: asking for the LSE then
+// costs no split and no second pass.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@
 
 namespace fp8nca::mma_sync {
 
-template <int D, typename QT, bool kWriteLse>
+// kTokenScales: the values were scaled per key in the dequantised tile, so no v_scale here.
+template <int D, typename QT, bool kWriteLse, bool kTokenScales>
 __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile& w,
                                              const WarpRole& role, const RowState& st,
                                              const float (&o)[compute_shape(D).ot][4],
@@ -25,7 +27,7 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
   constexpr TileShape S = compute_shape(D);
   const int g = lane >> 2;
   const int t = lane & 3;
-  const float v_scale = p.v_scale[w.kvh];
+  const float v_scale = kTokenScales ? 1.f : p.v_scale[w.kvh];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = w.row0 + 16 * role.wm + g + 8 * h;

@@ -1,8 +1,9 @@
 // Exact FP8 -> bf16 by bit moves (no conversion instruction), for the K tile of an FP8 cache
 // under a bf16 query: the hardware path (FP8 -> f16x2, two f16 -> f32, f32x2 -> bf16x2) issues
 // two conversion-pipe instructions per pair, the slowest pipe on sm_90 / sm_100 (16 results per
-// clock per SM). FP8NCA_HD functions: the kernels call them and so does the host test
-// (tests/test_cuda_kernel_emulation.py, through tests/ext/host_hooks.cpp), which checks every byte.
+// clock per SM). Also int8 -> fp16 by byte moves (per-token-head caches). FP8NCA_HD functions:
+// the kernels call them and so does the host test (tests/test_cuda_kernel_emulation.py, through
+// tests/ext/host_hooks.cpp), which checks every byte.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +71,27 @@ FP8NCA_HD constexpr uint32_t e5m2x4_high_to_f16x2(uint32_t w) {
   return __byte_perm(w, 0, 0x3424);  // bytes (b3, 0, b2, 0)
 #else
   return ((w >> 8) & 0xff00u) | (w & 0xff000000u);
+#endif
+}
+
+// int8 (per-token-head caches) -> fp16 by byte moves: the four int8 bytes b0..b3 of w, each
+// biased to b + 128 (flipping its top bit), under the fp16 exponent of 1024, whose unit in the
+// last place is 1: the fp16 pairs (1024 + b0 + 128, 1024 + b1 + 128), (.. b2 .., .. b3 ..),
+// exactly. Less kInt8F16Bias (an fp16 subtraction, exact: the difference is an integer of at
+// most 8 bits) they are b0..b3.
+constexpr float kInt8F16Bias = 1152.f;  // 1024 + 128
+FP8NCA_HD constexpr uint32_t int8x4_low_to_biased_f16x2(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4140);  // bytes (0x64, b1, 0x64, b0)
+#else
+  return ((w ^ 0x80u) & 0xffu) | 0x6400u | ((((w >> 8) ^ 0x80u) & 0xffu) << 16) | 0x64000000u;
+#endif
+}
+FP8NCA_HD constexpr uint32_t int8x4_high_to_biased_f16x2(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4342);  // bytes (0x64, b3, 0x64, b2)
+#else
+  return int8x4_low_to_biased_f16x2(w >> 16);
 #endif
 }
 

@@ -106,6 +106,14 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
   return r * s.v_row + u * 16;
 }
 
+// Byte offset in a V stage of key row r's per-token-head scale (which: 0 K, 1 V), copied with
+// the tile: the 16 bytes that pad each V row hold it (v_row), so the stage and the kernel's
+// shared memory keep their size; a 1-byte V tile is read back only through the dequantisation,
+// never by ldmatrix, so nothing else reads the pad.
+FP8NCA_HD constexpr int scale_smem_offset(const TileShape& s, int r, int which) {
+  return r * s.v_row + s.units * 16 + 4 * which;
+}
+
 // Copy slot `slot` (= thread + i * threads) of a tile copy moves unit slot % units of key row
 // slot / units.
 FP8NCA_HD constexpr int copy_row(const TileShape& s, int slot) { return slot / s.units; }

@@ -15,7 +15,12 @@
 // (paged_attention_kernel_m128, FP8 caches, head_dim 128) so that R = 65..128 rows of a KV
 // head stream and dequantise its KV once. Each has a twin (paged_attention_kernel_lse,
 // paged_attention_kernel_m128_lse) whose unsplit epilogue also writes each row's LSE; they live
-// in their own translation units, so the kernels without it compile exactly as before.
+// in their own translation units, so the kernels without it compile exactly as before. The
+// per-token-head kernels (paged_attention_kernel_pth, paged_attention_kernel_m128_pth: e4m3,
+// e5m2 and int8 caches with a scale per key and KV head) are the same CTA with kTokenScales,
+// in translation units of their own too: each key's K scale multiplies its score column, each
+// value's V scale its row of the dequantised value tile. They always carry the LSE write
+// (skipped when ws_lse is null), so one kernel serves both.
 #pragma once
 
 #include <atomic>
@@ -36,13 +41,16 @@ namespace fp8nca::mma_sync {
 // the warps holding rows compute S = Q K^T, the softmax and O += P V on their key group's kNG-th
 // of the tile's n-tiles. kNG (the CTA's key-group count, key_groups()) is a template argument so
 // that each warp's share is fixed at compile time: no per-n-tile guards, no predicated MMAs.
-template <int D, typename QT, int KV, int BM, int kNG>
+// `scales` (one ScaleSource, in the per-token-head kernels only) adds each key's scales.
+template <int D, typename QT, int KV, int BM, int kNG, typename... Scales>
 __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile& w,
                                             const WarpRole& role, const KVSource& src,
                                             const RowKeys (&row_range)[2], const uint4* q_frag,
                                             uint8_t* kv_smem, uint8_t* wide, int tid,
                                             float scale_log2,
-                                            float (&o)[compute_shape(D).ot][4], RowState& st) {
+                                            float (&o)[compute_shape(D).ot][4], RowState& st,
+                                            const Scales&... scales) {
+  constexpr bool kTokenScales = sizeof...(Scales) > 0;
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;
   constexpr TileShape C = T::kC;
@@ -55,7 +63,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
   for (int stage = 0; stage < S.stages - 1; ++stage) {
     if (w.tiles.begin + stage < w.tiles.end) {
       load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, w.tiles.begin + stage,
-                              kv_smem + stage * S.stage_bytes, tid);
+                              kv_smem + stage * S.stage_bytes, tid, scales...);
     }
     cute::cp_async_fence();
   }
@@ -66,30 +74,34 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
     __syncthreads();
     if (tile + S.stages - 1 < w.tiles.end) {
       load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, tile + S.stages - 1,
-                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid);
+                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid,
+                              scales...);
     }
     cute::cp_async_fence();
 
-    const uint8_t* ks = kv_smem + (it % S.stages) * S.stage_bytes;
-    if constexpr (T::kFp8) {
+    const uint8_t* stage = kv_smem + (it % S.stages) * S.stage_bytes;
+    const uint8_t* ks = stage;
+    if constexpr (T::kNarrow) {
       // Every warp, idle rows or not, dequantises its share once for the whole CTA; the
-      // barrier at the loop's top keeps the 16-bit tile until every warp has used it.
-      dequantize_tile<D, QT, KV, BM>(ks, wide, tid);
+      // barrier at the loop's top keeps the 16-bit tile (and the stage's scales) until every
+      // warp has used it.
+      dequantize_tile<D, QT, KV, BM, kTokenScales>(ks, wide, tid);
       __syncthreads();
       ks = wide;
     }
     if (!role.active) continue;
     float s[kNT][4];
     qk_tile<D, QT, kNT>(ks, q_frag, j0, lane, s);
+    if constexpr (kTokenScales) scale_key_columns(s, stage + S.block_n * S.k_row, S, j0, lane);
     apply_mask(s, tile * C.block_n, j0, w.keys, row_range, lane);
     softmax_update(s, st, o, scale_log2);
-    pv_tile<D, PVType<QT, KV>, kNT>(ks + C.block_n * C.k_row, s, j0, lane, o);
+    pv_tile<D, PVOperand<QT, KV, kTokenScales>, kNT>(ks + C.block_n * C.k_row, s, j0, lane, o);
   }
   cute::cp_async_wait<0>();
 }
 
 // After the key loop: row sums, the merge of key groups (tiles that have them), the output.
-template <int D, typename QT, int KV, int BM, bool kWriteLse>
+template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
 __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& w,
                                            const WarpRole& role, uint8_t* smem, float scale_log2,
                                            float (&o)[compute_shape(D).ot][4], RowState& st,
@@ -105,12 +117,16 @@ __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& 
     }
   }
   if (!role.active) return;
-  store_output<D, QT, kWriteLse>(p, w, role, st, o, scale_log2, lane);
+  store_output<D, QT, kWriteLse, kTokenScales>(p, w, role, st, o, scale_log2, lane);
 }
 
-// One CTA of either tile (BM query rows); the kernels below are its entry points.
-template <int D, typename QT, int KV, int BM, bool kWriteLse>
-__device__ __forceinline__ void attention_cta(const AttnParams& p) {
+// One CTA of either tile (BM query rows); the kernels below are its entry points. `ts`: the
+// per-token-head kernels' TokenScaleParams, an empty pack in the others (no argument, no
+// temporary: they compile exactly as they did before these kernels existed), likewise the
+// scale source handed down to stream_keys and load_kv_tile.
+template <int D, typename QT, int KV, int BM, bool kWriteLse, typename... TokenScales>
+__device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenScales&... ts) {
+  constexpr bool kTokenScales = sizeof...(TokenScales) > 0;
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
   constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
@@ -137,7 +153,7 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
 
   uint4* q_frag = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32 + lane;
   uint8_t* kv_smem = smem + S.q_bytes;
-  uint8_t* wide = kv_smem + S.stages * S.stage_bytes;  // the dequantised tile (FP8 caches)
+  uint8_t* wide = kv_smem + S.stages * S.stage_bytes;  // the dequantised tile (1-byte caches)
   load_q_fragments<D, QT, KV>(p, w, role, lane, q_frag);
 
   const KVSource src{
@@ -149,27 +165,35 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
 #pragma unroll
   for (int n = 0; n < C.ot; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
-  const float scale_log2 = p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
+  // Per-token-head K scales multiply the score columns instead (scale_key_columns).
+  const float scale_log2 = kTokenScales
+                               ? p.softmax_scale * 1.4426950408889634f
+                               : p.softmax_scale * p.k_scale[w.kvh] * 1.4426950408889634f;
 
   // key_groups() gives 1, 2 or max_key_groups (always 1 in the 128-row tile); the branch is
   // uniform over the CTA. Each branch runs to the end (no merge point: the register allocation
   // of one does not constrain another).
   if constexpr (C.max_key_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
-                                  scale_log2, o, st);
-    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
+                                  scale_log2, o, st, scale_source(p, w.kvh, ts)...);
+    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
+                                                       warp, lane);
   } else if (role.n_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
-                                  scale_log2, o, st);
-    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
+                                  scale_log2, o, st, scale_source(p, w.kvh, ts)...);
+    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
+                                                       warp, lane);
   } else if (C.max_key_groups == 2 || role.n_groups == 2) {
     stream_keys<D, QT, KV, BM, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
-                                  scale_log2, o, st);
-    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
+                                  scale_log2, o, st, scale_source(p, w.kvh, ts)...);
+    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
+                                                       warp, lane);
   } else {
     stream_keys<D, QT, KV, BM, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem,
-                                                 wide, tid, scale_log2, o, st);
-    finish_cta<D, QT, KV, BM, kWriteLse>(p, w, role, smem, scale_log2, o, st, warp, lane);
+                                                 wide, tid, scale_log2, o, st,
+                                                 scale_source(p, w.kvh, ts)...);
+    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
+                                                       warp, lane);
   }
 }
 
@@ -180,7 +204,7 @@ __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>
   attention_cta<D, QT, KV, kBlockM, false>(p);
 }
 
-// The 128-row tile: 8 warps (FP8 caches, head_dim 128; plan.cpp block_m_for).
+// The 128-row tile: 8 warps (1-byte caches, head_dim 128; plan.cpp block_m_for).
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
@@ -202,14 +226,34 @@ __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
   attention_cta<D, QT, KV, kBlockMWide, true>(p);
 }
 
-// The kernel of tile BM, with or without the LSE write.
-template <int D, typename QT, int KV, int BM, bool kWriteLse>
+// The per-token-head kernels (k_scale / v_scale [num_blocks, block_size, num_kv_heads] through
+// ts's strides), with the LSE write (none when ws_lse is null and the launch unsplit).
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
+    paged_attention_kernel_pth(const AttnParams p, const TokenScaleParams ts) {
+  attention_cta<D, QT, KV, kBlockM, true>(p, ts);
+}
+
+template <int D, typename QT, int KV>
+__global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
+                                  Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
+    paged_attention_kernel_m128_pth(const AttnParams p, const TokenScaleParams ts) {
+  attention_cta<D, QT, KV, kBlockMWide, true>(p, ts);
+}
+
+// The kernel of tile BM: with or without the LSE write, or the per-token-head one.
+template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
 constexpr auto kernel_of() {
+  static_assert(kWriteLse || !kTokenScales, "the per-token-head kernels write the LSE");
   // if constexpr throughout: a kernel named in a discarded branch is not instantiated.
-  if constexpr (BM == kBlockM && kWriteLse) {
+  if constexpr (BM == kBlockM && kTokenScales) {
+    return &paged_attention_kernel_pth<D, QT, KV>;
+  } else if constexpr (BM == kBlockM && kWriteLse) {
     return &paged_attention_kernel_lse<D, QT, KV>;
   } else if constexpr (BM == kBlockM) {
     return &paged_attention_kernel<D, QT, KV>;
+  } else if constexpr (kTokenScales) {
+    return &paged_attention_kernel_m128_pth<D, QT, KV>;
   } else if constexpr (kWriteLse) {
     return &paged_attention_kernel_m128_lse<D, QT, KV>;
   } else {
@@ -219,7 +263,7 @@ constexpr auto kernel_of() {
 
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
 // so that graph capture sees only launches).
-template <int D, typename QT, int KV, int BM, bool kWriteLse>
+template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
 cudaError_t prepare_kernel() {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   if (S.smem <= 48 * 1024) return cudaSuccess;
@@ -229,7 +273,7 @@ cudaError_t prepare_kernel() {
   if (err != cudaSuccess) return err;
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM, kWriteLse>(),
+  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM, kWriteLse, kTokenScales>(),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, S.smem);
   if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
   return err;
@@ -237,30 +281,38 @@ cudaError_t prepare_kernel() {
 
 // Launches the kernel of tile BM on `grid` (from the plan, csrc/common/plan.h), or with
 // `ctas_per_sm` set only reports how many of its CTAs fit on one SM of the current device.
-template <int D, typename QT, int KV, int BM, bool kWriteLse>
-cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
+template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
+cudaError_t launch(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
+                   cudaStream_t stream, int* ctas_per_sm) {
   using T = Traits<D, QT, KV, BM>;
-  const cudaError_t err = prepare_kernel<D, QT, KV, BM, kWriteLse>();
+  constexpr auto kernel = kernel_of<D, QT, KV, BM, kWriteLse, kTokenScales>();
+  const cudaError_t err = prepare_kernel<D, QT, KV, BM, kWriteLse, kTokenScales>();
   if (err != cudaSuccess) return err;
   if (ctas_per_sm != nullptr) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, kernel_of<D, QT, KV, BM, kWriteLse>(), T::kThreads, T::kS.smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, T::kThreads,
+                                                         T::kS.smem);
   }
-  kernel_of<D, QT, KV, BM, kWriteLse>()<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
+  if constexpr (kTokenScales) {
+    kernel<<<grid, T::kThreads, T::kS.smem, stream>>>(p, ts);
+  } else {
+    kernel<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
-// The launch for `block_m` (the plan's): the 128-row tile exists for FP8 caches at head_dim 128
-// only (plan.cpp block_m_for); kWriteLse: the twin that writes the unsplit LSE.
-template <int D, typename QT, int KV, bool kWriteLse = false>
-cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
-                        int* ctas_per_sm) {
+// The launch for `block_m` (the plan's): the 128-row tile exists for 1-byte caches at head_dim
+// 128 only (plan.cpp block_m_for); kWriteLse: the twin that writes the unsplit LSE;
+// kTokenScales: the per-token-head kernel (which writes it too), reading `ts`.
+template <int D, typename QT, int KV, bool kWriteLse = false, bool kTokenScales = false>
+cudaError_t launch_tile(const AttnParams& p, const TokenScaleParams& ts, dim3 grid, int block_m,
+                        cudaStream_t stream, int* ctas_per_sm) {
   if (block_m == kBlockM) {
-    return launch<D, QT, KV, kBlockM, kWriteLse>(p, grid, stream, ctas_per_sm);
+    return launch<D, QT, KV, kBlockM, kWriteLse, kTokenScales>(p, ts, grid, stream, ctas_per_sm);
   }
-  if constexpr (Traits<D, QT, KV>::kFp8 && D == 128) {
+  if constexpr (Traits<D, QT, KV>::kNarrow && D == 128) {
     if (block_m == kBlockMWide) {
-      return launch<D, QT, KV, kBlockMWide, kWriteLse>(p, grid, stream, ctas_per_sm);
+      return launch<D, QT, KV, kBlockMWide, kWriteLse, kTokenScales>(p, ts, grid, stream,
+                                                                     ctas_per_sm);
     }
   }
   return cudaErrorInvalidValue;

@@ -1,6 +1,7 @@
 // Mainloop of the mma.sync family: the Q fragments, the paged K/V tile copy (cp.async, 16-byte
-// units, page ids read once per page and shared across the warp), the once-per-CTA dequantisation
-// of an FP8 tile to 16 bits, and the two MMAs of a key tile, S = Q K^T and O += P V.
+// units, page ids read once per page and shared across the warp; per-token-head scales copied
+// with their keys), the once-per-CTA dequantisation of a 1-byte tile to 16 bits, and the two
+// MMAs of a key tile, S = Q K^T and O += P V.
 #pragma once
 
 #include <cstdint>
@@ -62,11 +63,53 @@ struct KVSource {
   const int32_t* bt_row;  // block_table row of the sequence
 };
 
-// Copies key tile `tile` (keys past n_keys zero-filled: they are masked, and zeros keep 0 * V
-// finite) into one K and one V stage. Every thread of the CTA calls it (it shuffles).
+// Where one KV head's per-token-head scales lie (the per-token-head kernels): k_scale + kv_head
+// * ks_stride_h, and the block and slot strides (elements).
+struct ScaleSource {
+  const float* k_head;
+  const float* v_head;
+  int64_t k_stride_b, k_stride_s, v_stride_b, v_stride_s;
+};
+
+__device__ __forceinline__ ScaleSource scale_source(const AttnParams& p, int kvh,
+                                                    const TokenScaleParams& ts) {
+  return ScaleSource{p.k_scale + kvh * ts.ks_stride_h, p.v_scale + kvh * ts.vs_stride_h,
+                     ts.ks_stride_b, ts.ks_stride_s, ts.vs_stride_b, ts.vs_stride_s};
+}
+
+// Copies key row `tid`'s K and V scale (zero past n_keys) of the key tile from key n0 into its
+// V row's pad (index_maps.h scale_smem_offset). Threads below block_n, whole warps (it
+// shuffles the page id from `my_page`, as load_kv_tile does).
 template <int D, typename QT, int KV, int BM>
+__device__ __forceinline__ void load_scales(const AttnParams& p, const ScaleSource& scales,
+                                            int my_page, int n0, int n_keys, uint8_t* vs,
+                                            int tid) {
+  constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
+  static_assert(S.block_n % 32 == 0 && S.block_n <= S.threads, "one scale row per thread");
+  if (tid >= S.block_n) return;
+  const int r = tid;
+  const bool ok = n0 + r < n_keys;
+  const int64_t page = __shfl_sync(0xffffffffu, my_page, tile_page(r, p.block_shift));
+  const float* kscale = scales.k_head;
+  const float* vscale = scales.v_head;
+  if (ok) {
+    const int64_t off = page_key(n0, r, p.block_size);
+    kscale += page * scales.k_stride_b + off * scales.k_stride_s;
+    vscale += page * scales.v_stride_b + off * scales.v_stride_s;
+  }
+  cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(
+      *kscale, *reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 0)), ok);
+  cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(
+      *vscale, *reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 1)), ok);
+}
+
+// Copies key tile `tile` (keys past n_keys zero-filled: they are masked, and zeros keep 0 * V
+// finite) into one K and one V stage, and with `scales` (the per-token-head kernels) each
+// key's K and V scale (load_scales). Every thread of the CTA calls it (it shuffles).
+template <int D, typename QT, int KV, int BM, typename... Scales>
 __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource& src,
-                                             int n_keys, int tile, uint8_t* ks, int tid) {
+                                             int n_keys, int tile, uint8_t* ks, int tid,
+                                             const Scales&... scales) {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   uint8_t* vs = ks + S.block_n * S.k_row;
   const int lane = tid & 31;
@@ -99,16 +142,19 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
         *reinterpret_cast<const uint4*>(vsrc),
         *reinterpret_cast<uint4*>(vs + v_smem_offset(S, r, u)), ok);
   }
+  (load_scales<D, QT, KV, BM>(p, scales, my_page, n0, n_keys, vs, tid), ...);
 }
 
-// Dequantises the FP8 K and V tile of one stage, once for the whole CTA (every thread converts
-// its share: one 16-byte FP8 unit of K and of V per copy slot), into the 16-bit tile the MMAs
-// read: K to the query dtype, V to the P V operand dtype. Exact (fp8x4_to, fp8_bits.h).
-template <int D, typename QT, int KV, int BM>
+// Dequantises the 1-byte K and V tile of one stage, once for the whole CTA (every thread
+// converts its share: one 16-byte unit of K and of V per copy slot), into the 16-bit tile the
+// MMAs read: K to the query dtype, exactly (fp8x4_to, fp8_bits.h; int8 values are 16-bit
+// values too), V to the P V operand dtype, exactly, or with kTokenScales times its key's scale
+// in fp32, rounded once (PVOperand).
+template <int D, typename QT, int KV, int BM, bool kTokenScales>
 __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16, int tid) {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   constexpr TileShape C = Traits<D, QT, KV, BM>::kC;
-  using VT = PVType<QT, KV>;
+  using VT = PVOperand<QT, KV, kTokenScales>;
   const uint8_t* vs8 = ks8 + S.block_n * S.k_row;
   uint8_t* v16 = k16 + C.block_n * C.k_row;
   const int r0 = copy_row(S, tid);
@@ -140,12 +186,29 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* ks8, uint8_t* k16
           kx[2 * w + 1] = fp8x2_to<KV, QT>(__byte_perm(kw[w], 0, 0x31));  // bytes 1, 3
         }
       }
+    } else if constexpr (KV == kI8) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        int8x4_to_f16x2(kw[w], kx[2 * w], kx[2 * w + 1]);
+        kx[2 * w] = f16x2_to<QT>(kx[2 * w]);
+        kx[2 * w + 1] = f16x2_to<QT>(kx[2 * w + 1]);
+      }
     } else {
 #pragma unroll
       for (int w = 0; w < 4; ++w) fp8x4_to<KV, QT>(kw[w], kx[2 * w], kx[2 * w + 1]);
     }
+    if constexpr (kTokenScales) {
+      const float scale = *reinterpret_cast<const float*>(vs8 + scale_smem_offset(S, r, 1));
 #pragma unroll
-    for (int w = 0; w < 4; ++w) fp8x4_to<KV, VT>(vw[w], vx[2 * w], vx[2 * w + 1]);
+      for (int w = 0; w < 4; ++w) {
+        narrow_x4_to_f16x2<KV>(vw[w], vx[2 * w], vx[2 * w + 1]);
+        vx[2 * w] = scaled_f16x2_to<VT>(vx[2 * w], scale);
+        vx[2 * w + 1] = scaled_f16x2_to<VT>(vx[2 * w + 1], scale);
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) fp8x4_to<KV, VT>(vw[w], vx[2 * w], vx[2 * w + 1]);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       *reinterpret_cast<uint4*>(k16 + k_smem_offset(C, r, wide_unit(u, h))) =

@@ -1,6 +1,6 @@
-// Online softmax of the mma.sync family (FlashAttention-2, fp32, log2 domain): the per-tile
-// row update with O rescaled only when a row max of the warp moved, and the merge of the key
-// groups that share one row warp's keys.
+// Online softmax of the mma.sync family (FlashAttention-2, fp32, log2 domain): per-token-head K
+// scales on the score columns, the per-tile row update with O rescaled only when a row max of
+// the warp moved, and the merge of the key groups that share one row warp's keys.
 #pragma once
 
 #include <cmath>
@@ -24,6 +24,27 @@ struct RowState {
   float m[2];  // raw score max (before scale_log2); -inf while every key so far is masked
   float l[2];  // this thread's share of the row sum (reduced over the quad at the end)
 };
+
+// Per-token-head K scales: multiplies each score column of the warp's kNT n-tiles (from j0) by
+// its key's k_scale, in fp32, before the mask and the row max: s_ij = (q_i . k_j) * k_scale_j.
+// `stage_v` is the tile's V stage, whose row pads hold the scales (index_maps.h
+// scale_smem_offset); lane (g, t) holds keys 8 (j0 + j) + 2t, + 1 of n-tile j (PTX ISA layout).
+template <int kNT>
+__device__ __forceinline__ void scale_key_columns(float (&s)[kNT][4], const uint8_t* stage_v,
+                                                  const TileShape& shape, int j0, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    const int key = 8 * (j0 + j) + 2 * t;
+    const float k0 = *reinterpret_cast<const float*>(stage_v + scale_smem_offset(shape, key, 0));
+    const float k1 =
+        *reinterpret_cast<const float*>(stage_v + scale_smem_offset(shape, key + 1, 0));
+    s[j][0] *= k0;
+    s[j][1] *= k1;
+    s[j][2] *= k0;
+    s[j][3] *= k1;
+  }
+}
 
 // Exponentiates the warp's kNT n-tiles of one S tile in place (P = 2^(s * scale_log2 - m)),
 // updates m and l, and rescales O when the max of any row of the warp moved. Rows are reduced

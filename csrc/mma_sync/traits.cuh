@@ -1,5 +1,5 @@
 // Compile-time configuration of one mma.sync kernel (head dim, query dtype, cache dtype) and the
-// register-level primitives it is built from: the m16n8k16 MMA, exact FP8 -> operand
+// register-level primitives it is built from: the m16n8k16 MMA, exact FP8 / int8 -> operand
 // conversions and packing.
 #pragma once
 
@@ -20,7 +20,9 @@ namespace fp8nca::mma_sync {
 template <int D, typename QT, int KV, int BM = kBlockM>
 struct Traits {
   static constexpr bool kFp8 = KV == kE4M3 || KV == kE5M2;
-  static constexpr TileShape kS = tile_shape(D, kFp8 ? 1 : 2, BM);  // tiles as copied
+  // 1-byte caches (FP8, or int8 with per-token-head scales) are dequantised to 16 bits per tile.
+  static constexpr bool kNarrow = kFp8 || KV == kI8;
+  static constexpr TileShape kS = tile_shape(D, kNarrow ? 1 : 2, BM);  // tiles as copied
   static constexpr TileShape kC = compute_shape(D, BM);              // tiles the MMAs read
   static constexpr int kThreads = kS.threads;
   // CTAs per SM the register allocation must allow (several in flight hide HBM latency): shared
@@ -41,6 +43,13 @@ template <typename QT, int KV>
 using PVType = std::conditional_t<KV == kBF16 && std::is_same_v<QT, __nv_bfloat16>,
                                   __nv_bfloat16, __half>;
 
+// ... and with per-token-head scales (kTokenScales), the query dtype: the value tile then holds
+// each value times its own scale (dequantize_tile), rounded once, as a 16-bit cache of the
+// query's dtype would hold it, so the P V product is that cache's; values written from the
+// query's dtype stay in its range (fp16 could not hold a bf16 model's).
+template <typename QT, int KV, bool kTokenScales>
+using PVOperand = std::conditional_t<kTokenScales, QT, PVType<QT, KV>>;
+
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1, __nv_bfloat16) {
   cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
@@ -51,6 +60,19 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
                                          uint32_t b1, __half) {
   cute::SM80_16x8x16_F32F16F16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
                                           b1, c[0], c[1], c[2], c[3]);
+}
+
+// An fp16 pair -> the same values in QT, exactly for values that are bf16 too (FP8 and int8
+// values are).
+template <typename QT>
+__device__ __forceinline__ uint32_t f16x2_to(uint32_t h2) {
+  if constexpr (std::is_same_v<QT, __half>) {
+    return h2;
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
 }
 
 // Two FP8 values (low byte first) -> two values of the operand dtype, exactly: the hardware
@@ -65,13 +87,7 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
   } else {
     asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(x));
   }
-  if constexpr (std::is_same_v<QT, __half>) {
-    return h2;
-  } else {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    const __nv_bfloat162 b = __float22bfloat162_rn(f);
-    return *reinterpret_cast<const uint32_t*>(&b);
-  }
+  return f16x2_to<QT>(h2);
 }
 
 // Four FP8 values (low byte first) -> the pairs (0, 1), (2, 3) of the operand dtype, exactly:
@@ -84,6 +100,29 @@ __device__ __forceinline__ void fp8x4_to(uint32_t w, uint32_t& lo, uint32_t& hi)
   } else {
     lo = fp8x2_to<KV, QT>(w & 0xffffu);
     hi = fp8x2_to<KV, QT>(w >> 16);
+  }
+}
+
+// Four int8 values (low byte first) -> the fp16 pairs (0, 1), (2, 3), exactly: byte moves
+// (fp8_bits.h) and one fp16 subtraction per pair, no conversion instruction.
+__device__ __forceinline__ void int8x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const __half2 bias = __float2half2_rn(kInt8F16Bias);
+  const uint32_t lo_biased = int8x4_low_to_biased_f16x2(w);
+  const uint32_t hi_biased = int8x4_high_to_biased_f16x2(w);
+  const __half2 l = __hsub2(*reinterpret_cast<const __half2*>(&lo_biased), bias);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&hi_biased), bias);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four values of a 1-byte cache (e4m3, e5m2 or int8; low byte first) -> the fp16 pairs (0, 1),
+// (2, 3), exactly: each such value is an fp16.
+template <int KV>
+__device__ __forceinline__ void narrow_x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (KV == kI8) {
+    int8x4_to_f16x2(w, lo, hi);
+  } else {
+    fp8x4_to<KV, __half>(w, lo, hi);
   }
 }
 
@@ -111,6 +150,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
+}
+
+// An fp16 pair (exact cache values) times `scale` in fp32, rounded once to QT.
+template <typename QT>
+__device__ __forceinline__ uint32_t scaled_f16x2_to(uint32_t h2, float scale) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+  return pack2<QT>(f.x * scale, f.y * scale);
 }
 
 }  // namespace fp8nca::mma_sync

@@ -139,6 +139,10 @@ py::dict mma_sync_tables(int head_dim, int elt, int block_m) {
                             m::v_smem_offset(c, r, m::wide_unit(u, 0)),
                             m::v_smem_offset(c, r, m::wide_unit(u, 1))};
   }, elt == 1 ? slots : 0);
+  // 1-byte tiles: key row -> the offsets of its per-token-head K and V scale in the V stage.
+  d["scale"] = table([&](int r) {
+    return std::vector<int>{m::scale_smem_offset(s, r, 0), m::scale_smem_offset(s, r, 1)};
+  }, elt == 1 ? s.block_n : 0);
   d["qk_dim"] = table([&](int g, int kk, int t) { return m::qk_dim(s, g, kk, t); }, s.groups,
                       s.steps_per_unit, 4);
   d["k_frag"] = table([&](int j, int g, int lane) { return m::k_frag_offset(s, j, g, lane); },
@@ -224,6 +228,10 @@ PYBIND11_MODULE(fp8nca_host_hooks, host) {
   host.def("e5m2x4_to_f16x2", [](uint32_t w) {
     return py::make_tuple(ms::e5m2x4_low_to_f16x2(w), ms::e5m2x4_high_to_f16x2(w));
   }, py::arg("word"));
+  host.def("int8x4_to_biased_f16x2", [](uint32_t w) {
+    return py::make_tuple(ms::int8x4_low_to_biased_f16x2(w), ms::int8x4_high_to_biased_f16x2(w),
+                          ms::kInt8F16Bias);
+  }, py::arg("word"), "int8 bytes as biased fp16 pairs (low, high) and the bias to subtract.");
   host.def("bf16_k_dim", &ms::bf16_k_dim, py::arg("position"));
   host.def("page_key", &ms::page_key, py::arg("n0"), py::arg("r"), py::arg("block_size"));
   host.def("key_groups", [](int head_dim, int elt, int rows_in_tile, int block_m) {

@@ -18,12 +18,14 @@ from ...launch_record import MMA_SYNC, refusal, window_sides
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
 
-# Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them).
+# Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them). int8: per-token-head
+# caches, read by the attention kernels only.
 DTYPE_CODES = {
     torch.bfloat16: 0,
     torch.float16: 1,
     torch.float8_e4m3fn: 2,
     torch.float8_e5m2: 3,
+    torch.int8: 5,
 }
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.

@@ -2,7 +2,9 @@
 into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for the newest:
 ``backend="mma_sync"``, ``auto``'s first choice on a GPU. Its plan comes from the C++ plan
 function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
-allocator (graph-safe). Nothing here synchronises with the host.
+allocator (graph-safe). Per-token-head scales (e4m3, e5m2 and int8 caches) run on kernels of
+their own, chosen per layer by the launch's ``scale_mode``. Nothing here synchronises with the
+host.
 """
 
 from __future__ import annotations
@@ -59,9 +61,20 @@ def sizes_reason(batch: Batch) -> str | None:
 
 
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
-    """None when the layer's own tensors suit the kernels' loads (checked on every run: pointers
-    differ per layer). ``out`` is never a reason: the kernels pick their store width from its
-    alignment and write it in place."""
+    """None when the layer's own tensors suit the kernels (checked on every run: pointers and
+    scales differ per layer). ``out`` is never a reason: the kernels pick their store width from
+    its alignment and write it in place.
+
+    The scale kind is the layer's (a batch plans without it), so the kernels that are not
+    compiled for it are refused here: per-token-head kernels exist for 1-byte caches (e4m3,
+    e5m2, int8) only, with both scales per token and head, and an int8 cache has no other."""
+    per_token = problem.per_token_head_scales
+    if per_token != (problem.v_scale.dim() == 3):
+        return "k_scale and v_scale must both be per token and KV head, or both per KV head"
+    if per_token and problem.key_cache.element_size() != 1:
+        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
+    if not per_token and problem.key_cache.dtype == torch.int8:
+        return "an int8 cache is compiled with per-token-head scales only"
     # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
     for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
         if not _aligned(cache, cache.stride()[:3], 16):
@@ -97,7 +110,7 @@ def resident_ctas(batch: Batch) -> int:
 
 def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> dict[str, object]:
     """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
-    for more than 64 rows per KV head on an FP8 cache at head_dim 128), ``block_n``,
+    for more than 64 rows per KV head on a 1-byte cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
     split-KV workspace sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when
     unsplit) for ``resident`` CTA slots on the GPU. ``num_splits`` forces the count (clamped to

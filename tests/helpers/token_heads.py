@@ -1,0 +1,90 @@
+"""Per-token-head problems for the CUDA kernels' tests (the CPU emulation and the GPU tests):
+data and scales in pages that keep each token's scales inline after its head's K and V rows,
+as vLLM does, but with the rows 16-byte aligned as the kernels' copies need."""
+
+import torch
+
+from fp8_noncausal_attn.backends import reference
+from fp8_noncausal_attn.problem import AttentionProblem, CacheWrite
+from fp8_noncausal_attn.synthetic import per_token_head_problem
+
+# Bytes after the K and V rows of each (block, head, slot): K scale, V scale (float32), 8 unused.
+_TAIL_BYTES = 16
+
+
+def aligned_pages(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, cache_dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(key_cache, value_cache, k_scale, v_scale)``: views of one uint8 ``[num_blocks,
+    num_kv_heads, block_size, 2 * head_dim + 16]`` page tensor (HND, like vLLM's), each slot
+    ``[K | V | K scale | V scale | 8 bytes]``; the caches ``[num_blocks, block_size,
+    num_kv_heads, head_dim]`` of ``cache_dtype``, the scales float32 ``[num_blocks, block_size,
+    num_kv_heads]``, strided. Filled with 0x5A bytes (scales ~1.5e16), so a slot read that was
+    never written shows."""
+    row = 2 * head_dim + _TAIL_BYTES
+    pages = torch.full((num_blocks, num_kv_heads, block_size, row), 0x5A, dtype=torch.uint8,
+                       device=device)  # fmt: skip
+    data = pages.view(cache_dtype)
+    words = pages.view(torch.float32)
+    scale_word = 2 * head_dim // 4
+    return (
+        data[..., :head_dim].transpose(1, 2),
+        data[..., head_dim : 2 * head_dim].transpose(1, 2),
+        words[..., scale_word].transpose(1, 2),
+        words[..., scale_word + 1].transpose(1, 2),
+    )
+
+
+def token_head_problem(
+    cache_dtype: torch.dtype,
+    query_dtype: torch.dtype,
+    q_lens: list[int],
+    kv_lens: list[int],
+    *,
+    num_q_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    block_size: int = 16,
+    causal: bool | list[bool] = False,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    padded_rows: int = 0,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> AttentionProblem:
+    """A random problem over an :func:`aligned_pages` cache written by the reference's
+    per-token-head write: drafter-like keys of order 1-10 and values of order 0.01-0.1, each
+    token's magnitude drawn over a decade (one scale per head cannot stand in for one per token),
+    shuffled pages; ``padded_rows`` random query rows past the last sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // block_size) for kv in kv_lens]
+    num_blocks = sum(pages) + 1
+    key_cache, value_cache, k_scale, v_scale = aligned_pages(
+        num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device
+    )
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    block_table = torch.zeros(len(kv_lens), max(pages) + 1, dtype=torch.int32)
+    keys, values, slots = [], [], []
+    for seq, kv_len in enumerate(kv_lens):
+        seq_pages = [order.pop() for _ in range(pages[seq])]
+        block_table[seq, : pages[seq]] = torch.tensor(seq_pages)
+        slots += [seq_pages[j // block_size] * block_size + j % block_size for j in range(kv_len)]
+        gain = torch.logspace(0, 1, kv_len)[torch.randperm(kv_len, generator=gen)][:, None, None]
+        shape = (kv_len, num_kv_heads, head_dim)
+        keys.append(torch.randn(shape, generator=gen) * gain)
+        values.append(torch.randn(shape, generator=gen) * gain * 0.01)
+    reference.reshape_and_cache(CacheWrite(
+        torch.cat(keys).to(query_dtype).to(device), torch.cat(values).to(query_dtype).to(device),
+        key_cache, value_cache, torch.tensor(slots, device=device), k_scale, v_scale,
+    ))  # fmt: skip
+    num_tokens = sum(q_lens) + padded_rows
+    query = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(query_dtype)
+    cu = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
+    flags = torch.tensor(causal, dtype=torch.int32) if isinstance(causal, list) else causal
+    return per_token_head_problem(
+        query.to(device), key_cache, value_cache, block_table.to(device), cu.to(device),
+        torch.tensor(kv_lens, dtype=torch.int32, device=device), k_scale=k_scale,
+        v_scale=v_scale, causal=flags if isinstance(flags, bool) else flags.to(device),
+        window=window, sinks=sinks,
+    )  # fmt: skip
