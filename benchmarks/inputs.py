@@ -73,6 +73,13 @@ class Case:
     def softmax_scale(self) -> float:
         return self.shape.head_dim**-0.5
 
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes :meth:`clone_storage` copies: the query and the caches (a page whole)."""
+        if self.page is not None:
+            return self.query.nbytes + self.page.nbytes
+        return self.query.nbytes + self.key_cache.nbytes + self.value_cache.nbytes
+
     def clone_storage(self) -> Case:
         """Same values in new memory (for L2 rotation); the small index tensors are shared."""
         if self.page is not None:

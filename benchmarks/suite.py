@@ -61,8 +61,9 @@ class ShapeRun:
         self.shape = shape
         self.device = device
         case = make_case(shape, device, seed)
-        case_bytes = case.query.nbytes + case.key_cache.nbytes + case.value_cache.nbytes
-        copies = min(rotation_count(shape.bytes, device), max(1, MAX_ROTATION_BYTES // case_bytes))
+        copies = min(
+            rotation_count(shape.bytes, device), max(1, MAX_ROTATION_BYTES // case.storage_bytes)
+        )
         self.copies: list[Case] = [case] + [case.clone_storage() for _ in range(copies - 1)]
         self._oracles: dict[tuple, torch.Tensor] = {}
 

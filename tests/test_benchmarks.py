@@ -482,6 +482,9 @@ def test_per_token_head_case_is_vllms_page_with_scales_per_token(shape):
     assert copy.page.data_ptr() != page.data_ptr()
     assert copy.k_scale.data_ptr() != case.k_scale.data_ptr()
     assert torch.equal(copy.k_scale, case.k_scale)
+    # What a copy takes in memory (the rotation's cap): the whole page, scales included.
+    assert case.storage_bytes == case.query.nbytes + page.numel()
+    assert case.storage_bytes > case.query.nbytes + 2 * case.key_cache.nbytes
 
 
 def _run(adapter, case) -> torch.Tensor:
