@@ -25,7 +25,8 @@ QUICK_BUDGET_S = 140.0
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.attention",
-        description="Paged attention over FP8/BF16 KV caches: ours against the peers.",
+        description="Paged attention over FP8, per-token-head FP8/INT8 and BF16 KV caches: "
+        "ours against the peers.",
     )
     preset = parser.add_mutually_exclusive_group()
     presets = (
@@ -39,8 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         (
             "--grid",
             "grid",
-            "the drafter grid of the GPU check (batch 32/64 x q_len 8/16 x context 4k-128k, "
-            "e4m3, per-head scales); needs a CUDA GPU",
+            "the drafter grid of the GPU check (batch 32/64 x q_len 8/16 x context 4k-128k; "
+            "e4m3 with per-head scales, then vLLM's fp8/int8 per-token-head pages); needs a "
+            "CUDA GPU",
         ),
         ("--full", "full", "the whole sweep of shapes; needs a CUDA GPU"),
         (

@@ -6,6 +6,9 @@ differs from the problem (a BF16 copy, a scalar scale). Peers that cannot take p
 scales get one scalar, the largest per-head scale (what vLLM's checkpoint loader reduces
 per-head scales to), and their ``rel_err`` is measured against the oracle with that scalar:
 their timing is of the same bytes, their answer is of a different (scalar-scale) problem.
+On a per-token-head cache (vLLM's inline page) every runner reads the same page: ours through
+``layouts.split_per_token_head_cache``, vLLM's TRITON_ATTN as its ``forward`` views it; a peer
+that cannot take per-token-head scales is skipped with the reason.
 
 A sliding window and sinks are passed to every backend that can run them; a peer that cannot
 express a shape's window (or sinks) is skipped on it with the reason, never run without it. A
@@ -53,6 +56,11 @@ def expressible_window(
 def _no_sinks(shape: Shape, peer: str) -> None:
     if shape.sinks:
         raise Unsupported(f"{peer} cannot add attention-sink logits to the softmax denominator")
+
+
+def _no_per_token_head(shape: Shape, peer: str, takes: str) -> None:
+    if shape.per_token_head:
+        raise Unsupported(f"{peer} takes {takes}: per-token-head scales cannot be given")
 
 
 def window_mask(shape: Shape, device: torch.device) -> torch.Tensor | None:
@@ -110,8 +118,9 @@ class Ours(Adapter):
     def __init__(self, name: str) -> None:
         self.name = name
         self.note = (
-            "per-KV-head scales, paged cache, CUDA-graph safe call (max_seqlen_q/k given); "
-            "window and sinks passed as given"
+            "per-KV-head scales, or per-token-head scales viewed from vLLM's page "
+            "(split_per_token_head_cache), paged cache, CUDA-graph safe call "
+            "(max_seqlen_q/k given); window and sinks passed as given"
         )
 
     def unavailable(self, device: torch.device) -> str | None:
@@ -125,6 +134,9 @@ class Ours(Adapter):
         from fp8_noncausal_attn.validation import validate_attention
 
         shape = case.shape
+        refusal = registry.REGISTRY[self.name].kernels.PER_TOKEN_HEAD_REFUSAL
+        if shape.per_token_head and refusal is not None:
+            raise Unsupported(f"per-token-head scales: {refusal}")
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
         arguments = (
             case.query,
@@ -173,11 +185,18 @@ class ScalarScaled(Adapter):
 class VllmTritonUnified(ScalarScaled):
     name = "vllm_triton_unified"
     note = (
-        "vLLM 0.33.0 triton_unified_attention as TRITON_ATTN calls it, same paged cache; "
-        "KV scales per tensor only (given the max per-head scale; per-KV-head scales cannot be "
-        "expressed), rel_err against that scalar-scale problem; sinks passed; windows: causal "
-        "(left, any) or bidirectional symmetric (w, w)"
+        "vLLM 0.33.0 triton_unified_attention as TRITON_ATTN calls it, same paged cache; an "
+        "FP8 cache's KV scales per tensor only (given the max per-head scale; per-KV-head "
+        "scales cannot be expressed), rel_err against that scalar-scale problem; a "
+        "per-token-head page (fp8/int8_per_token_head, the caches TRITON_ATTN serves) read as "
+        "its forward views it, with the page's own scales (kv_quant_mode, k/v_scale_cache); "
+        "sinks passed; windows: causal (left, any) or bidirectional symmetric (w, w)"
     )
+
+    def given_scales(self, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        if case.shape.per_token_head:
+            return case.k_scale, case.v_scale
+        return super().given_scales(case)
 
     def unavailable(self, device: torch.device) -> str | None:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -198,11 +217,17 @@ class VllmTritonUnified(ScalarScaled):
             shape, self.name, candidate, "causal (left, any) or bidirectional (w, w) windows"
         )
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
-        k_scale, v_scale = _scalar_scales(case)
+        if shape.per_token_head:
+            key_cache, value_cache, quant = vllm_peer.per_token_head(
+                case.page, shape.torch_kv_dtype, case.k_scale, case.v_scale
+            )
+        else:
+            key_cache, value_cache = case.key_cache, case.value_cache
+            quant = vllm_peer.per_tensor(key_cache, shape.batch, *_scalar_scales(case))
         run = vllm_peer.unified_attention_call(
             case.query,
-            case.key_cache,
-            case.value_cache,
+            key_cache,
+            value_cache,
             out,
             case.block_table,
             case.cu_seqlens_q,
@@ -211,8 +236,7 @@ class VllmTritonUnified(ScalarScaled):
             max_seqlen_k=shape.kv_len,
             causal=shape.causal,
             softmax_scale=case.softmax_scale,
-            scalar_k_scale=k_scale,
-            scalar_v_scale=v_scale,
+            quant=quant,
             window=window,
             sinks=case.sinks,
         )
@@ -246,6 +270,7 @@ class Fa3Fp8Query(Adapter):
         shape = case.shape
         if not shape.quantized:
             raise Unsupported("this peer is FA3 over an FP8 cache with an FP8 query")
+        _no_per_token_head(shape, self.name, "one K and one V descale per (sequence, KV head)")
         e4m3 = torch.float8_e4m3fn
         q_scale = case.query.float().abs().amax().clamp_min(1e-12) / finite_max(e4m3)
         query = (case.query.float() / q_scale).to(e4m3)
@@ -402,6 +427,7 @@ class FlashInfer(ScalarScaled):
     def prepare(self, case: Case) -> Prepared:
         shape = case.shape
         _no_sinks(shape, self.name)
+        _no_per_token_head(shape, self.name, "scalar k/v scales")
         # window_left bounds keys below p; nothing bounds them above but the causal mask.
         left, _ = expressible_window(
             shape,

@@ -70,6 +70,7 @@ def write_markdown(path: Path, payload: dict) -> None:
     """Tables of the rows (grouped by shape), skips, backends and the accuracy study."""
     lines = [f"# Paged attention benchmark: {payload['gpu']}, {payload['date']}", ""]
     lines.append(f"Command: `{payload['command']}`. {payload['timing_note']}")
+    lines.append(f"Bytes: {payload['bytes_note']}.")
     if not payload["complete"]:
         lines.append("**Incomplete: the run was cut off; these are the shapes it finished.**")
     environment = ", ".join(f"{key} {value}" for key, value in payload["environment"].items())

@@ -6,7 +6,10 @@ the problem's minimum: each KV byte read once, the query read once, the output w
 sliding window the KV bytes are those of the pages the window touches (from the first page holding
 a key some query sees to the end of the sequence; a paged kernel reads whole pages), and the FLOPs
 those of the keys each query sees, so a windowed shape's bytes, FLOPs and time scale with the
-window, not the context.
+window, not the context. A per-token-head cache (vLLM's ``fp8_per_token_head`` /
+``int8_per_token_head``) also reads each key's float32 K and V scale: 8 bytes per key and KV
+head on top of its 1-byte elements, ``4 / head_dim`` more than the per-head FP8 cache (3.1% at
+head_dim 128), counted in its bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +18,26 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from fp8_noncausal_attn.config import PER_TOKEN_HEAD_KV_CACHE_DTYPES
+
 KV_DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
+    # vLLM's names: the element type of the data; each key's scales sit inline in the page.
+    "fp8_per_token_head": torch.float8_e4m3fn,
+    "int8_per_token_head": torch.int8,
 }
+# Bytes a per-token-head cache holds per key and KV head besides its data: one float32 K scale
+# and one float32 V scale.
+SCALE_BYTES_PER_KEY_HEAD = 2 * torch.float32.itemsize
+# What every row's bytes count (the results state it; docs/performance.md says the same).
+BYTES_NOTE = (
+    "bytes = K and V read once (with a window: the pages it touches) + Q + out; a "
+    "per-token-head cache's K and V bytes include its inline float32 scales, "
+    f"{SCALE_BYTES_PER_KEY_HEAD} bytes per key and KV head: 4 / head_dim more than its 1-byte "
+    f"K and V ({SCALE_BYTES_PER_KEY_HEAD / (2 * 128):.1%} at head_dim 128)"
+)
 QUERY_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Shapes whose BF16 K+V (the size of the peers' dequantised copy) exceed this are left out of
@@ -59,6 +77,11 @@ class Shape:
     @property
     def quantized(self) -> bool:
         return self.torch_kv_dtype.itemsize == 1
+
+    @property
+    def per_token_head(self) -> bool:
+        """One scale per key and KV head, inline in vLLM's page (else one per KV head)."""
+        return self.kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
 
     @property
     def num_tokens(self) -> int:
@@ -102,14 +125,20 @@ class Shape:
         return -(-self.keys_read // self.block_size)
 
     def kv_bytes(self, itemsize: int | None = None) -> int:
-        """Bytes of K and V the problem reads once (in the cache dtype unless ``itemsize``):
-        the keys in the pages the window touches (:attr:`keys_read`)."""
-        size = self.torch_kv_dtype.itemsize if itemsize is None else itemsize
-        return 2 * self.batch * self.keys_read * self.num_kv_heads * self.head_dim * size
+        """Bytes of K and V the problem reads once: the keys in the pages the window touches
+        (:attr:`keys_read`) in the cache dtype, with a per-token-head cache's scales
+        (:data:`SCALE_BYTES_PER_KEY_HEAD`); or, given ``itemsize``, those keys' elements alone
+        at that size (a dequantised copy)."""
+        keys = self.batch * self.keys_read * self.num_kv_heads
+        if itemsize is not None:
+            return 2 * keys * self.head_dim * itemsize
+        scales = SCALE_BYTES_PER_KEY_HEAD if self.per_token_head else 0
+        return keys * (2 * self.head_dim * self.torch_kv_dtype.itemsize + scales)
 
     @property
     def bytes(self) -> int:
-        """Minimum HBM traffic: KV read once, Q read once, the output written once."""
+        """Minimum HBM traffic: KV (and per-token-head scales) read once, Q read once, the
+        output written once."""
         q_or_out = self.num_tokens * self.num_q_heads * self.head_dim * 2
         return self.kv_bytes() + 2 * q_or_out
 
@@ -182,6 +211,7 @@ def quick() -> list[Shape]:
     shapes = [
         _drafter(),
         _drafter(kv_dtype="bfloat16"),
+        *(_drafter(kv_dtype=kv_dtype) for kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES),
         _drafter(causal=True),
         _drafter(kv_len=2048),
         windowed_drafter(),
@@ -200,7 +230,7 @@ def full() -> list[Shape]:
     """The issue's sweep, one axis at a time around the drafter shape, within the memory cap."""
     kv_lens = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
     shapes: list[Shape] = []
-    for kv_dtype in ("fp8_e4m3", "bfloat16"):
+    for kv_dtype in ("fp8_e4m3", "bfloat16", *PER_TOKEN_HEAD_KV_CACHE_DTYPES):
         for causal in (False, True):
             for batch in (1, 8, 32, 64):
                 # One query token sees every key under either mask: q_len 1 is measured once.
@@ -234,7 +264,8 @@ def full() -> list[Shape]:
 
 
 # The drafter grid the GPU check measures (tools/gpu_check), in the order it measures it: a
-# cut-off run keeps the middle of the grid first, then its ends.
+# cut-off run keeps the middle of the grid first, then its ends; the e4m3 cache with per-head
+# scales first, then the per-token-head caches on the same shapes.
 GRID_KV_LENS = (16384, 131072, 4096, 65536)
 GRID_BATCHES = (32, 64)
 GRID_Q_LENS = (8, 16)
@@ -242,18 +273,26 @@ GRID_Q_LENS = (8, 16)
 
 def grid() -> list[Shape]:
     """Batch 32 and 64 x q_len 8 and 16 x context 4k, 16k, 64k, 128k; the drafter's heads
-    (32 q / 8 KV, head_dim 128), e4m3 cache with per-head scales, bidirectional."""
-    return [
-        _drafter(batch=batch, q_len=q_len, kv_len=kv_len)
+    (32 q / 8 KV, head_dim 128), bidirectional: the e4m3 cache with per-head scales, then the
+    same shapes over vLLM's per-token-head pages (both formats of a shape side by side)."""
+    points = [
+        {"batch": batch, "q_len": q_len, "kv_len": kv_len}
         for kv_len in GRID_KV_LENS
         for batch in GRID_BATCHES
         for q_len in GRID_Q_LENS
     ]
+    per_token_head = [
+        _drafter(**point, kv_dtype=kv_dtype)
+        for point in points
+        for kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+    ]
+    return [_drafter(**point) for point in points] + per_token_head
 
 
 def dry_run() -> list[Shape]:
-    """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, a kv sweep, prefill,
-    a sliding window spanning pages with both masks, sinks).
+    """Tiny CPU shapes: every code path (both masks, FP8 and unquantised, per-token-head pages
+    of both formats, a kv sweep, prefill, a sliding window spanning pages with both masks,
+    sinks).
 
     FP16 queries because Triton's CPU interpreter computes ``tl.dot`` on BF16 operands wrongly.
     """
@@ -270,6 +309,11 @@ def dry_run() -> list[Shape]:
         _drafter(q_len=4, kv_len=75, causal=True, **tiny),
         _drafter(q_len=1, kv_len=75, **tiny),
         _drafter(q_len=4, kv_len=75, kv_dtype="float16", **tiny),
+        *(
+            _drafter(q_len=4, kv_len=75, kv_dtype=dtype, **tiny)
+            for dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+        ),
+        _drafter(q_len=4, kv_len=75, causal=True, kv_dtype="int8_per_token_head", **tiny),
         prefill(32, **{**tiny, "batch": 1}),
         _drafter(q_len=4, kv_len=200, window=(40, 40), **tiny),
         _drafter(q_len=4, kv_len=200, window=(40, 0), causal=True, sinks=True, **tiny),

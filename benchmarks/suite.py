@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from fp8_noncausal_attn.scales import is_per_token_head
 from fp8_noncausal_attn.synthetic import relative_error
 from tools.sass_model.hardware import dense_16bit_peak
 
@@ -26,7 +27,7 @@ from .accuracy import accuracy_shapes, run_accuracy
 from .inputs import Case, make_case
 from .oracle import attention_oracle
 from .peers import Adapter, Unsupported, adapters, failure_reason
-from .shapes import PRESETS, Shape
+from .shapes import BYTES_NOTE, PRESETS, Shape
 from .timing import copy_bandwidth, rotation_count, time_calls
 
 # SPEC §7 tolerances against the float32 reference on the same cache.
@@ -44,6 +45,15 @@ RECOMPILE_LIMIT = 1024
 MAX_ROTATION_BYTES = 32 * 2**30
 
 
+def _scale_key(scale: torch.Tensor) -> tuple:
+    """Which oracle a backend's scales ask for: per-head scales by value (a peer's scalar
+    stand-in is a new tensor each time), per-token-head ones by the view they are (the case's
+    own, far too many to compare by value)."""
+    if is_per_token_head(scale):
+        return (scale.data_ptr(), tuple(scale.shape), tuple(scale.stride()))
+    return tuple(scale.tolist())
+
+
 class ShapeRun:
     """One shape: its input copies, oracle outputs, and a row or a skip per backend."""
 
@@ -51,13 +61,14 @@ class ShapeRun:
         self.shape = shape
         self.device = device
         case = make_case(shape, device, seed)
-        case_bytes = case.query.nbytes + case.key_cache.nbytes + case.value_cache.nbytes
-        copies = min(rotation_count(shape.bytes, device), max(1, MAX_ROTATION_BYTES // case_bytes))
+        copies = min(
+            rotation_count(shape.bytes, device), max(1, MAX_ROTATION_BYTES // case.storage_bytes)
+        )
         self.copies: list[Case] = [case] + [case.clone_storage() for _ in range(copies - 1)]
-        self._oracles: dict[tuple[float, ...], torch.Tensor] = {}
+        self._oracles: dict[tuple, torch.Tensor] = {}
 
     def oracle(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
-        key = tuple(k_scale.tolist() + v_scale.tolist())
+        key = (_scale_key(k_scale), _scale_key(v_scale))
         if key not in self._oracles:
             self._oracles[key] = attention_oracle(self.copies[0], torch.float32, k_scale, v_scale)
         return self._oracles[key]
@@ -135,8 +146,7 @@ def _timing_note(device: torch.device) -> str:
         return "CPU dry run: timings are CPU wall-clock and NOT meaningful."
     return (
         "Times: median per call of CUDA-graph replays (CUDA events), each graph one call per "
-        "rotated input copy spanning 3x L2 (eager calls where the timing column says so); "
-        "bytes = KV read once (with a window: the pages it touches) + Q + out."
+        "rotated input copy spanning 3x L2 (eager calls where the timing column says so)."
     )
 
 
@@ -146,6 +156,7 @@ def _print_summary(payload: dict, paths: list[Path]) -> None:
         f"\n{payload['gpu']}  copy bandwidth: {'-' if copy_bw is None else f'{copy_bw:.0f}'} GB/s"
     )
     print(payload["timing_note"])
+    print(payload["bytes_note"])
     header = f"{'shape':<52} {'backend':<20} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%peak':>6}"
     print(header + f" {'rel_err':>8}  speedups  (%peak: dense 16-bit tensor peak, prefill rows)")
     for row in payload["rows"]:
@@ -258,6 +269,7 @@ def run_suite(
         "complete": False,
         "timings_meaningful": device.type == "cuda",
         "timing_note": _timing_note(device),
+        "bytes_note": BYTES_NOTE,
         "environment": _environment(device),
         "backends": backends,
         "rows": [],

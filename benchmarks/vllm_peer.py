@@ -6,10 +6,12 @@ pull in the whole engine; while the two files are imported, minimal stand-ins fo
 are put in ``sys.modules`` (the values vLLM has on a CUDA machine with default settings) and
 taken out again afterwards, so an installed vLLM, if any, is left untouched.
 
-How vLLM's TRITON_ATTN backend calls the kernel is mirrored in :func:`unified_attention_call`:
-split-K (3D) scratch sized as its metadata builder does, and the KV scales passed as a
-per-tensor scalar (``KVQuantMode.FP8_PER_TENSOR``): the kernel loads element 0 of ``k_descale``,
-so per-KV-head scales cannot be expressed.
+How vLLM's TRITON_ATTN backend calls the kernel is mirrored in :func:`unified_attention_call`,
+with split-K (3D) scratch sized as its metadata builder does, and its ``forward``'s two ways of
+handing over the KV scales in :class:`KvQuant`: an FP8 cache's as a per-tensor scalar
+(``KVQuantMode.FP8_PER_TENSOR``; the kernel loads element 0 of ``k_descale``, so per-KV-head
+scales cannot be expressed), and a per-token-head page's as its inline scale views with
+``k_descale = v_descale = None`` (``FP8_PER_TOKEN_HEAD`` / ``INT8_PER_TOKEN_HEAD``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -134,6 +137,63 @@ def load() -> types.ModuleType:
     return _loaded
 
 
+@dataclass(frozen=True)
+class KvQuant:
+    """The KV-scale arguments TRITON_ATTN's ``forward`` passes to ``unified_attention``:
+    ``mode`` (its ``kv_quant_mode``), per-tensor ``k_descale``/``v_descale`` [num_seqs,
+    num_kv_heads] (broadcast scalars) or None, per-token-head ``k_scale_cache``/
+    ``v_scale_cache`` float32 [num_blocks, block_size, num_kv_heads] or None."""
+
+    mode: _KVQuantMode
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
+    k_scale_cache: torch.Tensor | None = None
+    v_scale_cache: torch.Tensor | None = None
+
+
+def per_tensor(
+    key_cache: torch.Tensor,
+    num_seqs: int,
+    scalar_k_scale: torch.Tensor,
+    scalar_v_scale: torch.Tensor,
+) -> KvQuant:
+    """``forward``'s FP8 per-tensor (or unquantised) branch: the layer's scalar ``_k_scale`` /
+    ``_v_scale`` (1-element float32) expanded to [num_seqs, num_kv_heads]."""
+    descale_shape = (num_seqs, key_cache.shape[2])
+    quantized = key_cache.dtype.itemsize == 1
+    return KvQuant(
+        mode=_KVQuantMode.FP8_PER_TENSOR if quantized else _KVQuantMode.NONE,
+        k_descale=scalar_k_scale.reshape(()).expand(descale_shape),
+        v_descale=scalar_v_scale.reshape(()).expand(descale_shape),
+    )
+
+
+def per_token_head(
+    kv_cache: torch.Tensor,
+    cache_dtype: torch.dtype,
+    k_scale_cache: torch.Tensor,
+    v_scale_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, KvQuant]:
+    """``forward``'s per-token-head branch on one layer's page: (key_cache, value_cache, quant).
+
+    ``kv_cache``: vLLM's page [num_blocks, num_kv_heads, block_size, 2 * (head_dim + 4)] (uint8
+    for FP8, int8 for int8); ``cache_dtype``: float8_e4m3fn or int8. The data views are
+    ``_pth_key_value_caches``' [num_blocks, block_size, num_kv_heads, head_dim + 4] (each scale's
+    four bytes ride along at the end, past the kernel's head_dim), FP8 retyped to e4m3;
+    ``k_scale_cache``/``v_scale_cache`` must be the float32 views of the inline scales that
+    ``_ensure_scale_caches`` builds (``layouts.split_per_token_head_cache``'s are the same
+    views). No per-tensor descales."""
+    padded_head_dim = kv_cache.shape[-1] // 2
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(padded_head_dim, dim=-1)
+    if cache_dtype == torch.int8:
+        mode = _KVQuantMode.INT8_PER_TOKEN_HEAD
+    else:
+        mode = _KVQuantMode.FP8_PER_TOKEN_HEAD
+        key_cache, value_cache = key_cache.view(cache_dtype), value_cache.view(cache_dtype)
+    quant = KvQuant(mode=mode, k_scale_cache=k_scale_cache, v_scale_cache=v_scale_cache)
+    return key_cache, value_cache, quant
+
+
 def unified_attention_call(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -147,15 +207,15 @@ def unified_attention_call(
     max_seqlen_k: int,
     causal: bool,
     softmax_scale: float,
-    scalar_k_scale: torch.Tensor,
-    scalar_v_scale: torch.Tensor,
+    quant: KvQuant,
     window: tuple[int, int] = (-1, -1),
     sinks: torch.Tensor | None = None,
 ) -> Callable[[], None]:
     """A closure that runs the kernel as vLLM's TRITON_ATTN ``forward`` does for these inputs.
 
     query/out [num_tokens, num_q_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads,
-    head_dim] (FP8 or the query's dtype); scalar scales: 1-element float32 tensors. ``window``:
+    head_dim] (FP8 or the query's dtype; from :func:`per_token_head`, its views); ``quant``: the
+    scales as :func:`per_tensor` or :func:`per_token_head` hands them over. ``window``:
     ``window_size`` as the backend passes it (the kernel reads ``window[0]`` only: keys
     ``p - window[0] .. p``, or ``.. p + window[0]`` when not causal); ``sinks``: float32
     ``[num_q_heads]`` or None.
@@ -165,7 +225,6 @@ def unified_attention_call(
     num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[2]
     head_dim_padded = 1 << (query.shape[2] - 1).bit_length()
-    quantized = key_cache.dtype.itemsize == 1
     seq_threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
     # The builder sizes split-K scratch for speculative decoding's query length, capped.
     rows_3d = min(seq_threshold_3d, num_seqs) * min(max_seqlen_q, MAX_3D_QUERY_LEN)
@@ -178,10 +237,6 @@ def unified_attention_call(
         (rows_3d, num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS), dtype=torch.float32, device=query.device
     )
     segm_expsum = torch.empty_like(segm_max)
-    descale_shape = (num_seqs, num_kv_heads)
-    k_descale = scalar_k_scale.reshape(()).expand(descale_shape)
-    v_descale = scalar_v_scale.reshape(()).expand(descale_shape)
-    mode = _KVQuantMode.FP8_PER_TENSOR if quantized else _KVQuantMode.NONE
 
     def run() -> None:
         kernel.unified_attention(
@@ -199,14 +254,16 @@ def unified_attention_call(
             block_table=block_table,
             softcap=0,
             q_descale=None,
-            k_descale=k_descale,
-            v_descale=v_descale,
+            k_descale=quant.k_descale,
+            v_descale=quant.v_descale,
             seq_threshold_3D=seq_threshold_3d,
             num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
             softmax_segm_output=segm_output,
             softmax_segm_max=segm_max,
             softmax_segm_expsum=segm_expsum,
-            kv_quant_mode=mode,
+            kv_quant_mode=quant.mode,
+            k_scale_cache=quant.k_scale_cache,
+            v_scale_cache=quant.v_scale_cache,
             sinks=sinks,
         )
 

@@ -37,6 +37,7 @@ ROW_FIELDS = {
     "rel_err": float,
     "speedup": dict,
 }
+PER_TOKEN_HEAD = ("fp8_per_token_head", "int8_per_token_head")
 BACKENDS = {
     "mma_sync",
     "wgmma",
@@ -90,7 +91,7 @@ def test_dry_run_covers_the_sweep_axes_and_the_cpu_backends(dry_run):
     payload, _, _ = dry_run
     rows = payload["rows"]
     assert {row["causal"] for row in rows} == {True, False}
-    assert {row["kv_dtype"] for row in rows} == {"fp8_e4m3", "float16"}
+    assert {row["kv_dtype"] for row in rows} == {"fp8_e4m3", "float16", *PER_TOKEN_HEAD}
     assert {row["kind"] for row in rows} == {"drafter", "prefill"}
     assert len({row["q_len"] for row in rows if row["kind"] == "drafter"}) >= 2
     measured = {row["backend"] for row in rows}
@@ -100,6 +101,24 @@ def test_dry_run_covers_the_sweep_axes_and_the_cpu_backends(dry_run):
     else:
         assert "fetch_peers.sh" in payload["backends"]["vllm_triton_unified"]["status"]
     assert payload["backends"]["flashinfer"]["status"] != "ok"
+
+
+def test_dry_run_reads_the_per_token_head_pages_with_ours_and_vllms_kernel(dry_run):
+    """Both per-token-head formats have rows of ours and of TRITON_ATTN's kernel (where its
+    files are here) on the same shapes, and their bytes count the inline scales."""
+    payload, result, _ = dry_run
+    expected = {"reference", "triton"}
+    if all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
+        expected.add("vllm_triton_unified")
+    for kv_dtype in PER_TOKEN_HEAD:
+        rows = [row for row in payload["rows"] if row["kv_dtype"] == kv_dtype]
+        assert expected <= {row["backend"] for row in rows}, kv_dtype
+        for row in rows:
+            shape = shapes.Shape(**{**row_shape_fields(row), "window": tuple(row["window"])})
+            per_head = dataclasses.replace(shape, kv_dtype="fp8_e4m3")
+            scales = shape.batch * shape.keys_read * shape.num_kv_heads * 8
+            assert row["bytes"] == shape.bytes == per_head.bytes + scales
+    assert f"Bytes: {shapes.BYTES_NOTE}." in result.with_suffix(".md").read_text()
 
 
 def test_dry_run_outputs_match_the_oracle(dry_run):
@@ -178,6 +197,33 @@ def test_full_preset_is_unique_and_within_the_memory_cap():
     assert {s.q_len for s in full if s.kind == "drafter"} == {1, 8, 16}
     assert max(s.kv_len for s in full) == 131072
     assert {s.q_len for s in full if s.kind == "prefill"} == {4096, 8192, 16384}
+
+
+def test_per_token_head_bytes_count_eight_scale_bytes_per_key_and_kv_head():
+    fp8 = shapes.quick()[0]
+    for kv_dtype in PER_TOKEN_HEAD:
+        shape = dataclasses.replace(fp8, kv_dtype=kv_dtype)
+        keys = 32 * 8192 * 8  # batch x keys x KV heads
+        assert shape.kv_bytes() == keys * (2 * 128 + 8) == fp8.kv_bytes() * (1 + 4 / 128)
+        assert shape.bytes - fp8.bytes == keys * 8 and shape.flops == fp8.flops
+        # The dequantised copy a peer builds has no scales.
+        assert shape.kv_bytes(itemsize=2) == fp8.kv_bytes(itemsize=2)
+    assert "8 bytes per key and KV head" in shapes.BYTES_NOTE and "3.1%" in shapes.BYTES_NOTE
+
+
+def test_grid_measures_the_fp8_rows_first_then_the_same_shapes_per_token_head():
+    grid = shapes.grid()
+    fp8 = [shape for shape in grid if shape.kv_dtype == "fp8_e4m3"]
+    assert grid[: len(fp8)] == fp8 and len(fp8) == 16
+    rest = grid[len(fp8) :]
+    assert [shape.kv_dtype for shape in rest] == list(PER_TOKEN_HEAD) * len(fp8)
+    assert [
+        dataclasses.replace(s, kv_dtype="fp8_e4m3") for s in rest[:: len(PER_TOKEN_HEAD)]
+    ] == fp8
+    for preset in (shapes.quick, shapes.full):
+        acceptance = preset()[0]
+        for kv_dtype in PER_TOKEN_HEAD:
+            assert dataclasses.replace(acceptance, kv_dtype=kv_dtype) in preset()
 
 
 def test_byte_and_flop_counts():
@@ -360,9 +406,15 @@ def _direct_attention(case, seq: int, token: int, head: int) -> torch.Tensor:
     shape = case.shape
     kv_head = head // (shape.num_q_heads // shape.num_kv_heads)
     pages = case.block_table[seq].long()
-    key = case.key_cache.float()[pages].flatten(0, 1)[: shape.kv_len, kv_head].double()
-    value = case.value_cache.float()[pages].flatten(0, 1)[: shape.kv_len, kv_head].double()
-    key, value = key * float(case.k_scale[kv_head]), value * float(case.v_scale[kv_head])
+
+    def column(paged: torch.Tensor) -> torch.Tensor:  # [kv_len, ...] of this sequence and head
+        return paged[pages].flatten(0, 1)[: shape.kv_len, kv_head].double()
+
+    key, value = column(case.key_cache.float()), column(case.value_cache.float())
+    if shape.per_token_head:
+        key, value = key * column(case.k_scale)[:, None], value * column(case.v_scale)[:, None]
+    else:
+        key, value = key * float(case.k_scale[kv_head]), value * float(case.v_scale[kv_head])
     query = case.query[seq * shape.q_len + token, head].double()
     position = shape.kv_len - shape.q_len + token
     left, right = shape.window
@@ -381,10 +433,23 @@ def _direct_attention(case, seq: int, token: int, head: int) -> torch.Tensor:
     return (weights[:, None] * value[seen]).sum(0) / denominator
 
 
-@pytest.mark.parametrize("index", [-2, -1])  # bidirectional window; causal window with sinks
-def test_oracle_window_and_sinks_match_the_definition(index):
-    shape = shapes.dry_run()[index]
-    assert shape.window != (-1, -1) and shape.first_key > 0
+def per_token_head_shapes() -> list[shapes.Shape]:
+    return [shape for shape in shapes.dry_run() if shape.per_token_head]
+
+
+def test_dry_run_holds_both_per_token_head_formats_and_both_masks():
+    held = {(shape.kv_dtype, shape.causal) for shape in per_token_head_shapes()}
+    assert {kv_dtype for kv_dtype, _ in held} == set(PER_TOKEN_HEAD)
+    assert {causal for _, causal in held} == {True, False}
+
+
+# The windows (one spanning pages, one causal with sinks) and the per-token-head scales.
+ORACLE_CHECKED = [s for s in shapes.dry_run() if s.window != (-1, -1)] + per_token_head_shapes()
+
+
+@pytest.mark.parametrize("shape", ORACLE_CHECKED, ids=shapes.Shape.label)
+def test_oracle_matches_the_definition(shape):
+    assert shape.window == (-1, -1) or shape.first_key > 0
     case = make_case(shape, torch.device("cpu"), seed=7)
     oracle = attention_oracle(case, torch.float64)
     for seq in range(shape.batch):
@@ -393,6 +458,33 @@ def test_oracle_window_and_sinks_match_the_definition(index):
                 expected = _direct_attention(case, seq, token, head)
                 got = oracle[seq * shape.q_len + token, head]
                 assert relative_error(got, expected) < 1e-12
+
+
+@pytest.mark.parametrize("shape", per_token_head_shapes(), ids=shapes.Shape.label)
+def test_per_token_head_case_is_vllms_page_with_scales_per_token(shape):
+    """The caches and scales are views of one vLLM page (written by reshape_and_cache), the
+    scales differ per token within a head, and a rotated copy is the same page elsewhere."""
+    case = make_case(shape, torch.device("cpu"), seed=3)
+    page = case.page
+    assert page.shape == (case.key_cache.shape[0], shape.num_kv_heads, shape.block_size,
+                          2 * (shape.head_dim + 4))  # fmt: skip
+    assert page.dtype == (torch.int8 if shape.kv_dtype == "int8_per_token_head" else torch.uint8)
+    for view in (case.key_cache, case.value_cache, case.k_scale, case.v_scale):
+        assert view.untyped_storage().data_ptr() == page.untyped_storage().data_ptr()
+    assert case.key_cache.dtype == shape.torch_kv_dtype
+    assert case.k_scale.shape == (*case.key_cache.shape[:3],)
+    # Each token's scale is its row's amax over the format's max: it follows the token.
+    per_head = case.k_scale.flatten(0, 1)
+    assert (per_head.amax(0) / per_head.amin(0) > 4).all()
+    assert (per_head > 0).all() and not torch.equal(case.k_scale, case.v_scale)
+    copy = case.clone_storage()
+    assert torch.equal(copy.page, page) and copy.page.stride() == page.stride()
+    assert copy.page.data_ptr() != page.data_ptr()
+    assert copy.k_scale.data_ptr() != case.k_scale.data_ptr()
+    assert torch.equal(copy.k_scale, case.k_scale)
+    # What a copy takes in memory (the rotation's cap): the whole page, scales included.
+    assert case.storage_bytes == case.query.nbytes + page.numel()
+    assert case.storage_bytes > case.query.nbytes + 2 * case.key_cache.nbytes
 
 
 def _run(adapter, case) -> torch.Tensor:
@@ -414,6 +506,42 @@ def test_our_runners_pass_the_window_and_sinks(backend):
         if shape.sinks:
             sinkless = dataclasses.replace(case, sinks=None)
             assert relative_error(got, attention_oracle(sinkless)) > 0.05, shape.label()
+
+
+def per_token_head_runners():
+    from benchmarks import peers
+
+    runners = [peers.Ours("reference"), peers.Ours("triton"), peers.TorchSdpa()]
+    if all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
+        runners.append(peers.VllmTritonUnified())
+    return runners
+
+
+@pytest.mark.parametrize("shape", per_token_head_shapes(), ids=shapes.Shape.label)
+def test_every_runner_reads_the_same_per_token_head_page(shape):
+    """Ours (through split_per_token_head_cache), vLLM's TRITON_ATTN kernel (as its forward
+    views the page) and SDPA on the dequantised copy all answer the problem with the page's
+    own scales: not scales of 1, not one scale per head."""
+    case = make_case(shape, torch.device("cpu"), seed=11)
+    exact = attention_oracle(case)
+    ones = torch.ones(shape.num_kv_heads)
+    per_head = [scale.flatten(0, 1).mean(0) for scale in (case.k_scale, case.v_scale)]
+    for adapter in per_token_head_runners():
+        k_scale, v_scale = adapter.given_scales(case)
+        assert k_scale is case.k_scale and v_scale is case.v_scale, adapter.name
+        got = _run(adapter, case)
+        assert relative_error(got, exact) < 5e-3, adapter.name
+        assert relative_error(got, attention_oracle(case, torch.float32, ones, ones)) > 0.5
+        assert relative_error(got, attention_oracle(case, torch.float32, *per_head)) > 0.05
+
+
+def test_peers_that_take_no_per_token_head_scales_say_why():
+    from benchmarks import peers
+
+    case = make_case(per_token_head_shapes()[0], torch.device("cpu"))
+    for adapter in (peers.Fa3Fp8Query(), peers.FlashInfer(), peers.Ours("mma_sync")):
+        with pytest.raises(peers.Unsupported, match="per-token-head"):
+            adapter.prepare(case)
 
 
 def test_peers_run_the_window_or_say_why_not():
@@ -501,13 +629,13 @@ PREFILL_LENGTHS = (4096, 8192, 16384)
 
 
 def test_presets_hold_the_noncausal_prefill_shapes():
-    """The prefill shapes: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 cache
-    beside it), 32 query / 8 KV heads, head_dim 128, page 16, non-causal; --quick holds the 4k
-    one."""
+    """The prefill shapes: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 and
+    per-token-head caches beside it), 32 query / 8 KV heads, head_dim 128, page 16, non-causal;
+    --quick holds the 4k one."""
     expected = {
         shapes.Shape("prefill", 1, n, n, 32, 8, 128, False, kv, "bfloat16", 16)
         for n in PREFILL_LENGTHS
-        for kv in ("fp8_e4m3", "bfloat16")
+        for kv in ("fp8_e4m3", "bfloat16", *PER_TOKEN_HEAD)
     }
     assert {s for s in shapes.full() if s.kind == "prefill"} == expected
     (quick,) = [s for s in shapes.quick() if s.kind == "prefill"]

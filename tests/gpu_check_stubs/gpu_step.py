@@ -61,6 +61,8 @@ elif module in ("benchmarks.attention", "benchmarks.accuracy"):
     out = Path(option("--out"))
     out.mkdir(parents=True, exist_ok=True)
     backends = option("--backends").split(",") if "--backends" in args else []
+    # The grid's cache formats (benchmarks.shapes.grid; the test compares the two).
+    kv_dtypes = ("fp8_e4m3", "fp8_per_token_head", "int8_per_token_head")
     row = {
         "batch": 32,
         "q_len": 8,
@@ -72,8 +74,17 @@ elif module in ("benchmarks.attention", "benchmarks.accuracy"):
     payload = {
         "copy_bw_gbps": 4300.0,
         "complete": True,
-        "rows": [{**row, "backend": b} for b in backends if b != fault],
-        "skipped": [{"backend": fault, "reason": "failed: stub fault"}] if fault else [],
+        "rows": [
+            {**row, "backend": b, "kv_dtype": kv}
+            for kv in kv_dtypes
+            for b in backends
+            if b != fault
+        ],
+        "skipped": [
+            {"backend": fault, "kv_dtype": kv, "reason": "failed: stub fault"}
+            for kv in kv_dtypes
+            if fault
+        ],
         "backends": {b: {"status": "ok"} for b in backends},
     }
     (out / "stub.json").write_text(json.dumps(payload))

@@ -428,21 +428,21 @@ def failing_tests(results: list[JobResult]) -> list[str]:
 
 
 def benchmark_figures(folder: Path) -> dict[str, object]:
-    """Each row's fraction of the copy bandwidth measured in the same run, by shape and
-    backend, and the skipped pairs' reasons."""
+    """Each row's fraction of the copy bandwidth measured in the same run, by shape (with its
+    cache format) and backend, and the skipped pairs' reasons by backend and cache format."""
     files = sorted(folder.glob("*.json"))
     if not files:
         return {}
     payload = json.loads(files[0].read_text())
     rows = {}
     for row in payload.get("rows", []):
-        label = f"b{row['batch']} q{row['q_len']} kv{row['kv_len']}"
+        label = f"b{row['batch']} q{row['q_len']} kv{row['kv_len']} {row['kv_dtype']}"
         rows.setdefault(label, {})[row["backend"]] = {
             "frac_of_copy_bw": row.get("frac_of_copy_bw"),
             "median_us": row.get("median_us"),
             "rel_err": row.get("rel_err"),
         }
-    reasons = {f"{s['backend']}": s["reason"] for s in payload.get("skipped", [])}
+    reasons = {f"{s['backend']} {s['kv_dtype']}": s["reason"] for s in payload.get("skipped", [])}
     return {
         "copy_bw_gbps": payload.get("copy_bw_gbps"),
         "complete": payload.get("complete"),
