@@ -6,10 +6,10 @@ the same K/V rounded through the same FP8 format. The target runs on CPU_ATTN in
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fp8_noncausal_attn.synthetic import relative_error
 
+from .checks import DRAFTS_EQUAL, matched
 from .models import SWA_WINDOW
 from .scenarios import DRAFTER_CASES, DRAFTER_LAYER
 
@@ -19,32 +19,6 @@ ENGINE_RUNS = tuple(f"drafter_{case}{suffix}" for case in DRAFTER_CASES
 # reference: the two compute on the same rounded values and differ in fp32 accumulation order and
 # bf16 output rounding only. A reference without the FP8 rounding lands an order above.
 ATTENTION_REL_ERROR = 1e-3
-# Drafts equal to the reference's: random drafter logits are flat, so a near-tie may flip one.
-# Only a gross error moves them (a causal reference: 90/96 and 154/192 equal); FP8 rounding
-# alone does not.
-DRAFTS_EQUAL = 0.97
-
-
-def per_request(records: list[dict], field: str) -> dict[int, torch.Tensor]:
-    """Each request's rows of ``field`` per engine step, keyed by its sequence length (which
-    names one request and step: see scenarios.DRAFTER_PROMPTS), whatever the batching."""
-    rows = {}
-    for record in records:
-        starts, seq_lens = record["key"]
-        for i, seq_len in enumerate(seq_lens):
-            if field == "drafts":  # one row of drafts per request
-                rows.setdefault(seq_len, record[field][i])
-            else:
-                rows.setdefault(seq_len, record[field][starts[i] : starts[i + 1]])
-    return rows
-
-
-def matched(backend: list[dict], reference: list[dict], field: str):
-    ours, theirs = per_request(backend, field), per_request(reference, field)
-    common = sorted(ours.keys() & theirs.keys())
-    # Steps after a draft was accepted in one run only are not in both.
-    assert len(common) >= len(ours) // 2, "the runs diverged: too few steps in common"
-    return [(ours[n], theirs[n]) for n in common]
 
 
 @pytest.mark.parametrize("case", list(DRAFTER_CASES))

@@ -3,7 +3,6 @@ builds it (dspark_check.py), against bidirectional attention over the cache's co
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,29 +12,9 @@ import torch
 from fp8_noncausal_attn.layouts import split_kv_cache
 from fp8_noncausal_attn.synthetic import relative_error
 
+from .checks import attention, bf16_tolerance
 from .models import write_dspark_drafter, write_target
-from .scenarios import HERE, PLUGIN_DIR, ROOT
-
-
-def _bf16_tolerance() -> float:
-    """SPEC §7's bf16 tolerance, from the main suite's conftest (one place)."""
-    spec = importlib.util.spec_from_file_location("main_conftest", ROOT / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.TOLERANCE[torch.bfloat16]
-
-
-def attention(query, keys, values, scale, causal_from: int | None) -> torch.Tensor:
-    """float64 attention of query [q, h, d] over keys/values [n, kv_h, d] (GQA); causal_from:
-    the position of the first query row (a causal mask), or None (bidirectional)."""
-    group = query.shape[1] // keys.shape[1]
-    k = keys.repeat_interleave(group, 1).double()
-    v = values.repeat_interleave(group, 1).double()
-    scores = torch.einsum("qhd,khd->hqk", query.double(), k) * scale
-    if causal_from is not None:
-        rows = torch.arange(query.shape[0])[:, None] + causal_from
-        scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > rows, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+from .scenarios import HERE, PLUGIN_DIR
 
 
 def test_dspark_draft_block_attends_bidirectionally_over_the_fp8_cache(tmp_path):
@@ -65,7 +44,7 @@ def test_dspark_draft_block_attends_bidirectionally_over_the_fp8_cache(tmp_path)
     expected = attention(r["query"], keys, values, r["scale"], None)
     causal = attention(r["query"], keys, values, r["scale"], first)
     error, causal_error = relative_error(r["output"], expected), relative_error(r["output"], causal)
-    tolerance = _bf16_tolerance()
+    tolerance = bf16_tolerance()
     print(f"DSpark block: rel. error {error:.4f} vs bidirectional (tolerance {tolerance}), "
           f"{causal_error:.4f} vs causal")  # fmt: skip
     assert error <= tolerance

@@ -15,9 +15,8 @@ import torch
 
 from fp8_noncausal_attn.synthetic import relative_error
 
+from .checks import DRAFTS_EQUAL, attention, matched
 from .scenarios import DRAFTER_LAYER, PER_TOKEN_HEAD_CASES, PLUGIN
-from .test_engine_drafter import DRAFTS_EQUAL, matched
-from .test_engine_dspark import attention
 
 ENGINE_RUNS = tuple(f"per_token_head_{case}{suffix}" for case in PER_TOKEN_HEAD_CASES
                     for suffix in ("", "_ref"))  # fmt: skip
