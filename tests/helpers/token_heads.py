@@ -6,7 +6,7 @@ import torch
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.problem import AttentionProblem, CacheWrite
-from fp8_noncausal_attn.synthetic import per_token_head_problem
+from fp8_noncausal_attn.validation import validate_attention
 
 # Bytes after the K and V rows of each (block, head, slot): K scale, V scale (float32), 8 unused.
 _TAIL_BYTES = 16
@@ -82,9 +82,10 @@ def token_head_problem(
     query = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(query_dtype)
     cu = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
     flags = torch.tensor(causal, dtype=torch.int32) if isinstance(causal, list) else causal
-    return per_token_head_problem(
+    return validate_attention(
         query.to(device), key_cache, value_cache, block_table.to(device), cu.to(device),
         torch.tensor(kv_lens, dtype=torch.int32, device=device), k_scale=k_scale,
         v_scale=v_scale, causal=flags if isinstance(flags, bool) else flags.to(device),
+        softmax_scale=None, max_seqlen_q=None, max_seqlen_k=None, out=None, validate=True,
         window=window, sinks=sinks,
     )  # fmt: skip
