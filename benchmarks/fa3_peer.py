@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .vllm_peer import PEER_DIR
+from .vllm_peer import PEER_DIR, PagedCall
 
 LIBRARY = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
 ARCHIVE = PEER_DIR / f"{LIBRARY}.xz"
@@ -45,51 +45,36 @@ def load() -> None:
 
 
 def fwd_call(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    out: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
+    call: PagedCall,
     *,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
     q_descale: torch.Tensor | None,
     k_descale: torch.Tensor | None,
     v_descale: torch.Tensor | None,
-    window: tuple[int, int] = (-1, -1),
-    sinks: torch.Tensor | None = None,
 ) -> Callable[[], None]:
-    """A closure running FA3's paged forward: query [num_tokens, num_q_heads, head_dim] (FP8
-    with ``q_descale``, or 16-bit), caches [num_blocks, block_size, num_kv_heads, head_dim],
-    ``out`` [num_tokens, num_q_heads, head_dim] bf16/fp16; descales float32 [num_seqs,
-    num_kv_heads]; ``window`` (left, right) as FlashAttention counts it; ``sinks`` float32
-    [num_q_heads] (FA3's ``s_aux``) or None."""
+    """A closure running FA3's paged forward on ``call`` (its query FP8 with ``q_descale``, or
+    16-bit); descales float32 [num_seqs, num_kv_heads]; ``call.sinks`` is FA3's ``s_aux``."""
     fwd = torch.ops._vllm_fa3_C.fwd
     unused_cu_seqlens_k = None
 
     def run() -> None:
         fwd(
-            query, key_cache, value_cache,
+            call.query, call.key_cache, call.value_cache,
             None, None,  # k_new, v_new
             None,  # q_v
-            out, cu_seqlens_q, unused_cu_seqlens_k,
+            call.out, call.cu_seqlens_q, unused_cu_seqlens_k,
             None,  # cu_seqlens_k_new
-            None, seq_lens,  # seqused_q, seqused_k
-            max_seqlen_q, max_seqlen_k, block_table,
+            None, call.seq_lens,  # seqused_q, seqused_k
+            call.max_seqlen_q, call.max_seqlen_k, call.block_table,
             None, None,  # kv_batch_idx, leftpad_k
             None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
-            q_descale, k_descale, v_descale, softmax_scale, causal, window[0], window[1],
+            q_descale, k_descale, v_descale, call.softmax_scale, call.causal, *call.window,
             0.0,  # softcap
             True,  # rotary_interleaved
             None,  # scheduler_metadata
             0,  # num_splits: FA3's own choice
             None,  # pack_gqa
             0,  # sm_margin
-            sinks,  # s_aux
+            call.sinks,  # s_aux
             1, 0, None,  # cp_world_size, cp_rank, cp_tot_seqused_k
         )  # fmt: skip
 

@@ -169,6 +169,34 @@ class Ours(Adapter):
         return Prepared(run=run, result=lambda: out)
 
 
+def _paged_call(
+    case: Case,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    window: tuple[int, int],
+) -> vllm_peer.PagedCall:
+    """``case``'s batch as vLLM hands it to a backend, with the tensors and window the peer
+    runs (a requantised query, viewed caches, an equivalent window)."""
+    shape = case.shape
+    return vllm_peer.PagedCall(
+        query,
+        key_cache,
+        value_cache,
+        out,
+        case.block_table,
+        case.cu_seqlens_q,
+        case.seq_lens,
+        max_seqlen_q=shape.q_len,
+        max_seqlen_k=shape.kv_len,
+        causal=shape.causal,
+        softmax_scale=case.softmax_scale,
+        window=window,
+        sinks=case.sinks,
+    )
+
+
 def _scalar_scales(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return case.k_scale.max().reshape(1), case.v_scale.max().reshape(1)
 
@@ -224,22 +252,8 @@ class VllmTritonUnified(ScalarScaled):
         else:
             key_cache, value_cache = case.key_cache, case.value_cache
             quant = vllm_peer.per_tensor(key_cache, shape.batch, *_scalar_scales(case))
-        run = vllm_peer.unified_attention_call(
-            case.query,
-            key_cache,
-            value_cache,
-            out,
-            case.block_table,
-            case.cu_seqlens_q,
-            case.seq_lens,
-            max_seqlen_q=shape.q_len,
-            max_seqlen_k=shape.kv_len,
-            causal=shape.causal,
-            softmax_scale=case.softmax_scale,
-            quant=quant,
-            window=window,
-            sinks=case.sinks,
-        )
+        call = _paged_call(case, case.query, key_cache, value_cache, out, window)
+        run = vllm_peer.unified_attention_call(call, quant)
         return Prepared(run=run, result=lambda: out)
 
 
@@ -277,22 +291,10 @@ class Fa3Fp8Query(Adapter):
         per_sequence = (shape.batch, shape.num_kv_heads)
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
         run = fa3_peer.fwd_call(
-            query,
-            case.key_cache,
-            case.value_cache,
-            out,
-            case.block_table,
-            case.cu_seqlens_q,
-            case.seq_lens,
-            max_seqlen_q=shape.q_len,
-            max_seqlen_k=shape.kv_len,
-            causal=shape.causal,
-            softmax_scale=case.softmax_scale,
+            _paged_call(case, query, case.key_cache, case.value_cache, out, shape.window),
             q_descale=q_scale.reshape(1, 1).expand(per_sequence).contiguous(),
             k_descale=case.k_scale[None, :].expand(per_sequence).contiguous(),
             v_descale=case.v_scale[None, :].expand(per_sequence).contiguous(),
-            window=shape.window,
-            sinks=case.sinks,
         )
         return Prepared(run=run, result=lambda: out)
 

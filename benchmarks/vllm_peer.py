@@ -138,6 +138,31 @@ def load() -> types.ModuleType:
 
 
 @dataclass(frozen=True)
+class PagedCall:
+    """One paged varlen batch as vLLM's attention backends hand it to their kernel.
+
+    query/out [num_tokens, num_q_heads, head_dim] (``out`` bf16/fp16); caches [num_blocks,
+    block_size, num_kv_heads, head_dim]; block_table [num_seqs, pages] int32; cu_seqlens_q
+    [num_seqs + 1] int32; seq_lens [num_seqs] int32, the keys of each sequence; ``window``
+    (left, right) as FlashAttention counts it, -1 unbounded; ``sinks`` float32
+    ``[num_q_heads]`` or None."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    out: torch.Tensor
+    block_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    softmax_scale: float
+    window: tuple[int, int] = (-1, -1)
+    sinks: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
 class KvQuant:
     """The KV-scale arguments TRITON_ATTN's ``forward`` passes to ``unified_attention``:
     ``mode`` (its ``kv_quant_mode``), per-tensor ``k_descale``/``v_descale`` [num_seqs,
@@ -194,64 +219,48 @@ def per_token_head(
     return key_cache, value_cache, quant
 
 
-def unified_attention_call(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    out: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
-    quant: KvQuant,
-    window: tuple[int, int] = (-1, -1),
-    sinks: torch.Tensor | None = None,
-) -> Callable[[], None]:
-    """A closure that runs the kernel as vLLM's TRITON_ATTN ``forward`` does for these inputs.
+def unified_attention_call(call: PagedCall, quant: KvQuant) -> Callable[[], None]:
+    """A closure that runs the kernel on ``call`` as vLLM's TRITON_ATTN ``forward`` does.
 
-    query/out [num_tokens, num_q_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads,
-    head_dim] (FP8 or the query's dtype; from :func:`per_token_head`, its views); ``quant``: the
-    scales as :func:`per_tensor` or :func:`per_token_head` hands them over. ``window``:
-    ``window_size`` as the backend passes it (the kernel reads ``window[0]`` only: keys
-    ``p - window[0] .. p``, or ``.. p + window[0]`` when not causal); ``sinks``: float32
-    ``[num_q_heads]`` or None.
+    The caches are FP8 or the query's dtype (from :func:`per_token_head`, its views);
+    ``quant``: the scales as :func:`per_tensor` or :func:`per_token_head` hands them over. The
+    kernel reads ``call.window[0]`` only: keys ``p - window[0] .. p``, or ``.. p + window[0]``
+    when not causal.
     """
     kernel = load()
-    num_seqs = seq_lens.shape[0]
-    num_q_heads = query.shape[1]
-    num_kv_heads = key_cache.shape[2]
-    head_dim_padded = 1 << (query.shape[2] - 1).bit_length()
+    num_seqs = call.seq_lens.shape[0]
+    num_q_heads = call.query.shape[1]
+    num_kv_heads = call.key_cache.shape[2]
+    head_dim_padded = 1 << (call.query.shape[2] - 1).bit_length()
     seq_threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
     # The builder sizes split-K scratch for speculative decoding's query length, capped.
-    rows_3d = min(seq_threshold_3d, num_seqs) * min(max_seqlen_q, MAX_3D_QUERY_LEN)
+    rows_3d = min(seq_threshold_3d, num_seqs) * min(call.max_seqlen_q, MAX_3D_QUERY_LEN)
     segm_output = torch.empty(
         (rows_3d, num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS, head_dim_padded),
         dtype=torch.float32,
-        device=query.device,
+        device=call.query.device,
     )
     segm_max = torch.empty(
-        (rows_3d, num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS), dtype=torch.float32, device=query.device
+        (rows_3d, num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS),
+        dtype=torch.float32,
+        device=call.query.device,
     )
     segm_expsum = torch.empty_like(segm_max)
 
     def run() -> None:
         kernel.unified_attention(
-            q=query,
-            k=key_cache,
-            v=value_cache,
-            out=out,
-            cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_q=max_seqlen_q,
-            seqused_k=seq_lens,
-            max_seqlen_k=max_seqlen_k,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window,
-            block_table=block_table,
+            q=call.query,
+            k=call.key_cache,
+            v=call.value_cache,
+            out=call.out,
+            cu_seqlens_q=call.cu_seqlens_q,
+            max_seqlen_q=call.max_seqlen_q,
+            seqused_k=call.seq_lens,
+            max_seqlen_k=call.max_seqlen_k,
+            softmax_scale=call.softmax_scale,
+            causal=call.causal,
+            window_size=call.window,
+            block_table=call.block_table,
             softcap=0,
             q_descale=None,
             k_descale=quant.k_descale,
@@ -264,7 +273,7 @@ def unified_attention_call(
             kv_quant_mode=quant.mode,
             k_scale_cache=quant.k_scale_cache,
             v_scale_cache=quant.v_scale_cache,
-            sinks=sinks,
+            sinks=call.sinks,
         )
 
     return run

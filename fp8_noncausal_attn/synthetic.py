@@ -112,8 +112,7 @@ def make_case(
 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
-    pages_per_seq = [-(-kv // block_size) for kv in kv_lens]
-    num_blocks = sum(pages_per_seq) + 2
+    num_blocks = sum(-(-kv // block_size) for kv in kv_lens) + 2
     key_cache, value_cache = allocate_cache(
         num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, layout, device
     )
@@ -123,16 +122,8 @@ def make_case(
             cache.view(torch.uint8).fill_(0x5A)
         else:
             cache.view(torch.int16).fill_(0x5A5A)
-    page_ids = torch.randperm(num_blocks, generator=gen).tolist()
-    width = max(pages_per_seq, default=0) + 1
-    block_table = torch.zeros(len(kv_lens), width, dtype=torch.int32)
-    slots: list[int] = []
-    for seq, n_pages in enumerate(pages_per_seq):
-        seq_pages = [page_ids.pop() for _ in range(n_pages)]
-        block_table[seq, :n_pages] = torch.tensor(seq_pages, dtype=torch.int32)
-        slots += [
-            seq_pages[j // block_size] * block_size + j % block_size for j in range(kv_lens[seq])
-        ]
+    block_table = shuffled_block_table(kv_lens, block_size, num_blocks, gen)
+    slots = slot_mapping(block_table, kv_lens, block_size)
 
     magnitude = torch.logspace(-1, 1, num_kv_heads)[torch.randperm(num_kv_heads, generator=gen)]
     shape = (len(slots), num_kv_heads, head_dim)
@@ -153,7 +144,7 @@ def make_case(
         k_scale, v_scale = k_scale.to(device), v_scale.to(device)
     reshape_and_cache(
         keys.to(device), values.to(device), key_cache, value_cache,
-        torch.tensor(slots, dtype=torch.int64, device=device),
+        slots.to(device),
         k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
@@ -185,6 +176,37 @@ def make_case(
         q_lens=list(q_lens),
         kv_lens=list(kv_lens),
     )
+
+
+def shuffled_block_table(
+    kv_lens: list[int],
+    block_size: int,
+    num_blocks: int,
+    gen: torch.Generator,
+    width: int | None = None,
+) -> torch.Tensor:
+    """int32 ``[len(kv_lens), width]``: each sequence's pages drawn in turn, without
+    replacement, from a random permutation of ``num_blocks`` pages (one ``torch.randperm`` on
+    ``gen``); ``width`` defaults to one column more than the longest sequence needs, and
+    columns past a sequence's pages hold 0."""
+    pages_per_seq = [-(-kv // block_size) for kv in kv_lens]
+    page_ids = torch.randperm(num_blocks, generator=gen).tolist()
+    if width is None:
+        width = max(pages_per_seq, default=0) + 1
+    block_table = torch.zeros(len(kv_lens), width, dtype=torch.int32)
+    for seq, n_pages in enumerate(pages_per_seq):
+        seq_pages = [page_ids.pop() for _ in range(n_pages)]
+        block_table[seq, :n_pages] = torch.tensor(seq_pages, dtype=torch.int32)
+    return block_table
+
+
+def slot_mapping(block_table: torch.Tensor, kv_lens: list[int], block_size: int) -> torch.Tensor:
+    """int64 ``[sum(kv_lens)]`` on the CPU: the cache slot (``page * block_size + offset``) of
+    every key, sequence after sequence, through ``block_table`` ``[len(kv_lens), pages]``."""
+    slots: list[int] = []
+    for pages, kv_len in zip(block_table.tolist(), kv_lens, strict=True):
+        slots += [pages[j // block_size] * block_size + j % block_size for j in range(kv_len)]
+    return torch.tensor(slots, dtype=torch.int64)
 
 
 def strided_view(x: torch.Tensor, dim: int = -1, step: int = 2) -> torch.Tensor:

@@ -257,6 +257,7 @@ def test_fa3_call_passes_what_vllm_passes(monkeypatch):
     import torch
 
     from benchmarks import fa3_peer
+    from benchmarks.vllm_peer import PagedCall
 
     spec = importlib.util.find_spec("vllm")
     if spec is None:
@@ -281,10 +282,10 @@ def test_fa3_call_passes_what_vllm_passes(monkeypatch):
     descales = [torch.rand(2, 2, generator=g) for _ in range(3)]
     sinks = torch.randn(8, generator=g)
     common = dict(max_seqlen_q=4, max_seqlen_k=20, causal=False, softmax_scale=0.3)
+    call = PagedCall(query, key_cache, value_cache, out, block_table, cu_seqlens_q, seq_lens,
+                     **common, window=(7, 5), sinks=sinks)  # fmt: skip
     fa3_peer.fwd_call(
-        query, key_cache, value_cache, out, block_table, cu_seqlens_q, seq_lens, **common,
-        q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], window=(7, 5),
-        sinks=sinks,
+        call, q_descale=descales[0], k_descale=descales[1], v_descale=descales[2]
     )()  # fmt: skip
     module.flash_attn_varlen_func(
         query, key_cache, value_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seq_lens,

@@ -12,7 +12,7 @@ from fp8_noncausal_attn import api, registry
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES
-from fp8_noncausal_attn.synthetic import relative_error
+from fp8_noncausal_attn.synthetic import relative_error, shuffled_block_table, slot_mapping
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 64, 16, 6
 Q_LENS, KV_LENS = [5, 2], [37, 20]
@@ -32,19 +32,16 @@ def make_case(cache_dtype=torch.float8_e4m3fn, seed=0):
     Returns (args, kwargs, keys, values) for ``paged_attention``; keys/values per sequence."""
     gen = torch.Generator().manual_seed(seed)
     key_cache, value_cache, k_scale, v_scale = vllm_page(cache_dtype)
-    order = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
-    block_table = torch.zeros(len(KV_LENS), 3, dtype=torch.int32)
-    keys, values, slots = [], [], []
-    for seq, kv_len in enumerate(KV_LENS):
-        pages = [order.pop() for _ in range(-(-kv_len // BLOCK_SIZE))]
-        block_table[seq, : len(pages)] = torch.tensor(pages)
-        slots += [pages[j // BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE for j in range(kv_len)]
+    block_table = shuffled_block_table(KV_LENS, BLOCK_SIZE, NUM_BLOCKS, gen, width=3)
+    keys, values = [], []
+    for kv_len in KV_LENS:
         gain = torch.logspace(-1, 1, kv_len)[torch.randperm(kv_len, generator=gen)][:, None, None]
         shape = (kv_len, NUM_KV_HEADS, HEAD_DIM)
         keys.append((torch.randn(shape, generator=gen) * gain).bfloat16())
         values.append((torch.randn(shape, generator=gen) * gain * 0.05).bfloat16())
     fna.reshape_and_cache(torch.cat(keys), torch.cat(values), key_cache, value_cache,
-                          torch.tensor(slots), k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+                          slot_mapping(block_table, KV_LENS, BLOCK_SIZE), k_scale=k_scale,
+                          v_scale=v_scale)  # fmt: skip
     query = torch.randn(sum(Q_LENS), NUM_Q_HEADS, HEAD_DIM, generator=gen).bfloat16()
     cu = torch.tensor([0, *Q_LENS]).cumsum(0).to(torch.int32)
     seq_lens = torch.tensor(KV_LENS, dtype=torch.int32)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers import TOLERANCE
+from helpers.token_heads import drafter_token_rows
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES
-from fp8_noncausal_attn.synthetic import relative_error
+from fp8_noncausal_attn.synthetic import relative_error, shuffled_block_table, slot_mapping
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 64, 16
 Q_LENS, KV_LENS = [8, 3, 1], [40, 21, 9]
@@ -41,25 +42,17 @@ def make_case(cache_dtype, query_dtype, seed=0) -> TokenHeadCase:
     keys of order 1-10 and values of order 0.01-0.1, each token's magnitude drawn over a decade
     (so one scale per head cannot stand in for one per token), shuffled pages."""
     gen = torch.Generator().manual_seed(seed)
-    pages = [-(-kv // BLOCK_SIZE) for kv in KV_LENS]
-    num_blocks = sum(pages) + 1
+    num_blocks = sum(-(-kv // BLOCK_SIZE) for kv in KV_LENS) + 1
     physical = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, 2 * (HEAD_DIM + 4))
     # Garbage outside written slots: scales 0x5A5A5A5A (~1.5e16), so reading one shows.
     kv_cache = torch.full(physical, 0x5A, dtype=torch.uint8).transpose(1, 2)
     key_cache, value_cache, k_scale, v_scale = split_per_token_head_cache(kv_cache, cache_dtype)
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    block_table = torch.zeros(len(KV_LENS), max(pages) + 1, dtype=torch.int32)
-    keys, values, slots = [], [], []
-    for seq, kv_len in enumerate(KV_LENS):
-        seq_pages = [order.pop() for _ in range(pages[seq])]
-        block_table[seq, : pages[seq]] = torch.tensor(seq_pages)
-        slots += [seq_pages[j // BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE for j in range(kv_len)]
-        gain = torch.logspace(0, 1, kv_len)[torch.randperm(kv_len, generator=gen)][:, None, None]
-        shape = (kv_len, NUM_KV_HEADS, HEAD_DIM)
-        keys.append((torch.randn(shape, generator=gen) * gain).to(query_dtype))
-        values.append((torch.randn(shape, generator=gen) * gain * 0.01).to(query_dtype))
+    block_table = shuffled_block_table(KV_LENS, BLOCK_SIZE, num_blocks, gen)
+    rows = drafter_token_rows(gen, KV_LENS, NUM_KV_HEADS, HEAD_DIM)
+    keys, values = ([r.to(query_dtype) for r in part] for part in rows)
     fna.reshape_and_cache(torch.cat(keys), torch.cat(values), key_cache, value_cache,
-                          torch.tensor(slots), k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+                          slot_mapping(block_table, KV_LENS, BLOCK_SIZE), k_scale=k_scale,
+                          v_scale=v_scale)  # fmt: skip
     query = torch.randn(sum(Q_LENS), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(query_dtype)
     cu = torch.tensor([0, *Q_LENS]).cumsum(0).to(torch.int32)
     return TokenHeadCase(query, keys, values, key_cache, value_cache, k_scale, v_scale,

@@ -441,7 +441,6 @@ def make_batch_metadata(gen, num_blocks, max_seq_len=None, padded_tokens=0, padd
         order = order[n:]
         pos = torch.arange(kv)
         slots.append(block_table[seq, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
-    new_slots = torch.cat([s[kv - q :] for s, q, kv in zip(slots, Q_LENS, KV_LENS, strict=True)])
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
     causal = torch.tensor(CAUSAL + [False] * padded_reqs, dtype=torch.int32)
@@ -454,10 +453,41 @@ def make_batch_metadata(gen, num_blocks, max_seq_len=None, padded_tokens=0, padd
         max_query_len=max(Q_LENS),
         max_seq_len=max(KV_LENS) if max_seq_len is None else max_seq_len,
         block_table_tensor=persistent_view(block_table, strided),
-        slot_mapping=new_slots,
+        slot_mapping=new_rows(slots),
         causal=persistent_view(causal, strided),
     )
     return common, slots
+
+
+def context_rows(rows):
+    """Of per-request ``rows`` ([kv_len, ...] each), those an earlier step wrote, concatenated."""
+    return torch.cat([r[: kv - q] for r, q, kv in zip(rows, Q_LENS, KV_LENS, strict=True)])
+
+
+def new_rows(rows):
+    """Of per-request ``rows`` ([kv_len, ...] each), this step's, concatenated."""
+    return torch.cat([r[kv - q :] for r, q, kv in zip(rows, Q_LENS, KV_LENS, strict=True)])
+
+
+def run_layer_on_batch(vllm_config, layer, gen, keys, values) -> SimpleNamespace:
+    """The mixed batch through vLLM's own classes on ``layer`` (its ``kv_cache`` set, 24
+    pages): do_kv_cache_update writes each request's context, the builder plans, and the
+    layer's forward runs unified_kv_cache_update + unified_attention_with_output on this step's
+    keys and values and a random query. Returns meta, slots (per request), query [tokens, heads,
+    head_size] and output (as the layer returns it)."""
+    from vllm.forward_context import set_forward_context
+
+    common, slots = make_batch_metadata(gen, 24)
+    layer.impl.do_kv_cache_update(layer, context_rows(keys), context_rows(values),
+                                  layer.kv_cache, context_rows(slots))  # fmt: skip
+    meta = make_builder(vllm_config, layer).build(0, common)
+    num_tokens = sum(Q_LENS)
+    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
+    with set_forward_context({LAYER_NAME: meta}, vllm_config,
+                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
+        output = layer(query, new_rows(keys).flatten(1), new_rows(values).flatten(1))
+    query = query.view(num_tokens, NUM_HEADS, HEAD_SIZE)
+    return SimpleNamespace(meta=meta, slots=slots, query=query, output=output)
 
 
 def drafter_rows(gen, n):
@@ -557,15 +587,9 @@ def test_padded_strided_int32_causal_batch_matches_float64(
 
     # Context first (an earlier step), then this step's tokens: padded rows past the slot
     # mapping, and two padding slots (-1), as vLLM passes them.
-    context = [
-        (k[: kv - q], v[: kv - q], s[: kv - q])
-        for k, v, s, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
-    ]
-    impl.do_kv_cache_update(layer, torch.cat([c[0] for c in context]),
-                            torch.cat([c[1] for c in context]), kv_cache,
-                            torch.cat([c[2] for c in context]))  # fmt: skip
-    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
-    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
+    impl.do_kv_cache_update(layer, context_rows(keys), context_rows(values), kv_cache,
+                            context_rows(slots))  # fmt: skip
+    new_k, new_v = new_rows(keys), new_rows(values)
     pad = drafter_rows(gen, 3)
     slot_mapping = torch.cat([common.slot_mapping, torch.full((2,), -1)])
     impl.do_kv_cache_update(layer, torch.cat([new_k, pad]), torch.cat([new_v, pad]), kv_cache,
@@ -623,8 +647,6 @@ def run_drafter_layer(vllm_config, seed: int, **layer_kwargs) -> SimpleNamespace
     unified_attention_with_output into our impl. Returns layer, meta, query [tokens, heads,
     head_size], output (as the layer returns it) and the dequantized keys and values of each
     request (real_k, real_v), the float64 reference's input."""
-    from vllm.forward_context import set_forward_context
-
     gen = torch.Generator().manual_seed(seed)
     layer = make_layer(vllm_config, **layer_kwargs)
     keys = [drafter_rows(gen, kv) for kv in KV_LENS]
@@ -633,23 +655,9 @@ def run_drafter_layer(vllm_config, seed: int, **layer_kwargs) -> SimpleNamespace
     layer.register_buffer("_k_scale", k_scale)
     layer.register_buffer("_v_scale", v_scale)
     layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
-    common, slots = make_batch_metadata(gen, 24)
-    context = [
-        (k[: kv - q], v[: kv - q], slot[: kv - q])
-        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
-    ]
-    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
-    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
-    meta = make_builder(vllm_config, layer).build(0, common)
-    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
-    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
-    num_tokens = sum(Q_LENS)
-    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
-    with set_forward_context({LAYER_NAME: meta}, vllm_config,
-                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
-        output = layer(query, new_k.flatten(1), new_v.flatten(1))
+    run = run_layer_on_batch(vllm_config, layer, gen, keys, values)
     return SimpleNamespace(
-        layer=layer, meta=meta, query=query.view(num_tokens, NUM_HEADS, HEAD_SIZE), output=output,
+        layer=layer, meta=run.meta, query=run.query, output=run.output,
         real_k=[dequantized(k, k_scale, torch.float8_e4m3fn) for k in keys],
         real_v=[dequantized(v, v_scale, torch.float8_e4m3fn) for v in values],
     )  # fmt: skip
@@ -794,7 +802,6 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     own TritonAttentionImpl too): the write computes each token's and head's scale inline, and
     forward (causal and bidirectional requests, a window, sinks) reads them, against float64 over
     what vLLM's views read from the page, and over the unquantised K/V."""
-    from vllm.forward_context import set_forward_context
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     data_dtype = PER_TOKEN_HEAD[kv_cache_dtype]
@@ -811,34 +818,20 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
                                  kv_cache_dtype)  # fmt: skip
     vllm_k, vllm_v = triton._pth_key_value_caches(layer.kv_cache)
-    common, slots = make_batch_metadata(gen, 24)
-    context = [
-        (k[: kv - q], v[: kv - q], slot[: kv - q])
-        for k, v, slot, q, kv in zip(keys, values, slots, Q_LENS, KV_LENS, strict=True)
-    ]
-    context_k, context_v, context_slots = (torch.cat(part) for part in zip(*context, strict=True))
-    layer.impl.do_kv_cache_update(layer, context_k, context_v, layer.kv_cache, context_slots)
-    meta = make_builder(vllm_config, layer).build(0, common)
-    assert meta.attention.cache_dtype == data_dtype
-    new_k = torch.cat([k[kv - q :] for k, q, kv in zip(keys, Q_LENS, KV_LENS, strict=True)])
-    new_v = torch.cat([v[kv - q :] for v, q, kv in zip(values, Q_LENS, KV_LENS, strict=True)])
-    num_tokens = sum(Q_LENS)
-    query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
-    with set_forward_context({LAYER_NAME: meta}, vllm_config,
-                             slot_mapping={LAYER_NAME: common.slot_mapping}):  # fmt: skip
-        output = layer(query, new_k.flatten(1), new_v.flatten(1))
+    run = run_layer_on_batch(vllm_config, layer, gen, keys, values)
+    assert run.meta.attention.cache_dtype == data_dtype
 
     def read_by_vllm(cache, scale, slot):  # float64 [n, NUM_KV_HEADS, HEAD_SIZE]
         blocks, offsets = slot // BLOCK_SIZE, slot % BLOCK_SIZE
         stored = cache.view(data_dtype)[blocks, offsets, :, :HEAD_SIZE].double()
         return stored * scale[blocks, offsets].double()[..., None]
 
-    real_k = [read_by_vllm(vllm_k, triton._k_scale_cache, slot) for slot in slots]
-    real_v = [read_by_vllm(vllm_v, triton._v_scale_cache, slot) for slot in slots]
-    q = query.view(num_tokens, NUM_HEADS, HEAD_SIZE)
+    real_k = [read_by_vllm(vllm_k, triton._k_scale_cache, slot) for slot in run.slots]
+    real_v = [read_by_vllm(vllm_v, triton._v_scale_cache, slot) for slot in run.slots]
+    q = run.query
     window = (29, 29)  # the mixed batch symmetrises the layer's (29, 0), as FLASH_ATTN does
     expected = float64_attention(q, real_k, real_v, HEAD_SIZE**-0.5, window=window, sinks=sinks)
-    output = output.view_as(expected)
+    output = run.output.view_as(expected)
     assert relative_error(output, expected) <= TOLERANCE[torch.bfloat16]
     # Against the unquantised K/V: the format's own rounding (a half step of e4m3, 1/254 of a
     # row's amax for int8) on keys up to ~600, measured 4.8e-2 (e4m3) and 7.5e-3 (int8) here;
@@ -851,7 +844,7 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     per_head = [r / s[..., None] * s[:1, :, None] for r, s in (
         (read_by_vllm(vllm_k, triton._k_scale_cache, slot),
          triton._k_scale_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE].double())
-        for slot in slots)]  # fmt: skip
+        for slot in run.slots)]  # fmt: skip
     wrong = float64_attention(q, per_head, real_v, HEAD_SIZE**-0.5, window=window, sinks=sinks)
     assert relative_error(wrong, expected) > 0.1
 

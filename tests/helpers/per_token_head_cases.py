@@ -14,7 +14,7 @@ import torch
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.problem import AttentionProblem, CacheWrite
-from fp8_noncausal_attn.synthetic import PagedCase, make_case
+from fp8_noncausal_attn.synthetic import PagedCase, make_case, slot_mapping
 from fp8_noncausal_attn.validation import validate_attention
 
 # Where the page holds no written key: 0x5A bytes (the scale words ~1.5e16), so a read shows.
@@ -48,16 +48,12 @@ def make_token_head_case(
                      scales="none", seed=seed, **batch)  # fmt: skip
     num_blocks, block_size, num_kv_heads, head_dim = base.key_cache.shape
     device = base.query.device
-    slots = []
-    for seq, kv_len in enumerate(kv_lens):
-        pages = base.block_table[seq].tolist()
-        slots += [pages[j // block_size] * block_size + j % block_size for j in range(kv_len)]
-    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    slots = slot_mapping(base.block_table, kv_lens, block_size).to(device)
     gen = torch.Generator().manual_seed(seed + 1)
     rows = []
     for cache, magnitude in ((base.key_cache, KEY_MAGNITUDE), (base.value_cache, VALUE_MAGNITUDE)):
         gain = 10 ** torch.rand(len(slots), num_kv_heads, 1, generator=gen) * magnitude
-        exact = cache.reshape(-1, num_kv_heads, head_dim)[slot_mapping].float()
+        exact = cache.reshape(-1, num_kv_heads, head_dim)[slots].float()
         unit = exact / exact.square().mean(dim=(0, 2), keepdim=True).sqrt()
         rows.append((unit * gain.to(device)).to(query_dtype))
     if page == "separate":
@@ -75,9 +71,7 @@ def make_token_head_case(
         if page == "nhd":
             kv_cache = kv_cache.transpose(1, 2)
         key_cache, value_cache, k_scale, v_scale = split_per_token_head_cache(kv_cache, cache_dtype)
-    reference.reshape_and_cache(
-        CacheWrite(*rows, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    )
+    reference.reshape_and_cache(CacheWrite(*rows, key_cache, value_cache, slots, k_scale, v_scale))
     return dataclasses.replace(
         base, key_cache=key_cache, value_cache=value_cache, k_scale=k_scale, v_scale=v_scale
     )

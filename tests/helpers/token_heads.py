@@ -2,11 +2,17 @@
 data and scales in pages that keep each token's scales inline after its head's K and V rows,
 as vLLM does, but with the rows 16-byte aligned as the kernels' copies need."""
 
+from typing import NamedTuple
+
 import torch
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.problem import AttentionProblem, CacheWrite
-from fp8_noncausal_attn.synthetic import per_token_head_problem
+from fp8_noncausal_attn.synthetic import (
+    shuffled_block_table,
+    slot_mapping,
+)
+from fp8_noncausal_attn.validation import validate_attention
 
 # Bytes after the K and V rows of each (block, head, slot): K scale, V scale (float32), 8 unused.
 _TAIL_BYTES = 16
@@ -36,55 +42,69 @@ def aligned_pages(
     )
 
 
+class Sizes(NamedTuple):
+    """A problem's head counts, head size and page size (:func:`synthetic.make_case`'s)."""
+
+    num_q_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+
+
+def drafter_token_rows(
+    gen: torch.Generator, kv_lens: list[int], num_kv_heads: int, head_dim: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per sequence, float32 keys ``[kv_len, num_kv_heads, head_dim]`` of order 1-10 and values
+    of order 0.01-0.1, as a drafter's are, each token's magnitude drawn over a decade (one scale
+    per head cannot stand in for one per token)."""
+    keys, values = [], []
+    for kv_len in kv_lens:
+        gain = torch.logspace(0, 1, kv_len)[torch.randperm(kv_len, generator=gen)][:, None, None]
+        shape = (kv_len, num_kv_heads, head_dim)
+        keys.append(torch.randn(shape, generator=gen) * gain)
+        values.append(torch.randn(shape, generator=gen) * gain * 0.01)
+    return keys, values
+
+
 def token_head_problem(
     cache_dtype: torch.dtype,
     query_dtype: torch.dtype,
     q_lens: list[int],
     kv_lens: list[int],
     *,
-    num_q_heads: int = 8,
-    num_kv_heads: int = 2,
-    head_dim: int = 64,
-    block_size: int = 16,
     causal: bool | list[bool] = False,
     window: tuple[int, int] = (-1, -1),
     sinks: torch.Tensor | None = None,
     padded_rows: int = 0,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    **sizes: int,
 ) -> AttentionProblem:
     """A random problem over an :func:`aligned_pages` cache written by the reference's
-    per-token-head write: drafter-like keys of order 1-10 and values of order 0.01-0.1, each
-    token's magnitude drawn over a decade (one scale per head cannot stand in for one per token),
-    shuffled pages; ``padded_rows`` random query rows past the last sequence."""
+    per-token-head write: :func:`drafter_token_rows` keys and values, shuffled pages;
+    ``padded_rows`` random query rows past the last sequence. ``sizes``: :class:`Sizes`'s
+    fields (its defaults for those not given)."""
+    num_q_heads, num_kv_heads, head_dim, block_size = Sizes(**sizes)
     gen = torch.Generator().manual_seed(seed)
-    pages = [-(-kv // block_size) for kv in kv_lens]
-    num_blocks = sum(pages) + 1
+    num_blocks = sum(-(-kv // block_size) for kv in kv_lens) + 1
     key_cache, value_cache, k_scale, v_scale = aligned_pages(
         num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device
     )
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    block_table = torch.zeros(len(kv_lens), max(pages) + 1, dtype=torch.int32)
-    keys, values, slots = [], [], []
-    for seq, kv_len in enumerate(kv_lens):
-        seq_pages = [order.pop() for _ in range(pages[seq])]
-        block_table[seq, : pages[seq]] = torch.tensor(seq_pages)
-        slots += [seq_pages[j // block_size] * block_size + j % block_size for j in range(kv_len)]
-        gain = torch.logspace(0, 1, kv_len)[torch.randperm(kv_len, generator=gen)][:, None, None]
-        shape = (kv_len, num_kv_heads, head_dim)
-        keys.append(torch.randn(shape, generator=gen) * gain)
-        values.append(torch.randn(shape, generator=gen) * gain * 0.01)
+    block_table = shuffled_block_table(kv_lens, block_size, num_blocks, gen)
+    keys, values = drafter_token_rows(gen, kv_lens, num_kv_heads, head_dim)
     reference.reshape_and_cache(CacheWrite(
         torch.cat(keys).to(query_dtype).to(device), torch.cat(values).to(query_dtype).to(device),
-        key_cache, value_cache, torch.tensor(slots, device=device), k_scale, v_scale,
+        key_cache, value_cache, slot_mapping(block_table, kv_lens, block_size).to(device),
+        k_scale, v_scale,
     ))  # fmt: skip
     num_tokens = sum(q_lens) + padded_rows
     query = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(query_dtype)
     cu = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
     flags = torch.tensor(causal, dtype=torch.int32) if isinstance(causal, list) else causal
-    return per_token_head_problem(
+    return validate_attention(
         query.to(device), key_cache, value_cache, block_table.to(device), cu.to(device),
         torch.tensor(kv_lens, dtype=torch.int32, device=device), k_scale=k_scale,
         v_scale=v_scale, causal=flags if isinstance(flags, bool) else flags.to(device),
+        softmax_scale=None, max_seqlen_q=None, max_seqlen_k=None, out=None, validate=True,
         window=window, sinks=sinks,
     )  # fmt: skip
