@@ -31,7 +31,8 @@ def test_variant_table_covers_both_query_and_cache_dtypes_on_the_family_target()
 
 def test_each_variant_entry_passes_its_query_dtype_to_the_shared_kernel():
     """The library's C entry: variant i runs its kernel's module with ``q_is_bf16`` fixed (1 for
-    bf16, 0 for fp16) after ``num_splits``; the two variants of a kernel share one module."""
+    bf16, 0 for fp16) in the launch record's place for it (after ``row_tiles``); the two
+    variants of a kernel share one module."""
     bf16, f16 = (T.Variant(128, 32, q) for q in ("bfloat16", "float16"))
     sym = build.symbol(bf16, "sm_100f")
     assert sym == build.symbol(f16, "sm_100f") == "fp8nca_tcgen05_d128_n32_e4m3_sm_100f"
@@ -42,7 +43,7 @@ def test_each_variant_entry_passes_its_query_dtype_to_the_shared_kernel():
     assert len(calls) == 2
     for call, flag in zip(calls, (1, 0), strict=True):
         assert "(&module_0, q, k, v, out," in call
-        assert f"row_tiles, num_splits, {flag} /* q_is_bf16 */, softmax_scale, stream);" in call
+        assert f"softmax_scale, row_tiles, {flag} /* q_is_bf16 */, stream);" in call
     # A wgmma variant's entry fixes the flag too (the shared entry takes it; its kernel does
     # not read it).
     wgmma = build.WGMMA_VARIANTS[0]
