@@ -105,7 +105,7 @@ def test_triton_reads_token_head_scales(query_dtype, cache_dtype, flags):
     ],
 )
 def test_production_tile_configuration(cache_dtype, query_dtype, head_dim, splits, monkeypatch):
-    """The tiles a GPU gets (64 or 32 keys, several key tiles per split), fp32 dots (the
+    """The tiles a GPU gets (16-64 keys, several key tiles per split), fp32 dots (the
     interpreter's 16-bit dots are wrong)."""
     flags = Flags([True, False, True], window=(200, 40), sinks=True, splits=splits)
     case = token_head_case(cache_dtype, query_dtype, flags, seed=5, head_dim=head_dim)
@@ -113,7 +113,7 @@ def test_production_tile_configuration(cache_dtype, query_dtype, head_dim, split
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
         plan = triton_attention.launch_plan(problem.batch, splits, per_token_head=True)
-    assert plan.block_n == (64 if head_dim <= 128 else 32) and plan.num_splits == splits
+    assert plan.block_n == {64: 64, 128: 16, 256: 32}[head_dim] and plan.num_splits == splits
     out, lse = run(problem, splits, dataclasses.replace(plan, dot_fp32=True))
     expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)
     reference.paged_attention(problem, expected, expected_lse)
