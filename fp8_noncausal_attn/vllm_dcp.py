@@ -1,26 +1,33 @@
 """Decode context parallelism for the vLLM backend ``FP8_NONCAUSAL`` (SPEC §8), as vLLM's
-FLASH_ATTN runs it (``FlashAttentionImpl._forward_with_dcp``, vLLM 0.33).
+FLASH_ATTN runs it (``FlashAttentionImpl._forward_with_dcp``, vLLM 0.33), in one attention call
+per layer when the batch is bidirectional.
 
 Under ``decode_context_parallel_size = N > 1`` each rank of a DCP group holds every KV head of its
 tensor-parallel rank for a shard of each request's tokens: position ``j`` lives on rank
 ``(j // I) % N``, ``I = cp_kv_cache_interleave_size`` (vLLM's ``get_dcp_local_seq_lens`` counts
-them). The ranks of a group share their KV heads, so the layer's per-KV-head ``k_scale`` /
-``v_scale`` (this TP rank's slice) are the right ones for the local shard, and their query heads
-differ (per-token-head caches: the scales inline in this rank's pages, the local shard's own).
-One layer's attention is then, per rank:
+them; the cache write puts each new token on its rank too). The ranks of a group share their KV
+heads, so the layer's per-KV-head ``k_scale`` / ``v_scale`` (this TP rank's slice) are the right
+ones for the local shard, and their query heads differ (per-token-head caches: the scales inline
+in this rank's pages, the local shard's own). One layer's attention is then, per rank:
 
-1. the context (each request's keys before its new tokens): the query is all-gathered over the
-   group's heads (``N x num_heads`` query heads against the same KV heads) and attends this
-   rank's shard of the context bidirectionally, with its LSE (a ``key_shard`` plan: a rank may
-   hold fewer context keys than a request has new tokens, or none);
+1. the shard: the query is all-gathered over the group's heads (``N x num_heads`` query heads
+   against the same KV heads) and attends this rank's shard bidirectionally, with its LSE (a
+   ``key_shard`` plan: a rank may hold fewer keys than a request has new tokens, or none);
 2. the states of the N ranks are combined (:func:`combine_across_ranks`: all-gather of the LSEs,
-   each rank's output weighted by its share, reduce-scatter back to this rank's heads);
+   each rank's output weighted by its share, reduce-scatter back to this rank's heads).
+
+A bidirectional batch (``causal`` False) is done then: the shard is every key of the request,
+the new tokens' included, read from the cache as without DCP, and the sinks join the combined
+state, once. A causal row sees a prefix of the shard that grows by one key every ``N I``
+positions, which no mask of the kernels expresses, so a batch with causal requests attends only
+the context (each request's keys before its new tokens) in step 1, and then:
+
 3. the new tokens attend each other, causal or not as the batch says, from the layer's 16-bit
    ``key`` / ``value`` (FLASH_ATTN does the same: every rank has them, no communication), packed
    into pages of a small 16-bit cache; the attention sinks join here, once;
 4. the two states are merged by :func:`fp8_noncausal_attn.merge_attention_states`.
 
-Sliding windows are refused under DCP (the context shard's positions are not the sequence's).
+Sliding windows are refused under DCP (the shard's positions are not the sequence's).
 """
 
 from __future__ import annotations
@@ -51,13 +58,14 @@ def dcp_world_size_and_rank(kv_cache_spec) -> tuple[int, int]:
 
 
 def combine_across_ranks(
-    out: torch.Tensor, lse: torch.Tensor, group
+    out: torch.Tensor, lse: torch.Tensor, group, sinks: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's ``cp_lse_ag_out_rs`` in PyTorch ops: each rank's state over its key shard,
     ``out`` [tokens, N x heads, head_dim] and natural-log ``lse`` [tokens, N x heads], becomes the
     state over all ranks' keys for this rank's heads, ``([tokens, heads, head_dim],
     [tokens, heads])``. Empty shards (lse -inf) weigh nothing; a row no rank saw gets zeros and
-    -inf."""
+    -inf. ``sinks`` (float32 [heads], this rank's): each head's sink logit joins the combined
+    denominator (SPEC §3), once."""
     lses = group.all_gather(lse.contiguous(), dim=0).view(group.world_size, *lse.shape)
     top = lses.amax(dim=0)
     top = torch.where(top == float("-inf"), 0.0, top)
@@ -70,24 +78,31 @@ def combine_across_ranks(
     combined = group.reduce_scatter(weighted.to(out.dtype), dim=1)
     heads = lse.shape[1] // group.world_size
     rank = group.rank_in_group
-    return combined, merged_lse[:, rank * heads : (rank + 1) * heads]
+    merged_lse = merged_lse[:, rank * heads : (rank + 1) * heads]
+    if sinks is None:
+        return combined, merged_lse
+    with_sink = torch.logaddexp(merged_lse, sinks.float()[None, :])
+    combined = (combined.float() * torch.exp(merged_lse - with_sink)[..., None]).to(out.dtype)
+    return combined, with_sink
 
 
 @dataclass
 class DcpPlan:
-    """One batch under DCP: the :class:`DcpAttention` that planned it, the context plan
-    (all-gathered heads, this rank's context shard), the new tokens' plan and the row of the
-    packed new-token cache each query row goes to."""
+    """One batch under DCP: the :class:`DcpAttention` that planned it, the shard plan
+    (all-gathered heads, this rank's shard: of every key for a bidirectional batch, else of the
+    context); for a batch with causal requests also the new tokens' plan and the row of the
+    packed new-token cache each query row goes to (else None)."""
 
     owner: DcpAttention
-    context: object
-    new_tokens: object
-    slots: torch.Tensor  # [num_actual_tokens] int64
+    shard: object
+    new_tokens: object | None
+    slots: torch.Tensor | None  # [num_actual_tokens] int64
 
 
 class DcpAttention:
-    """The two :class:`PagedAttention` objects and buffers of one KV-cache group under DCP, built
-    with the group's metadata builder (so vLLM's memory profiling sees them)."""
+    """The two :class:`PagedAttention` objects (the shard's, the new tokens') and buffers of one
+    KV-cache group under DCP, built with the group's metadata builder (so vLLM's memory profiling
+    sees them)."""
 
     def __init__(
         self,
@@ -112,14 +127,14 @@ class DcpAttention:
         sizes = {"num_kv_heads": num_kv_heads, "head_dim": head_dim, "query_dtype": query_dtype,
                  "device": device, "max_num_seqs": max_num_seqs,
                  "max_num_tokens": max_num_tokens}  # fmt: skip
-        self.context = PagedAttention(
+        self.shard = PagedAttention(
             num_q_heads=num_heads * world_size, block_size=block_size, cache_dtype=cache_dtype,
             **sizes,
         )  # fmt: skip
         self.new_tokens = PagedAttention(
             num_q_heads=num_heads, block_size=NEW_TOKEN_PAGE, cache_dtype=query_dtype, **sizes
         )
-        device = self.context.device
+        device = self.shard.device
         # Every request's new tokens start a page: at most tokens / page + requests pages, and
         # one more that padded rows (past the last request) are written to.
         pages = -(-max_num_tokens // NEW_TOKEN_PAGE) + max_num_seqs + 1
@@ -129,7 +144,7 @@ class DcpAttention:
         self._scratch_slot = (pages - 1) * NEW_TOKEN_PAGE
         # What the plans read, in buffers of their own that build() rewrites in place: a CUDA
         # graph captured with one batch's plans replays with the next batch's values.
-        self._context_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self._shard_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
         self._new_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
         self._slots = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
         self._new_table = torch.zeros(
@@ -143,20 +158,24 @@ class DcpAttention:
         num_reqs = m.num_reqs
         starts = m.query_start_loc[: num_reqs + 1]
         q_lens = starts[1:] - starts[:-1]
-        context = m.seq_lens[:num_reqs] - q_lens
-        self._context_lens[:num_reqs] = get_dcp_local_seq_lens(
-            context, self.world_size, self.rank, self.interleave
+        # A per-request flag tensor counts as causal: reading it would sync the host.
+        bidirectional = m.causal is False
+        keys = m.seq_lens[:num_reqs] if bidirectional else m.seq_lens[:num_reqs] - q_lens
+        self._shard_lens[:num_reqs] = get_dcp_local_seq_lens(
+            keys, self.world_size, self.rank, self.interleave
         )
-        # FLASH_ATTN's bound of a rank's context keys: ceil(L / (N I)) I.
+        # FLASH_ATTN's bound of a rank's keys: ceil(L / (N I)) I.
         span = self.world_size * self.interleave
-        max_context = -(-m.max_seq_len // span) * self.interleave
-        self._new_lens[:num_reqs] = q_lens
-        context_plan = self.context.plan(
-            starts, self._context_lens[:num_reqs], m.block_table_tensor, causal=False,
-            max_seqlen_q=m.max_query_len, max_seqlen_k=max(max_context, 1),
+        max_shard = -(-m.max_seq_len // span) * self.interleave
+        shard_plan = self.shard.plan(
+            starts, self._shard_lens[:num_reqs], m.block_table_tensor, causal=False,
+            max_seqlen_q=m.max_query_len, max_seqlen_k=max(max_shard, 1),
             softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
             backend=self.backend, key_shard=True,
         )  # fmt: skip
+        if bidirectional:
+            return DcpPlan(self, shard_plan, None, None)
+        self._new_lens[:num_reqs] = q_lens
         # The new tokens' pages: request r's start at first[r], in order.
         pages = (q_lens + NEW_TOKEN_PAGE - 1) // NEW_TOKEN_PAGE
         first = torch.cumsum(pages, 0) - pages
@@ -177,7 +196,7 @@ class DcpAttention:
             softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
             backend=self.backend,
         )  # fmt: skip
-        return DcpPlan(self, context_plan, new_plan, slots)
+        return DcpPlan(self, shard_plan, new_plan, slots)
 
     def forward(
         self,
@@ -199,11 +218,14 @@ class DcpAttention:
 
         group = get_dcp_group()
         every_head = group.all_gather(query.contiguous(), dim=1)
-        context_out, context_lse = self.context.run(
-            every_head, key_cache, value_cache, k_scale, v_scale, plan=plan.context,
+        shard_out, shard_lse = self.shard.run(
+            every_head, key_cache, value_cache, k_scale, v_scale, plan=plan.shard,
             return_lse=True,
         )  # fmt: skip
-        context_out, context_lse = combine_across_ranks(context_out, context_lse, group)
+        if plan.new_tokens is None:
+            output.copy_(combine_across_ranks(shard_out, shard_lse, group, sinks)[0])
+            return
+        context_out, context_lse = combine_across_ranks(shard_out, shard_lse, group)
         flat = (-1, *self.new_keys.shape[2:])
         self.new_keys.view(flat).index_copy_(0, plan.slots, key.to(self.new_keys.dtype))
         self.new_values.view(flat).index_copy_(0, plan.slots, value.to(self.new_values.dtype))

@@ -7,8 +7,9 @@ GQA needs tp > the model's KV heads), its own metadata builder on a real
 ``CommonAttentionMetadata`` (global ``seq_lens``, its own block table), its shard of the FP8 cache
 laid out as vLLM's ``cp_kv_cache_interleave_size`` says, and its query heads; the new tokens'
 K/V are every rank's. Each rank's output must equal float64 attention of its heads over the
-whole sequence (context from the FP8 cache, new tokens from the 16-bit K/V, as vLLM's FLASH_ATTN
-attends them), causal and bidirectional requests in one batch, attention sinks on.
+whole sequence, attention sinks on: for a batch of causal and bidirectional requests, context from
+the FP8 cache and new tokens from the 16-bit K/V (as vLLM's FLASH_ATTN attends them); for a
+bidirectional batch, attended in one call, every key from the FP8 cache (as without DCP).
 """
 
 import threading
@@ -46,6 +47,9 @@ HEADS = 4  # query heads per rank; the group's 8 share the rank's one KV head
 # A draft block, a decode, a fresh prefill (no context: empty shards everywhere), a short one.
 Q_LENS, CONTEXT = [8, 1, 5, 3], [40, 33, 0, 3]
 CAUSAL = [False, True, True, False]
+# The batches: per-request flags (the shard's context, then the new tokens: two calls), and
+# vLLM's ``causal=False`` of a bidirectional drafter (the whole shard: one call).
+BATCHES = {"mixed": CAUSAL, "bidirectional": [False] * len(CAUSAL)}
 SINKS = [30.0, -40.0, 1.0, 4.0, -2.0, 0.0, 8.0, -60.0]  # one per query head of the group
 
 
@@ -102,10 +106,11 @@ def owner(position: int, interleave: int) -> tuple[int, int]:
     return rank, local
 
 
+@pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize(
     "interleave,kv_cache_dtype", [(1, "fp8"), (16, "fp8"), (16, "int8_per_token_head")]
 )
-def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dtype):
+def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dtype, batch):
     group = ThreadGroup(RANKS)
     monkeypatch.setattr(parallel_state, "_DCP", group)
     gen = torch.Generator().manual_seed(21)
@@ -171,10 +176,12 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dty
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(Q_LENS),
             num_actual_tokens=tokens, max_query_len=max(Q_LENS), max_seq_len=max(seq_lens),
             block_table_tensor=table, slot_mapping=new_slots,
-            causal=torch.tensor(CAUSAL, dtype=torch.int32),
+            causal=torch.tensor(CAUSAL, dtype=torch.int32) if batch == "mixed" else False,
         )  # fmt: skip
         layer.impl.do_kv_cache_update(layer, new_k, new_v, kv_cache, new_slots)
-        ranks.append((layer, builder.build(0, common), kv_cache))
+        meta = builder.build(0, common)
+        assert (meta.dcp.new_tokens is None) == (batch == "bidirectional")
+        ranks.append((layer, meta, kv_cache))
 
     outputs = [None] * RANKS
     errors = []
@@ -201,16 +208,16 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dty
 
     if kv_cache_dtype == "int8_per_token_head":  # scales per token and head, from the write
         k_scale = v_scale = None
-    exact = float64_attention(query, keys, values, k_scale, v_scale)
+    exact = float64_attention(query, keys, values, k_scale, v_scale, batch)
     for rank in range(RANKS):
         heads = slice(rank * HEADS, (rank + 1) * HEADS)
         for h in range(HEADS):  # per head: the +30 sink shrinks head 0 by ~e^-20
             error = relative_error(outputs[rank][:, h], exact[:, heads][:, h])
             assert error <= TOLERANCE[torch.bfloat16], (rank, h, error)
     # Negative control: the other KV head's scales (a misaligned slice) give a wrong answer.
-    wrong = float64_attention(query, keys, values, model_k_scale[:1], model_v_scale[:1])
+    wrong = float64_attention(query, keys, values, model_k_scale[:1], model_v_scale[:1], batch)
     if k_scale is None:  # or scales dropped (all ones) instead of each token's
-        wrong = float64_attention(query, keys, values, None, None, dropped=True)
+        wrong = float64_attention(query, keys, values, None, None, batch, dropped=True)
     assert relative_error(wrong, exact) > 0.1
 
 
@@ -279,12 +286,14 @@ def real_rows(rows, scale, context, dropped=False):
     return torch.cat([cached, rows[context:].double()])[:, 0]
 
 
-def float64_attention(query, keys, values, k_scale, v_scale, dropped=False):
-    """Every head of the group over each whole sequence in float64: context keys as the cache
-    holds them (:func:`real_rows`), new tokens' keys as given (16-bit)."""
+def float64_attention(query, keys, values, k_scale, v_scale, batch, dropped=False):
+    """Every head of the group over each whole sequence in float64, masked as ``BATCHES[batch]``
+    says: context keys as the cache holds them (:func:`real_rows`), new tokens' keys as given
+    (16-bit) in the mixed batch, as the cache holds them in the bidirectional one."""
     out, start = [], 0
-    for c, q_len, causal, k, v in zip(CONTEXT, Q_LENS, CAUSAL, keys, values, strict=True):
-        kr, vr = real_rows(k, k_scale, c, dropped), real_rows(v, v_scale, c, dropped)
+    for c, q_len, causal, k, v in zip(CONTEXT, Q_LENS, BATCHES[batch], keys, values, strict=True):
+        cached = c if batch == "mixed" else c + q_len
+        kr, vr = real_rows(k, k_scale, cached, dropped), real_rows(v, v_scale, cached, dropped)
         q = query[start : start + q_len].double()
         start += q_len
         scores = torch.einsum("ihd,jd->hij", q, kr) * HEAD_SIZE**-0.5
