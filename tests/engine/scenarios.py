@@ -54,6 +54,16 @@ PER_TOKEN_HEAD_CASES = {"fp8": ("fp8", "fp8_per_token_head", 4),
                         "int8": ("int8_per_token_head", None, 8)}  # fmt: skip
 # The DFlash drafter's one layer, numbered after the target's.
 DRAFTER_LAYER = f"model.layers.{NUM_LAYERS}.self_attn.attn"
+# How the engine runs. vLLM's default (engine core and worker spawned, the model compiled by
+# torch.compile) is what a user's `vllm serve` does, and costs several times an eager engine in
+# this process (one drafter run alone: 74 s vs 12 s): one backend/reference pair runs the default
+# (the e4m3 drafter); the TP = 2 run needs its worker processes and runs eager; every other run
+# is in-process and eager. A backend run and its reference run always alike: a compiled run
+# against an eager reference differs by 1e-2 in the drafter's attention (vLLM's custom ops are
+# off under torch.compile, so the layers before attention round differently).
+DEFAULT_MODE = ("e4m3_k4",)
+EAGER = {"enforce_eager": True}
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # Prompt lengths far enough apart (> MAX_TOKENS + 9) that a sequence length names one request
 # and step in both runs, however the scheduler batched them.
 DRAFTER_PROMPTS = [24, 72, 120]
@@ -95,28 +105,31 @@ def engine_specs(
             speculative = {"method": "dflash", "model": str(drafters[sliding]),
                            "num_speculative_tokens": k, "attention_backend": BACKEND,
                            "kv_cache_dtype": "bfloat16" if reference else fmt}  # fmt: skip
-            spec = {"llm": _common(target) | {"speculative_config": speculative},
-                    "prompts": prompts(DRAFTER_PROMPTS, seed=k), "max_tokens": MAX_TOKENS,
-                    "phases": ["generate"]}  # fmt: skip
+            default = name in DEFAULT_MODE
+            llm = _common(target) | {"speculative_config": speculative} | ({} if default else EAGER)
+            spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=k),
+                    "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
+            env = _reference(fmt, plants) if reference else {}
             specs[f"drafter_{name}" + ("_ref" if reference else "")] = (
-                spec,
-                _reference(fmt, plants) if reference else {},
-            )
+                spec, env if default else env | IN_PROCESS,
+            )  # fmt: skip
     # Every layer on the backend, per-KV-head scales from the checkpoint: teacher-forced prompt
     # logprobs, then (backend only) a small KV cache and token budget for chunked prefill,
     # preemption, prefix caching and aborts against one request at a time.
     every_layer = _common(head_scales) | {"attention_backend": BACKEND, "kv_cache_dtype": "fp8"}
+    every_layer |= EAGER
     long_prompts = prompts([61, 120, 77, 95, 110, 66], seed=7)
     # 17 blocks: one is vLLM's null block, 16 hold one max_model_len request.
     features = {"max_num_batched_tokens": 128, "num_gpu_blocks_override": 17,
                 "enable_prefix_caching": True, "disable_log_stats": False}  # fmt: skip
     specs["every_layer"] = (
         {"llm": every_layer | features, "prompts": long_prompts, "max_tokens": 24,
-         "phases": ["prompt_logprobs", "one_at_a_time", "all_at_once", "aborts"]}, {},
+         "phases": ["prompt_logprobs", "one_at_a_time", "all_at_once", "aborts"]}, IN_PROCESS,
     )  # fmt: skip
     specs["every_layer_ref"] = (
         {"llm": every_layer | {"kv_cache_dtype": "bfloat16"}, "prompts": long_prompts,
-         "max_tokens": 1, "phases": ["prompt_logprobs"]}, _reference("fp8_e4m3", plants),
+         "max_tokens": 1, "phases": ["prompt_logprobs"]},
+        _reference("fp8_e4m3", plants) | IN_PROCESS,
     )  # fmt: skip
     specs["every_layer_tp2"] = (
         {"llm": every_layer | {"tensor_parallel_size": 2} | (
@@ -136,17 +149,15 @@ def engine_specs(
                            "num_speculative_tokens": k, "attention_backend": BACKEND}  # fmt: skip
             if reference or drafter_dtype is not None:
                 speculative["kv_cache_dtype"] = "bfloat16" if reference else drafter_dtype
-            # Eager: the compiled model is the other runs' (its compilation is most of a run).
             llm = _common(model) | {"attention_backend": BACKEND, "kv_cache_dtype": target_dtype,
-                                    "speculative_config": speculative,
-                                    "enforce_eager": True}  # fmt: skip
+                                    "speculative_config": speculative} | EAGER  # fmt: skip
             spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=10 + k),
                     "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
             if reference:
                 rounding = _reference(drafter_dtype or target_dtype, plants)
-                specs[f"per_token_head_{name}_ref"] = (spec, rounding)
+                specs[f"per_token_head_{name}_ref"] = (spec, rounding | IN_PROCESS)
             else:
                 planted = ",".join(sorted(plants & set(PLUGIN.BACKEND_PLANTS)))
                 env = {PLUGIN.RECORD_KV_ENV: "1", PLUGIN.BACKEND_PLANT_ENV: planted}
-                specs[f"per_token_head_{name}"] = (spec, env)
+                specs[f"per_token_head_{name}"] = (spec, env | IN_PROCESS)
     return specs
