@@ -1,9 +1,10 @@
 """One engine run of the engine tier: ``python run_engine.py SPEC.json OUT.pt``.
 
 Builds ``vllm.LLM`` from the JSON spec (vLLM's default multiprocess mode, engine core and
-workers spawned, unless the run's environment sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), runs its phases and saves what they returned; the engine is
-always shut down. A spec: ``llm`` (keyword arguments of ``LLM``), ``prompts`` (lists of token
-ids), ``max_tokens`` and ``phases`` (names below).
+workers spawned, unless the run's environment sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), runs
+its phases and saves what they returned; the engine is always shut down. A spec: ``llm``
+(keyword arguments of ``LLM``), ``prompts`` (lists of token ids), ``max_tokens`` and ``phases``
+(names below).
 """
 
 from __future__ import annotations
