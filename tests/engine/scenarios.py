@@ -54,14 +54,13 @@ PER_TOKEN_HEAD_CASES = {"fp8": ("fp8", "fp8_per_token_head", 4),
                         "int8": ("int8_per_token_head", None, 8)}  # fmt: skip
 # The DFlash drafter's one layer, numbered after the target's.
 DRAFTER_LAYER = f"model.layers.{NUM_LAYERS}.self_attn.attn"
-# How the engine runs. vLLM's default (engine core and worker spawned, the model compiled by
-# torch.compile) is what a user's `vllm serve` does, and costs several times an eager engine in
-# this process (one drafter run alone: 74 s vs 12 s): one backend/reference pair runs the default
-# (the e4m3 drafter); the TP = 2 run needs its worker processes and runs eager; every other run
-# is in-process and eager. A backend run and its reference run always alike: a compiled run
-# against an eager reference differs by 1e-2 in the drafter's attention (vLLM's custom ops are
-# off under torch.compile, so the layers before attention round differently).
-DEFAULT_MODE = ("e4m3_k4",)
+# How the engine runs: eager, and in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless
+# its workers must be processes (TP = 2). vLLM's default, engine core and worker spawned and the
+# model compiled by torch.compile, cost several times more here (one drafter run alone: 74 s vs
+# 12 s; a backend/reference pair of it was 60 % of the tier's engine time) and runs the
+# backend through the same custom op. A backend run and its reference run always alike: a
+# compiled run against an eager reference differs by 1e-2 in the drafter's attention (vLLM's
+# custom ops are off under torch.compile, so the layers before attention round differently).
 EAGER = {"enforce_eager": True}
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # Prompt lengths far enough apart (> MAX_TOKENS + 9) that a sequence length names one request
@@ -105,14 +104,11 @@ def engine_specs(
             speculative = {"method": "dflash", "model": str(drafters[sliding]),
                            "num_speculative_tokens": k, "attention_backend": BACKEND,
                            "kv_cache_dtype": "bfloat16" if reference else fmt}  # fmt: skip
-            default = name in DEFAULT_MODE
-            llm = _common(target) | {"speculative_config": speculative} | ({} if default else EAGER)
+            llm = _common(target) | {"speculative_config": speculative} | EAGER
             spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=k),
                     "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
             env = _reference(fmt, plants) if reference else {}
-            specs[f"drafter_{name}" + ("_ref" if reference else "")] = (
-                spec, env if default else env | IN_PROCESS,
-            )  # fmt: skip
+            specs[f"drafter_{name}" + ("_ref" if reference else "")] = (spec, env | IN_PROCESS)
     # Every layer on the backend, per-KV-head scales from the checkpoint: teacher-forced prompt
     # logprobs, then (backend only) a small KV cache and token budget for chunked prefill,
     # preemption, prefix caching and aborts against one request at a time.
