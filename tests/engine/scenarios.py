@@ -61,7 +61,6 @@ DRAFTER_LAYER = f"model.layers.{NUM_LAYERS}.self_attn.attn"
 # backend through the same custom op. A backend run and its reference run always alike: a
 # compiled run against an eager reference differs by 1e-2 in the drafter's attention (vLLM's
 # custom ops are off under torch.compile, so the layers before attention round differently).
-EAGER = {"enforce_eager": True}
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # Prompt lengths far enough apart (> MAX_TOKENS + 9) that a sequence length names one request
 # and step in both runs, however the scheduler batched them.
@@ -75,7 +74,7 @@ def prompts(sizes: list[int], seed: int) -> list[list[int]]:
 
 def _common(model: Path) -> dict:
     return {"model": str(model), "dtype": "bfloat16", "max_model_len": 512,
-            "block_size": BLOCK_SIZE, "max_num_seqs": 8}  # fmt: skip
+            "block_size": BLOCK_SIZE, "max_num_seqs": 8, "enforce_eager": True}  # fmt: skip
 
 
 def _reference(fmt: str, plants: frozenset[str]) -> dict[str, str]:
@@ -104,28 +103,26 @@ def engine_specs(
             speculative = {"method": "dflash", "model": str(drafters[sliding]),
                            "num_speculative_tokens": k, "attention_backend": BACKEND,
                            "kv_cache_dtype": "bfloat16" if reference else fmt}  # fmt: skip
-            llm = _common(target) | {"speculative_config": speculative} | EAGER
+            llm = _common(target) | {"speculative_config": speculative}
             spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=k),
                     "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
             env = _reference(fmt, plants) if reference else {}
-            specs[f"drafter_{name}" + ("_ref" if reference else "")] = (spec, env | IN_PROCESS)
+            specs[f"drafter_{name}" + ("_ref" if reference else "")] = (spec, env)
     # Every layer on the backend, per-KV-head scales from the checkpoint: teacher-forced prompt
     # logprobs, then (backend only) a small KV cache and token budget for chunked prefill,
     # preemption, prefix caching and aborts against one request at a time.
     every_layer = _common(head_scales) | {"attention_backend": BACKEND, "kv_cache_dtype": "fp8"}
-    every_layer |= EAGER
     long_prompts = prompts([61, 120, 77, 95, 110, 66], seed=7)
     # 17 blocks: one is vLLM's null block, 16 hold one max_model_len request.
     features = {"max_num_batched_tokens": 128, "num_gpu_blocks_override": 17,
                 "enable_prefix_caching": True, "disable_log_stats": False}  # fmt: skip
     specs["every_layer"] = (
         {"llm": every_layer | features, "prompts": long_prompts, "max_tokens": 24,
-         "phases": ["prompt_logprobs", "one_at_a_time", "all_at_once", "aborts"]}, IN_PROCESS,
+         "phases": ["prompt_logprobs", "one_at_a_time", "all_at_once", "aborts"]}, {},
     )  # fmt: skip
     specs["every_layer_ref"] = (
         {"llm": every_layer | {"kv_cache_dtype": "bfloat16"}, "prompts": long_prompts,
-         "max_tokens": 1, "phases": ["prompt_logprobs"]},
-        _reference("fp8_e4m3", plants) | IN_PROCESS,
+         "max_tokens": 1, "phases": ["prompt_logprobs"]}, _reference("fp8_e4m3", plants),
     )  # fmt: skip
     specs["every_layer_tp2"] = (
         {"llm": every_layer | {"tensor_parallel_size": 2} | (
@@ -146,14 +143,17 @@ def engine_specs(
             if reference or drafter_dtype is not None:
                 speculative["kv_cache_dtype"] = "bfloat16" if reference else drafter_dtype
             llm = _common(model) | {"attention_backend": BACKEND, "kv_cache_dtype": target_dtype,
-                                    "speculative_config": speculative} | EAGER  # fmt: skip
+                                    "speculative_config": speculative}  # fmt: skip
             spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=10 + k),
                     "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
             if reference:
                 rounding = _reference(drafter_dtype or target_dtype, plants)
-                specs[f"per_token_head_{name}_ref"] = (spec, rounding | IN_PROCESS)
+                specs[f"per_token_head_{name}_ref"] = (spec, rounding)
             else:
                 planted = ",".join(sorted(plants & set(PLUGIN.BACKEND_PLANTS)))
                 env = {PLUGIN.RECORD_KV_ENV: "1", PLUGIN.BACKEND_PLANT_ENV: planted}
-                specs[f"per_token_head_{name}"] = (spec, env | IN_PROCESS)
-    return specs
+                specs[f"per_token_head_{name}"] = (spec, env)
+    # One process per run, but for tensor parallelism, whose workers must be processes.
+    return {name: (spec, env | ({} if spec["llm"].get("tensor_parallel_size", 1) > 1
+                                else IN_PROCESS))
+            for name, (spec, env) in specs.items()}  # fmt: skip
