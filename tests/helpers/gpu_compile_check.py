@@ -208,7 +208,7 @@ def main(cc: int) -> int:
     failures = 0
     for label, launch in all_launches():
         compiled = compile_launch(launch, cc)
-        kernel = compiled.kernel
+        kernel = compiled.resources()
         spill = kernel.stack > 0 or kernel.local > 0
         # Arguments the JIT marked 16-byte divisible (aligned pointers, strides of 16k).
         divisible = sum(["tt.divisibility", 16] in attr for attr in compiled.attrs.values())

@@ -12,8 +12,8 @@ from .toolchain import run
 
 
 @dataclass(frozen=True)
-class Kernel:
-    """One ``__global__`` function of one cubin.
+class Resources:
+    """One ``__global__`` function's registers and memory, as the cubin's tables record them.
 
     ``shared_static`` is the cubin's static shared memory in bytes (dynamic shared memory is a
     launch argument and comes from the kernel's tile facts); ``local`` is local memory (stack and
@@ -22,16 +22,23 @@ class Kernel:
 
     arch: str  # e.g. "sm_90a", "sm_100a", "sm_100f"
     symbol: str  # mangled name
-    name: str  # demangled name
     regs: int
     stack: int
     shared_static: int
     local: int
+
+
+@dataclass(frozen=True)
+class Kernel(Resources):
+    """One ``__global__`` function of one cubin, with its SASS."""
+
+    name: str  # demangled name
     sass: str  # cuobjdump -sass text of this function alone
 
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 _CODE_FOR = re.compile(r"code for (sm_\w+)")
+_ELF_TARGET = re.compile(r"^64-bit ELF: .*\bsm=(\w+)", re.M)
 _RESOURCES = re.compile(
     r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", re.M
 )
@@ -46,6 +53,26 @@ def demangle(symbol: str) -> str:
         return symbol
 
 
+def _usage(path: str | Path) -> dict[str, tuple[int, int, int, int]]:
+    """Symbol -> (registers, stack, static shared, local bytes) from ``cuobjdump -res-usage``."""
+    return {
+        m.group(1): tuple(int(m.group(i)) for i in range(2, 6))
+        for m in _RESOURCES.finditer(run("cuobjdump", "-res-usage", str(path)))
+    }
+
+
+def read_resources(path: str | Path) -> list[Resources]:
+    """Every kernel of one cubin with its resource usage, read from the cubin's tables without
+    disassembling it (milliseconds, where :func:`read_cubin`'s SASS takes a good part of a
+    second). ``arch`` is the target the ELF header names: ``sm_90a`` for an arch-specific
+    cubin, but the base ``sm_100`` for a family-specific ``sm_100f`` one."""
+    target = _ELF_TARGET.search(run("cuobjdump", "-elf", str(path)))
+    if target is None:
+        raise ValueError(f"{path}: no CUDA ELF header found")
+    arch = f"sm_{target.group(1)}"
+    return [Resources(arch, symbol, *usage) for symbol, usage in _usage(path).items()]
+
+
 def read_cubin(path: str | Path) -> list[Kernel]:
     """Every kernel of one cubin with its SASS and resource usage."""
     sass = run("cuobjdump", "-sass", str(path))
@@ -53,10 +80,7 @@ def read_cubin(path: str | Path) -> list[Kernel]:
     if arch_match is None:
         raise ValueError(f"{path}: no SASS found")
     arch = arch_match.group(1)
-    usage = {
-        m.group(1): tuple(int(m.group(i)) for i in range(2, 6))
-        for m in _RESOURCES.finditer(run("cuobjdump", "-res-usage", str(path)))
-    }
+    usage = _usage(path)
     kernels = []
     starts = list(_FUNCTION.finditer(sass))
     for i, match in enumerate(starts):
@@ -64,7 +88,9 @@ def read_cubin(path: str | Path) -> list[Kernel]:
         symbol = match.group(1)
         regs, stack, shared, local = usage.get(symbol, (0, 0, 0, 0))
         text = sass[match.end() : end]
-        kernels.append(Kernel(arch, symbol, demangle(symbol), regs, stack, shared, local, text))
+        kernels.append(
+            Kernel(arch, symbol, regs, stack, shared, local, name=demangle(symbol), sass=text)
+        )
     return kernels
 
 

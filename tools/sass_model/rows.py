@@ -242,5 +242,5 @@ def triton_rows(
         for cc, gpu in TRITON_TARGETS.items():
             compiled = compile_launch(launch, cc)
             facts = triton_facts(launch, shape, compiled)
-            rows.append(make_row(gpu, compiled.kernel, facts, shape, label))
+            rows.append(make_row(gpu, compiled.kernel(), facts, shape, label))
     return rows

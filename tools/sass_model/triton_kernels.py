@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .cubins import Kernel, read_cubin
+from .cubins import Kernel, Resources, read_cubin, read_resources
 
 
 @dataclass
@@ -59,12 +59,28 @@ def captured_launches(module: ModuleType, *names: str) -> Iterator[list[Launch]]
 
 @dataclass
 class Compiled:
-    """A compiled launch: Triton's compiled kernel and its cubin's kernel (SASS, resources)."""
+    """A compiled launch: Triton's compiled kernel and the JIT's argument attributes; its
+    cubin's kernel is read on demand (:meth:`kernel` disassembles it, :meth:`resources` does
+    not)."""
 
     launch: Launch
     compiled: Any
-    kernel: Kernel
     attrs: dict
+
+    def kernel(self) -> Kernel:
+        """The cubin's one kernel with its SASS and resource usage."""
+        return self._read(read_cubin)
+
+    def resources(self) -> Resources:
+        """The cubin's one kernel's registers, stack and local memory, without its SASS."""
+        return self._read(read_resources)
+
+    def _read(self, reader):
+        with tempfile.TemporaryDirectory(prefix="sass_model_triton_") as tmp:
+            path = Path(tmp) / f"{self.launch.fn.__name__}.cubin"
+            path.write_bytes(self.compiled.asm["cubin"])
+            (kernel,) = reader(path)
+        return kernel
 
 
 def compile_launch(launch: Launch, cc: int) -> Compiled:
@@ -84,8 +100,4 @@ def compile_launch(launch: Launch, cc: int) -> Compiled:
     )
     source = ASTSource(fn, signature, constexprs, attrs)
     compiled = triton.compile(source, target=target, options=options.__dict__)
-    with tempfile.TemporaryDirectory(prefix="sass_model_triton_") as tmp:
-        path = Path(tmp) / f"{fn.__name__}.cubin"
-        path.write_bytes(compiled.asm["cubin"])
-        (kernel,) = read_cubin(path)
-    return Compiled(launch, compiled, kernel, attrs)
+    return Compiled(launch, compiled, attrs)

@@ -6,6 +6,7 @@ load, one MUFU.EX2 and one mma.sync next to a larger loop without MMA. A CI test
 over the freshly built extension (skipped without ``_C``). All figures are PREDICTIONS.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -180,6 +181,36 @@ def tiny_kernel(tmp_path_factory):
     )  # fmt: skip
     (kernel,) = cubins.read_cubin(cubin)
     return kernel
+
+
+# An array indexed at run time, too large for registers: it lives in local memory (the stack).
+LOCAL_KERNEL = r"""
+extern "C" __global__ void local_array(const int* __restrict__ i, float* __restrict__ y, int n) {
+  float a[256];
+  for (int k = 0; k < 256; ++k) a[k] = y[k * threadIdx.x];
+  for (int k = 0; k < n; ++k) a[i[k] & 255] += 1.f;
+  y[threadIdx.x] = a[i[threadIdx.x] & 255];
+}
+"""
+
+
+@pytest.mark.parametrize("source", [TINY_KERNEL, LOCAL_KERNEL], ids=["registers", "local"])
+def test_resources_without_the_sass_are_the_kernels_own(source, tmp_path):
+    """read_resources (no disassembly) reads what read_cubin reads, the stack included."""
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    (tmp_path / "k.cu").write_text(source)
+    cubin = tmp_path / "k.cubin"
+    subprocess.run(
+        [NVCC, "-cubin", "-arch=sm_90a", "-O3", "-o", str(cubin), str(tmp_path / "k.cu")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (resources,) = cubins.read_resources(cubin)
+    (kernel,) = cubins.read_cubin(cubin)
+    fields = [f.name for f in dataclasses.fields(cubins.Resources)]
+    assert resources == cubins.Resources(*(getattr(kernel, f) for f in fields))
+    assert resources.arch == "sm_90a" and resources.regs > 0
+    assert (resources.stack + resources.local > 0) == (source is LOCAL_KERNEL)
 
 
 def test_tiny_kernel_main_loop_is_the_mma_loop(tiny_kernel):
@@ -590,7 +621,7 @@ def test_triton_rows_model_the_window_and_sink_variant(monkeypatch):
     def fake_compile(launch, cc):
         compiled_launches.append((launch, cc))
         metadata = SimpleNamespace(shared=1024)
-        return SimpleNamespace(kernel=None, compiled=SimpleNamespace(metadata=metadata))
+        return SimpleNamespace(kernel=lambda: None, compiled=SimpleNamespace(metadata=metadata))
 
     monkeypatch.setattr(triton_kernels, "compile_launch", fake_compile)
     monkeypatch.setattr(rows, "make_row", lambda gpu, kernel, facts, shape, label: label)
@@ -613,7 +644,7 @@ def test_triton_rows_launch_the_prefill_over_as_many_keys(monkeypatch):
     def fake_compile(launch, cc):
         launches.append(launch)
         metadata = SimpleNamespace(shared=1024)
-        return SimpleNamespace(kernel=None, compiled=SimpleNamespace(metadata=metadata))
+        return SimpleNamespace(kernel=lambda: None, compiled=SimpleNamespace(metadata=metadata))
 
     made = []
     monkeypatch.setattr(triton_kernels, "compile_launch", fake_compile)
