@@ -21,8 +21,9 @@ selection=()
 [ "$quick" = 1 ] && selection=(-m "not compile and not emulation and not engine")
 # Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
+# Files in collection order (tests/conftest.py puts the long builds first), not most tests first.
 .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile \
-    "${selection[@]}" "$@"
+    --no-loadscope-reorder "${selection[@]}" "$@"
 # The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
 # process, so it runs beside the engine venv's setup (another), its output shown at the end.
 if [ "$quick" = 0 ]; then
