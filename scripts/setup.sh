@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup of .venv: CPU torch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA
-# build), triton, and this package in editable mode. The CUDA extension is built when nvcc is
-# found (see setup.py); FP8NCA_BUILD_CUDA=0 skips it.
+# build), triton, this package in editable mode, and vLLM 0.33.0 for its backend's tests. The
+# CUDA extension is built when nvcc is found (see setup.py); FP8NCA_BUILD_CUDA=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=$(command -v python3.11 || command -v python3)
@@ -9,3 +9,6 @@ python_bin=$(command -v python3.11 || command -v python3)
 pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check)
 "${pip_quiet[@]}" torch==2.13.0 -r requirements-test.txt
 "${pip_quiet[@]}" --no-build-isolation --no-deps -e .
+# vLLM and its pure-Python imports with --no-deps: its own pins would pull a CUDA torch and
+# flashinfer.
+"${pip_quiet[@]}" --no-deps -r requirements-vllm.txt

@@ -4,8 +4,6 @@
 # --quick: ruff and the behaviour tests only (no test marked compile, emulation or engine, no
 # engine tier, no compile check under the GPU machine's Triton); PYTEST_ARGS go to the main
 # suite's pytest either way.
-# vLLM 0.33.0 and its pure-Python imports are installed with --no-deps: its own pins would pull
-# a CUDA torch and flashinfer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -14,7 +12,6 @@ if [ "${1:-}" = --quick ]; then
     shift
 fi
 bash scripts/setup.sh
-.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 selection=()
