@@ -1,4 +1,5 @@
-"""DSpark on FP8_NONCAUSAL, outside the engine: ``python dspark_check.py MODELS OUT.pt``.
+"""DSpark on FP8_NONCAUSAL, outside the engine: ``main(MODELS, OUT.pt)``, run by the fork server
+(run_engine.py) or as ``python dspark_check.py MODELS OUT.pt``.
 
 vLLM 0.32's V1 runner refuses ``dspark`` and its V2 runner needs Triton with a GPU backend, so
 this builds the drafter with V2's own loader (``load_dspark_model``: the target's embeddings and

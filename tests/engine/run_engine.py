@@ -1,16 +1,20 @@
-"""One engine run of the engine tier: ``python run_engine.py SPEC.json OUT.pt``.
+"""The engine tier's engine runs: ``python run_engine.py SPEC.json OUT.pt`` runs one;
+``python run_engine.py --serve`` is the fork server the tier runs them through (:func:`serve`).
 
-Builds ``vllm.LLM`` from the JSON spec (vLLM's default multiprocess mode, engine core and
-workers spawned, unless the run's environment sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), runs
-its phases and saves what they returned; the engine is always shut down. A spec: ``llm``
-(keyword arguments of ``LLM``), ``prompts`` (lists of token ids), ``max_tokens`` and ``phases``
-(names below).
+A run builds ``vllm.LLM`` from the JSON spec (vLLM's default multiprocess mode, engine core and
+workers in their own processes, unless the run's environment sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``), runs its phases and saves what they returned; the engine
+is always shut down. A spec: ``llm`` (keyword arguments of ``LLM``), ``prompts`` (lists of token
+ids), ``max_tokens`` and ``phases`` (names below).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
+import traceback
 
 
 def _tokens(outputs) -> list[list[int]]:
@@ -94,5 +98,87 @@ def _aborts(llm, prompts, params) -> dict[str, object]:
             "aborts_unfinished": engine.get_num_unfinished_requests()}  # fmt: skip
 
 
+def serve() -> None:
+    """Fork server: imports vLLM once, then runs each request in a child forked from it.
+
+    Importing vLLM and torch costs a run far more CPU than its small model does (15 s against
+    5-10 s on two cores); a forked child starts with both imported and nothing else done. Reads
+    one JSON request per line on stdin: ``name``, ``script`` and ``args`` (the child calls
+    ``main(*args)`` of that module of this folder: ``run_engine`` for an engine run), ``log``
+    (the child's stdout and stderr) and ``env`` (set in the child). Answers one JSON line per
+    event on stdout: ``{"name", "pid"}`` once forked (the child leads its own process group,
+    which its engine core and workers join) and ``{"name", "status"}`` once reaped (exit code,
+    or minus the signal). Returns when stdin closes and every child is reaped.
+    """
+    import selectors
+
+    from vllm import LLM, SamplingParams  # noqa: F401  (what main imports, loaded once here)
+    from vllm.inputs import TokensPrompt  # noqa: F401
+    from vllm.model_executor.models import registry
+
+    # vLLM inspects a model class in a fresh interpreter, so as not to initialise CUDA in its
+    # own; there is no CUDA here, and each such interpreter imports vLLM again (per run and
+    # architecture until its cache is written), so the runs inspect in their own process.
+    registry._run_in_subprocess = lambda inspect: inspect()
+
+    def answer(message: dict) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    selector = selectors.DefaultSelector()
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ)
+    pending, reading, children = b"", True, 0
+    while reading or children:
+        for key, _ in selector.select():
+            if key.data is None:  # a request, or stdin closed
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    reading = False
+                    continue
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in filter(None, lines):
+                    request = json.loads(line)
+                    pid = _fork_run(request)
+                    selector.register(os.pidfd_open(pid), selectors.EVENT_READ,
+                                      (request["name"], pid))  # fmt: skip
+                    children += 1
+                    answer({"name": request["name"], "pid": pid})
+            else:  # a child exited
+                name, pid = key.data
+                _, status = os.waitpid(pid, 0)
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                children -= 1
+                answer({"name": name, "status": os.waitstatus_to_exitcode(status)})
+
+
+def _fork_run(request: dict) -> int:
+    """Forks a child that runs ``request`` (see :func:`serve`) and exits; returns its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.dup2(2, 1)  # nothing the child prints reaches the server's answers
+        os.setsid()
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.environ.update(request["env"])
+        importlib.import_module(request["script"]).main(*request["args"])
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main(*sys.argv[1:])

@@ -3,10 +3,6 @@ builds it (dspark_check.py), against bidirectional attention over the cache's co
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
 
 from fp8_noncausal_attn.layouts import split_kv_cache
@@ -14,22 +10,15 @@ from fp8_noncausal_attn.synthetic import relative_error
 
 from .checks import attention, bf16_tolerance
 from .models import write_dspark_drafter, write_target
-from .scenarios import HERE, PLUGIN_DIR
 
 
-def test_dspark_draft_block_attends_bidirectionally_over_the_fp8_cache(tmp_path):
+def test_dspark_draft_block_attends_bidirectionally_over_the_fp8_cache(tmp_path, fork_server):
     write_target(tmp_path / "target")
     write_dspark_drafter(tmp_path / "dspark")
-    env = os.environ | {
-        "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]),
-        "VLLM_USE_V2_MODEL_RUNNER": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    result = subprocess.run(
-        [sys.executable, str(HERE / "dspark_check.py"), str(tmp_path), str(tmp_path / "out.pt")],
-        capture_output=True, text=True, env=env, timeout=400,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    log = tmp_path / "log.txt"
+    code = fork_server.run("dspark", "dspark_check", [str(tmp_path), str(tmp_path / "out.pt")],
+                           log, {"VLLM_USE_V2_MODEL_RUNNER": "1"})  # fmt: skip
+    assert code == 0, log.read_text()[-6000:]
     r = torch.load(tmp_path / "out.pt", weights_only=False)
     assert r["plan_causal"] is False and r["kernels"] == "reference" and r["hidden_finite"]
     key_cache, value_cache = split_kv_cache(r["kv_cache"], "vllm", torch.float8_e4m3fn)
