@@ -38,7 +38,9 @@ class Kernel(Resources):
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 _CODE_FOR = re.compile(r"code for (sm_\w+)")
-_ELF_TARGET = re.compile(r"^64-bit ELF: .*\bsm=(\w+)", re.M)
+# cuobjdump's ELF header line: "64-bit ELF: type=ET_EXEC, ABI=8, sm=90a, ..." (CUDA 13), and
+# "64bit elf: type=2, abi=7, sm=90a, ..." for the cubins of older toolkits (Triton 3.6's ptxas).
+_ELF_TARGET = re.compile(r"^64-?bit elf: .*?\bsm=(\w+)", re.M | re.I)
 _RESOURCES = re.compile(
     r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", re.M
 )
@@ -66,11 +68,16 @@ def read_resources(path: str | Path) -> list[Resources]:
     disassembling it (milliseconds, where :func:`read_cubin`'s SASS takes a good part of a
     second). ``arch`` is the target the ELF header names: ``sm_90a`` for an arch-specific
     cubin, but the base ``sm_100`` for a family-specific ``sm_100f`` one."""
-    target = _ELF_TARGET.search(run("cuobjdump", "-elf", str(path)))
-    if target is None:
+    arch = elf_target(run("cuobjdump", "-elf", str(path)))
+    if arch is None:
         raise ValueError(f"{path}: no CUDA ELF header found")
-    arch = f"sm_{target.group(1)}"
     return [Resources(arch, symbol, *usage) for symbol, usage in _usage(path).items()]
+
+
+def elf_target(listing: str) -> str | None:
+    """The ``sm_XX`` of the first ELF header in a ``cuobjdump -elf`` listing, if any."""
+    target = _ELF_TARGET.search(listing)
+    return None if target is None else f"sm_{target.group(1)}"
 
 
 def read_cubin(path: str | Path) -> list[Kernel]:

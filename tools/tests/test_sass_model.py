@@ -194,6 +194,18 @@ extern "C" __global__ void local_array(const int* __restrict__ i, float* __restr
 """
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "64-bit ELF: type=ET_EXEC, ABI=8, sm=90a, toolkit=13.4, flags=0xa005a04",
+        "64bit elf: type=2, abi=7, sm=90a, toolkit=128, flags = 0x5a0d5a",  # Triton 3.6's ptxas
+    ],
+)
+def test_elf_target_reads_either_header_form(header):
+    assert cubins.elf_target(f"\n{header}\nSections:\n") == "sm_90a"
+    assert cubins.elf_target(f"\n{header.replace('sm=', 'arch=')}\n") is None
+
+
 @pytest.mark.parametrize("source", [TINY_KERNEL, LOCAL_KERNEL], ids=["registers", "local"])
 def test_resources_without_the_sass_are_the_kernels_own(source, tmp_path):
     """read_resources (no disassembly) reads what read_cubin reads, the stack included."""
