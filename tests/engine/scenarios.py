@@ -54,13 +54,14 @@ PER_TOKEN_HEAD_CASES = {"fp8": ("fp8", "fp8_per_token_head", 4),
                         "int8": ("int8_per_token_head", None, 8)}  # fmt: skip
 # The DFlash drafter's one layer, numbered after the target's.
 DRAFTER_LAYER = f"model.layers.{NUM_LAYERS}.self_attn.attn"
-# How the engine runs: eager, and in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless
-# its workers must be processes (TP = 2). vLLM's default, engine core and worker spawned and the
-# model compiled by torch.compile, cost several times more here (one drafter run alone: 74 s vs
-# 12 s; a backend/reference pair of it was 60 % of the tier's engine time) and runs the
-# backend through the same custom op. A backend run and its reference run always alike: a
-# compiled run against an eager reference differs by 1e-2 in the drafter's attention (vLLM's
-# custom ops are off under torch.compile, so the layers before attention round differently).
+# How the engine runs: eager, with its engine core in the run's process
+# (VLLM_ENABLE_V1_MULTIPROCESSING=0; with TP = 2 the executor still spawns the two workers).
+# vLLM's default, engine core and worker spawned and the model compiled by torch.compile, cost
+# several times more here (one drafter run alone: 74 s vs 12 s; a backend/reference pair of it
+# was 60 % of the tier's engine time) and runs the backend through the same custom op. A
+# backend run and its reference run always alike: a compiled run against an eager reference
+# differs by 1e-2 in the drafter's attention (vLLM's custom ops are off under torch.compile, so
+# the layers before attention round differently).
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # Prompt lengths far enough apart (> MAX_TOKENS + 9) that a sequence length names one request
 # and step in both runs, however the scheduler batched them.
@@ -153,7 +154,4 @@ def engine_specs(
                 planted = ",".join(sorted(plants & set(PLUGIN.BACKEND_PLANTS)))
                 env = {PLUGIN.RECORD_KV_ENV: "1", PLUGIN.BACKEND_PLANT_ENV: planted}
                 specs[f"per_token_head_{name}"] = (spec, env)
-    # One process per run, but for tensor parallelism, whose workers must be processes.
-    return {name: (spec, env | ({} if spec["llm"].get("tensor_parallel_size", 1) > 1
-                                else IN_PROCESS))
-            for name, (spec, env) in specs.items()}  # fmt: skip
+    return {name: (spec, env | IN_PROCESS) for name, (spec, env) in specs.items()}
