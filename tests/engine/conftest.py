@@ -70,9 +70,10 @@ class EngineRun:
 
 
 class ForkServer:
-    """``run_engine.py --serve`` (its protocol there): ``run`` starts one engine run in a child
-    of the server, waits for it (killing its process group at the end or the timeout) and
-    returns its exit status. Thread-safe; its stderr goes to ``log``."""
+    """``run_engine.py --serve`` (its protocol there): ``run`` calls one script's ``main`` (an
+    engine run, the DSpark check) in a child of the server, waits for it (killing its process
+    group at the end or the timeout) and returns its exit status. Thread-safe; the server's
+    stderr goes to ``log``."""
 
     def __init__(self, log: Path) -> None:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("FP8NCA_ENGINE_")}
