@@ -197,7 +197,7 @@ def paged_attention(
                 problem.max_seqlen_q, problem.max_seqlen_k, backend, *problem.window,
                 problem.sinks, lse,
             )  # fmt: skip
-    elif query.device.type == "meta":  # shapes only: checked above, nothing to launch
+    elif problem.batch.device.type == "meta":  # shapes only: checked above, nothing to launch
         pass
     else:  # with no query rows the plan still fails by name on an unusable backend
         run_one_shot(problem, out, backend, lse)

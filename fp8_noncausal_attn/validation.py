@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import operator
 
+import numpy
 import torch
 
 from .masking import normalize_causal
@@ -30,6 +31,7 @@ from .scales import (
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MIN_BLOCK_SIZE = 8
 MAX_BLOCK_SIZE = 256
+CACHE_LAYOUT = "[num_blocks, block_size, num_kv_heads, head_dim]"
 
 
 def _require_tensor(x: object, name: str) -> torch.Tensor:
@@ -38,27 +40,43 @@ def _require_tensor(x: object, name: str) -> torch.Tensor:
     return x
 
 
-def _require_dtype(x: torch.Tensor, name: str, allowed: tuple[torch.dtype, ...]) -> None:
-    if x.dtype not in allowed:
-        hint = ""
-        if x.dtype == torch.uint8:
-            hint = " (an FP8 cache stored as uint8 must be viewed as its FP8 dtype first)"
-        raise TypeError(f"{name} must have dtype in {list(allowed)}, got {x.dtype}{hint}")
-
-
-def _require_rank(x: torch.Tensor, name: str, rank: int, layout: str) -> None:
-    if x.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {list(x.shape)}")
-
-
 def _require_device(x: torch.Tensor, name: str, device: torch.device) -> None:
     if x.device != device:
         raise ValueError(f"{name} must be on {device} like query, got {x.device}")
 
 
 def _require_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
         raise ValueError(f"{name} must have a contiguous last dim (stride 1), got {x.stride(-1)}")
+
+
+def _check_tensor(
+    x: object,
+    name: str,
+    dtypes: tuple[torch.dtype, ...],
+    layout: str = "",
+    rank: int | None = None,
+    device: torch.device | None = None,
+    contiguous_last: bool = False,
+) -> torch.Tensor:
+    """``x`` as a tensor of a dtype in ``dtypes``, of rank ``rank`` (unless None; ``layout``
+    names its dims), on ``device`` (unless None), with a contiguous last dim when
+    ``contiguous_last``; checked in that order. One function for all of a tensor's checks:
+    every call pays for them."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        hint = ""
+        if x.dtype == torch.uint8:
+            hint = " (an FP8 cache stored as uint8 must be viewed as its FP8 dtype first)"
+        raise TypeError(f"{name} must have dtype in {list(dtypes)}, got {x.dtype}{hint}")
+    if rank is not None and x.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {list(x.shape)}")
+    if device is not None:
+        _require_device(x, name, device)
+    if contiguous_last:
+        _require_last_dim_contiguous(x, name)
+    return x
 
 
 def optional_host_int(value: int | None, name: str) -> int | None:
@@ -74,10 +92,10 @@ def optional_host_int(value: int | None, name: str) -> int | None:
 def check_kv_tokens(key: torch.Tensor, value: torch.Tensor) -> None:
     """Check new K/V rows: ``[num_tokens, num_kv_heads, head_dim]``, floating, same shape."""
     for name, x in (("key", key), ("value", value)):
-        _require_tensor(x, name)
-        _require_dtype(x, name, SIXTEEN_BIT_DTYPES + (torch.float32,))
-        _require_rank(x, name, 3, "[num_tokens, num_kv_heads, head_dim]")
-        _require_last_dim_contiguous(x, name)
+        _check_tensor(
+            x, name, SIXTEEN_BIT_DTYPES + (torch.float32,), "[num_tokens, num_kv_heads, head_dim]",
+            3, contiguous_last=True,
+        )  # fmt: skip
     if value.shape != key.shape:
         raise ValueError(
             f"value must have the shape of key {list(key.shape)}, got {list(value.shape)}"
@@ -88,11 +106,7 @@ def check_kv_tokens(key: torch.Tensor, value: torch.Tensor) -> None:
 
 def check_caches(key_cache: object, value_cache: object, device: torch.device) -> None:
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        _require_tensor(cache, name)
-        _require_dtype(cache, name, ALL_CACHE_DTYPES)
-        _require_rank(cache, name, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-        _require_device(cache, name, device)
-        _require_last_dim_contiguous(cache, name)
+        _check_tensor(cache, name, ALL_CACHE_DTYPES, CACHE_LAYOUT, 4, device, contiguous_last=True)
     if value_cache.shape != key_cache.shape:
         raise ValueError(
             f"value_cache must have the shape of key_cache {list(key_cache.shape)}, "
@@ -116,13 +130,6 @@ def check_cache_sizes(head_dim: int, block_size: int) -> None:
             f"block_size (key_cache.shape[1]) must be a power of two in "
             f"[{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}"
         )
-
-
-def _check_index_tensor(x: object, name: str, rank: int, layout: str, device: torch.device):
-    _require_tensor(x, name)
-    _require_dtype(x, name, (torch.int32,))
-    _require_rank(x, name, rank, layout)
-    _require_device(x, name, device)
 
 
 def check_batch_lengths(
@@ -165,14 +172,16 @@ def check_batch_lengths(
             f"q_len must be <= kv_len: sequence {s} has q_len {q_len} "
             f"(from cu_seqlens_q) > seq_lens[{s}] = {kv_len}"
         )
-    pages_needed = [(kv_len + block_size - 1) // block_size for kv_len in kv]
-    needed = max(pages_needed, default=0)
-    if needed > block_table.shape[1]:
-        s = next(s for s, pages in enumerate(pages_needed) if pages > block_table.shape[1])
+    true_max_q = max(q_lens, default=0)
+    true_max_k = max(kv, default=0)
+    columns = block_table.shape[1]
+    if true_max_k > columns * block_size:  # the longest sequence needs more pages than columns
+        s = next(s for s, kv_len in enumerate(kv) if kv_len > columns * block_size)
         raise ValueError(
             f"block_table is too short: sequence {s} has seq_lens {kv[s]}, needing "
-            f"{pages_needed[s]} pages, but block_table has {block_table.shape[1]} columns"
+            f"{-(-kv[s] // block_size)} pages, but block_table has {columns} columns"
         )
+    needed = -(-true_max_k // block_size)
     max_page = -1
     if needed:
         # First the whole used width at C speed: when even that is in range (the usual case,
@@ -180,14 +189,20 @@ def check_batch_lengths(
         # that entries past a sequence's pages, which are ignored, cannot fail the call.
         if block_table.device.type == "cpu":
             dense = block_table.numpy()[:, :needed]  # a view, sliced on numpy's cheaper path
-            dense_min, dense_max = int(dense.min()), int(dense.max())
+            # Read as uint32, a negative id is above any page count: one reduction checks both
+            # bounds, and when they hold it is the largest id.
+            low, top = 0, int(numpy.maximum.reduce(dense.view(numpy.uint32), axis=None))
         else:
             dense = block_table[:, :needed]
-            dense_min, dense_max = torch.stack(torch.aminmax(dense)).tolist()
-        if num_blocks is not None and dense_min >= 0 and dense_max < num_blocks:
-            max_page = dense_max
+            low, top = torch.stack(torch.aminmax(dense)).tolist()
+        if num_blocks is not None and low >= 0 and top < num_blocks:
+            max_page = top
         else:
-            rows = [row[:n] for row, n in zip(dense.tolist(), pages_needed, strict=True) if n]
+            rows = [
+                row[: -(-kv_len // block_size)]
+                for row, kv_len in zip(dense.tolist(), kv, strict=True)
+                if kv_len
+            ]
             max_page, min_page = max(map(max, rows)), min(map(min, rows))
             bound = num_blocks if num_blocks is not None else max_page + 1
             if min_page < 0 or max_page >= bound:
@@ -196,8 +211,6 @@ def check_batch_lengths(
                     f"[0, {'num_blocks' if num_blocks is None else num_blocks}), got range "
                     f"[{min_page}, {max_page}]"
                 )
-    true_max_q = max(q_lens, default=0)
-    true_max_k = max(kv, default=0)
     for name, given, true in (
         ("max_seqlen_q", max_seqlen_q, true_max_q),
         ("max_seqlen_k", max_seqlen_k, true_max_k),
@@ -209,20 +222,20 @@ def check_batch_lengths(
 
 def check_query(query: object) -> torch.Tensor:
     """``query``: bf16/fp16 ``[num_tokens, num_q_heads, head_dim]``, last dim contiguous."""
-    query = _require_tensor(query, "query")
-    _require_dtype(query, "query", SIXTEEN_BIT_DTYPES)
-    _require_rank(query, "query", 3, "[num_tokens, num_q_heads, head_dim]")
-    _require_last_dim_contiguous(query, "query")
-    return query
+    return _check_tensor(
+        query, "query", SIXTEEN_BIT_DTYPES, "[num_tokens, num_q_heads, head_dim]", 3,
+        contiguous_last=True,
+    )  # fmt: skip
 
 
 def check_index_tensors(
     block_table: object, cu_seqlens_q: object, seq_lens: object, device: torch.device
 ) -> int:
     """Types, dtypes, ranks, devices and matching sizes of the index tensors; returns num_seqs."""
-    _check_index_tensor(block_table, "block_table", 2, "[num_seqs, max_blocks_per_seq]", device)
-    _check_index_tensor(seq_lens, "seq_lens", 1, "[num_seqs]", device)
-    _check_index_tensor(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]", device)
+    int32 = (torch.int32,)
+    _check_tensor(block_table, "block_table", int32, "[num_seqs, max_blocks_per_seq]", 2, device)
+    _check_tensor(seq_lens, "seq_lens", int32, "[num_seqs]", 1, device)
+    _check_tensor(cu_seqlens_q, "cu_seqlens_q", int32, "[num_seqs + 1]", 1, device)
     num_seqs = seq_lens.shape[0]
     if cu_seqlens_q.shape[0] != num_seqs + 1:
         raise ValueError(
@@ -268,6 +281,9 @@ def check_window(window: object) -> tuple[int, int]:
         raise TypeError(
             f"window must be a (left, right) tuple of two ints (-1 = unbounded), got {window!r}"
         )
+    left, right = window
+    if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+        return left, right  # the usual case, in one test (this runs on every call)
     for name, value in zip(("window[0] (left)", "window[1] (right)"), window, strict=True):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -283,8 +299,7 @@ def check_sinks(
     contiguous when it is not); its values must be finite (read only when ``check_values``)."""
     if sinks is None:
         return None
-    _require_tensor(sinks, "sinks")
-    _require_dtype(sinks, "sinks", (torch.float32,))
+    _check_tensor(sinks, "sinks", (torch.float32,))
     if sinks.shape != (num_q_heads,):
         raise ValueError(
             f"sinks must have shape [num_q_heads] = [{num_q_heads}], got {list(sinks.shape)}"
@@ -507,10 +522,7 @@ def validate_cache_write(
             f"(num_kv_heads, head_dim) = {(num_kv_heads, head_dim)}, "
             f"got {tuple(key_cache.shape[2:])}"
         )
-    slot_mapping = _require_tensor(slot_mapping, "slot_mapping")
-    _require_dtype(slot_mapping, "slot_mapping", (torch.int64,))
-    _require_rank(slot_mapping, "slot_mapping", 1, "[num_tokens]")
-    _require_device(slot_mapping, "slot_mapping", device)
+    _check_tensor(slot_mapping, "slot_mapping", (torch.int64,), "[num_tokens]", 1, device)
     if slot_mapping.shape[0] != num_tokens:
         raise ValueError(
             f"slot_mapping must have shape [num_tokens] = [{num_tokens}], "

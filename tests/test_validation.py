@@ -27,6 +27,13 @@ def i32(values):
     return torch.tensor(values, dtype=torch.int32)
 
 
+def with_page(kw, seq, page, value):
+    """``block_table`` with used page ``page`` of sequence ``seq`` set to ``value``."""
+    block_table = kw["block_table"].clone()
+    block_table[seq, page] = value
+    return {"block_table": block_table}
+
+
 BAD_CASES = {
     "query_fp32": (lambda kw: {"query": kw["query"].float()}, TypeError, "query"),
     "query_rank": (lambda kw: {"query": kw["query"][0]}, ValueError, "query"),
@@ -85,6 +92,13 @@ BAD_CASES = {
     ),
     "block_table_page_out_of_range": (
         lambda kw: {"block_table": kw["block_table"] + 1000},
+        ValueError,
+        "block_table",
+    ),
+    # The used pages are read as one block: each bound must hold at any place in it.
+    "block_table_page_negative": (lambda kw: with_page(kw, 1, 1, -1), ValueError, "block_table"),
+    "block_table_page_num_blocks": (
+        lambda kw: with_page(kw, 0, 0, kw["key_cache"].shape[0]),
         ValueError,
         "block_table",
     ),
