@@ -13,6 +13,7 @@ The cache write computes them; kernels get the user's tensors themselves, never 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -53,28 +54,29 @@ def normalize_scale(
     when ``check_values`` (the values are on the host, or the caller asked), for non-finite or
     non-positive entries.
     """
-    if scale is None:
+    if isinstance(scale, torch.Tensor):
+        if scale.dtype != torch.float32:
+            raise TypeError(f"{name} must have dtype torch.float32, got {scale.dtype}")
+        if scale.device != device:
+            raise ValueError(f"{name} must be on {device} like query, got {scale.device}")
+        if scale.dim() == 1 and scale.shape[0] == num_kv_heads:
+            per_head = scale
+        elif scale.numel() == 1 and scale.dim() <= 1:
+            per_head = scale.reshape(1).expand(num_kv_heads)
+        else:
+            raise ValueError(
+                f"{name} must be a scalar or have shape [num_kv_heads] = [{num_kv_heads}], "
+                f"got shape {list(scale.shape)}"
+            )
+    elif scale is None:
         return torch.ones(num_kv_heads, dtype=torch.float32, device=device)
-    if isinstance(scale, bool) or not isinstance(scale, (float, int, torch.Tensor)):
+    elif isinstance(scale, bool) or not isinstance(scale, (float, int)):
         raise TypeError(
             f"{name} must be None, a float or a float32 tensor, got {type(scale).__name__}"
         )
-    if not isinstance(scale, torch.Tensor):
+    else:
         value = check_host_float(scale, name)
         return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
-    if scale.dtype != torch.float32:
-        raise TypeError(f"{name} must have dtype torch.float32, got {scale.dtype}")
-    if scale.device != device:
-        raise ValueError(f"{name} must be on {device} like query, got {scale.device}")
-    if scale.numel() == 1 and scale.dim() <= 1:
-        per_head = scale.reshape(1).expand(num_kv_heads)
-    elif scale.dim() == 1 and scale.shape[0] == num_kv_heads:
-        per_head = scale
-    else:
-        raise ValueError(
-            f"{name} must be a scalar or have shape [num_kv_heads] = [{num_kv_heads}], "
-            f"got shape {list(scale.shape)}"
-        )
     if check_values:
         # A list: one host read, then Python, cheaper than a chain of small tensor ops.
         values = per_head.tolist()
@@ -203,17 +205,17 @@ def check_score_range(
     inf scores and NaN.
     """
     largest = largest_stored(cache_dtype)
-    what = f"softmax_scale = {softmax_scale:.4g} with k_scale = "
     if softmax_scale * high * LOG2E * largest > FLOAT32_MAX:
         raise ValueError(
             f"softmax_scale * k_scale * log2(e) * {largest:.6g} (the largest {cache_dtype} key) "
-            f"must fit in float32 (<= {FLOAT32_MAX:.4g}): {what}{high:.4g} gives "
-            f"{softmax_scale * high * LOG2E * largest:.4g}"
+            f"must fit in float32 (<= {FLOAT32_MAX:.4g}): softmax_scale = {softmax_scale:.4g} "
+            f"with k_scale = {high:.4g} gives {softmax_scale * high * LOG2E * largest:.4g}"
         )
     if softmax_scale * low * LOG2E < FLOAT32_TINY:
         raise ValueError(
             f"softmax_scale * k_scale * log2(e) must be >= {FLOAT32_TINY:.4g} (float32's "
-            f"smallest normal): {what}{low:.4g} gives {softmax_scale * low * LOG2E:.4g}"
+            f"smallest normal): softmax_scale = {softmax_scale:.4g} with k_scale = {low:.4g} "
+            f"gives {softmax_scale * low * LOG2E:.4g}"
         )
 
 
@@ -242,6 +244,7 @@ def per_token_head_range(cache_dtype: torch.dtype) -> tuple[float, float]:
     return -fmax, fmax
 
 
+@functools.cache  # asked on every call that checks its score scale
 def largest_stored(cache_dtype: torch.dtype) -> float:
     """The largest magnitude a cache element holds: 128 for int8 (its lowest code), else the
     format's finite max."""
