@@ -3,6 +3,7 @@
 import pytest
 import torch
 from helpers import GPU_BACKEND, TOLERANCE, replaced
+from helpers.backends import plan_and_run
 from helpers.lse import run_backend
 from helpers.matrix import AXES, CACHE_DTYPES, QUERY_DTYPES, build_case, sampled_matrix
 from helpers.token_heads import token_head_problem
@@ -99,7 +100,7 @@ def test_every_compiled_kernel(cache_dtype, query_dtype, head_dim, window, sinks
     check(case, query_dtype, **kwargs)  # the API's path, the plan's split count
     for num_splits in (1, 3):
         out = torch.empty_like(case.query)
-        mma_sync.paged_attention(problem, out, num_splits=num_splits)
+        plan_and_run(mma_sync, problem, out, num_splits=num_splits)
         assert relative_error(out, ref) <= TOLERANCE[query_dtype], num_splits
 
 
@@ -114,7 +115,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     out = torch.empty_like(case.query)
-    mma_sync.paged_attention(problem, out, num_splits=num_splits)
+    plan_and_run(mma_sync, problem, out, num_splits=num_splits)
     assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
 
 
@@ -278,7 +279,7 @@ def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
         causal_per_seq=strided_on_device(flags, causal_dtype),
     )
     out = torch.full_like(padded, float("nan"))
-    mma_sync.paged_attention(vllm_like, out, num_splits=num_splits)
+    plan_and_run(mma_sync, vllm_like, out, num_splits=num_splits)
     ref = run(case, backend="reference")
     assert relative_error(out[:tokens], ref) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
@@ -300,7 +301,7 @@ def test_unaligned_out_is_written_in_place(cache_dtype):
     assert out.data_ptr() % 4 == 2
     for splits in (1, 2):
         out.fill_(float("nan"))
-        mma_sync.paged_attention(problem, out, num_splits=splits)
+        plan_and_run(mma_sync, problem, out, num_splits=splits)
         assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
         assert flat[0].item() == 3.0 and flat[-1].item() == 3.0
 
@@ -392,7 +393,7 @@ def test_a_batch_of_only_padding_is_zeroed():
         causal_per_seq=None,
     )
     out = torch.full_like(case.query, float("nan"))
-    mma_sync.paged_attention(empty, out)
+    plan_and_run(mma_sync, empty, out)
     assert torch.equal(out, torch.zeros_like(out))
 
 
@@ -409,7 +410,7 @@ def test_window_and_sinks_match_reference(causal, window, sinks, num_splits):
     )  # fmt: skip
     problem, ref, _ = window_problem(case, window, sinks)
     out = torch.full_like(case.query, float("nan"))
-    mma_sync.paged_attention(problem, out, num_splits=num_splits)
+    plan_and_run(mma_sync, problem, out, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(out[-3:], torch.zeros_like(out[-3:]))
@@ -436,11 +437,11 @@ def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
     for cache in (case.key_cache, case.value_cache):
         cache.view(torch.uint8)[poisoned] = 0x7F  # e4m3 NaN
     out = torch.empty_like(case.query)
-    mma_sync.paged_attention(problem, out, num_splits=num_splits)
+    plan_and_run(mma_sync, problem, out, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
     unwindowed = torch.empty_like(case.query)
-    mma_sync.paged_attention(replaced(problem, window=(-1, -1)), unwindowed, num_splits=num_splits)
+    plan_and_run(mma_sync, replaced(problem, window=(-1, -1)), unwindowed, num_splits=num_splits)
     assert not torch.isfinite(unwindowed.float()).all()
 
 
@@ -469,7 +470,7 @@ def test_token_scale_kernels_match_reference(query_dtype, cache_dtype, head_dim,
     assert mma_sync.run_unsupported_reason(problem, None) is None
     out = torch.full_like(problem.query, float("nan"))
     lse = torch.full(problem.query.shape[:2], float("nan"), device="cuda")
-    mma_sync.paged_attention(problem, out, num_splits=num_splits, lse=lse)
+    plan_and_run(mma_sync, problem, out, num_splits=num_splits, lse=lse)
     ref, ref_lse = run_backend("reference", problem)
     tokens = q_len + 3
     assert torch.isfinite(out.float()).all()

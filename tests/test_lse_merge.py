@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
+from helpers.backends import plan_and_run
 from helpers.gpu_mock import (
     DEFAULT_TABLES,
     FakeLibrary,
@@ -517,7 +518,7 @@ def test_cuda_lse_matches_float64(cache_dtype, query_dtype, causal, window, sink
     case, problem, out, lse = lse_launch(
         cache_dtype, query_dtype, causal, window, sinks, validate=True
     )
-    mma_sync.paged_attention(problem, out, num_splits=splits, lse=lse)
+    plan_and_run(mma_sync, problem, out, num_splits=splits, lse=lse)
     exact_out, exact_lse = float64_attention(
         case, window=window, sinks=SINKS if sinks else None, return_lse=True
     )

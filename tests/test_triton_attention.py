@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
+from helpers.backends import plan_and_run
 from helpers.far_offsets import far_apart_views
 from helpers.matrix import build_case, sampled_matrix
 
@@ -31,7 +32,7 @@ def problem_of(case, **overrides):
 def run_backend(backend, problem, out, num_splits=None):
     """One backend on an already validated problem (as a planned run does)."""
     if backend == "triton":
-        triton_attention.paged_attention(problem, out, num_splits=num_splits)
+        plan_and_run(triton_attention, problem, out, num_splits=num_splits)
     else:
         reference_backend.paged_attention(problem, out)
 
@@ -63,7 +64,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
     )
     assert triton_attention.launch_plan(problem.batch, num_splits).num_splits > 1
     out = torch.empty_like(case.query)
-    triton_attention.paged_attention(problem, out, num_splits=num_splits)
+    plan_and_run(triton_attention, problem, out, num_splits=num_splits)
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
 
 
@@ -264,7 +265,7 @@ def test_all_index_tensors_strided_with_padding(num_splits):
         seed=18,
     )  # fmt: skip
     out = torch.empty_like(case.query)
-    triton_attention.paged_attention(problem_of(case), out, num_splits=num_splits)
+    plan_and_run(triton_attention, problem_of(case), out, num_splits=num_splits)
     assert (out[14:] == 0).all()
     assert relative_error(out, reference(contiguous)) <= TOLERANCE[torch.bfloat16]
 
@@ -354,10 +355,10 @@ def test_offsets_past_int32_reach_the_right_rows(far_dim, num_splits, padded_row
     )  # fmt: skip
     out = torch.empty_like(case.query)
     lse = torch.empty(case.query.shape[:2], device=DEVICE)
-    triton_attention.paged_attention(problem_of(case), out, num_splits, lse)
+    plan_and_run(triton_attention, problem_of(case), out, num_splits, lse)
     assert triton_attention.launch_plan(problem_of(case).batch, num_splits).num_splits == num_splits
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
     case.query, far_out = far_apart_views([case.query, torch.full_like(out, float("nan"))], far_dim)
     (far_lse,) = far_apart_views([torch.full_like(lse, float("nan"))], far_dim)
-    triton_attention.paged_attention(problem_of(case), far_out, num_splits, far_lse)
+    plan_and_run(triton_attention, problem_of(case), far_out, num_splits, far_lse)
     assert torch.equal(far_out, out) and torch.equal(far_lse, lse)

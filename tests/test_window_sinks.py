@@ -8,7 +8,12 @@ The reference itself is checked against float64 in test_reference.py.
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
-from helpers.backends import RecordingBackend, auto_takes_cpu_tensors, replace_kernels
+from helpers.backends import (
+    RecordingBackend,
+    auto_takes_cpu_tensors,
+    plan_and_run,
+    replace_kernels,
+)
 
 import fp8_noncausal_attn as fna
 from benchmarks import shapes
@@ -36,7 +41,7 @@ def triton_run(case, num_splits, **kwargs):
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False, **kwargs
     )
     out = torch.full_like(problem.query, float("nan"))
-    triton_attention.paged_attention(problem, out, num_splits=num_splits)
+    plan_and_run(triton_attention, problem, out, num_splits=num_splits)
     return out
 
 

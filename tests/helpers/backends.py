@@ -80,3 +80,10 @@ def auto_takes_cpu_tensors(monkeypatch, name: str) -> None:
     entry = registry.REGISTRY[name]
     on_cpu = dataclasses.replace(entry, auto_devices=(*entry.auto_devices, "cpu"))
     monkeypatch.setitem(registry.REGISTRY, name, on_cpu)
+
+
+def plan_and_run(kernels, problem, out, num_splits=None, lse=None) -> None:
+    """Plan ``problem``'s batch on backend module ``kernels`` (``num_splits`` forces the split
+    count; no workspace) and run it into ``out`` (and ``lse``), past the registry's choice and
+    its run-time refusals: a test of one kernel family's own plan and launch."""
+    kernels.run(problem, kernels.plan(problem.batch, None, num_splits), out, lse)

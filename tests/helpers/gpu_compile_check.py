@@ -2,7 +2,7 @@
 
 Run in a subprocess without TRITON_INTERPRET (the interpreter replaces kernels with Python
 functions), by ``test_triton_compile.py``: ``python tests/helpers/gpu_compile_check.py CC``.
-Each variant's launch is captured from the launcher itself (``triton_attention.paged_attention``,
+Each variant's launch is captured from the launcher itself (``triton_attention``'s plan and run,
 ``triton_cache.reshape_and_cache`` on CPU tensors) and compiled with the specialisation Triton's
 JIT applies at launch (16-byte divisibility of aligned pointers and of integer arguments that are
 multiples of 16, the plan's constexprs, num_warps and num_stages): see
@@ -34,6 +34,7 @@ from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
+from helpers.backends import plan_and_run
 from helpers.per_token_head_cases import make_token_head_case, token_head_problem
 from tools.sass_model.triton_kernels import captured_launches, compile_launch
 
@@ -125,7 +126,7 @@ def attention_launches():
         out = torch.empty_like(problem.query)
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
-            triton_attention.paged_attention(problem, out, num_splits=4 if split else 1)
+            plan_and_run(triton_attention, problem, out, num_splits=4 if split else 1)
         assert len(launches) == (2 if split else 1), launches
         label = (
             f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split} "
@@ -147,7 +148,7 @@ def lse_launches():
         lse = torch.empty(problem.query.shape[:2])
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
-            triton_attention.paged_attention(problem, out, num_splits=4 if split else 1, lse=lse)
+            plan_and_run(triton_attention, problem, out, num_splits=4 if split else 1, lse=lse)
         for launch in launches:
             yield f"lse {launch.fn.__name__} split={split} {kernel_flags(launch)}", launch
     for dtype, head_dim in ((torch.float32, 80), (torch.bfloat16, 128)):

@@ -237,7 +237,8 @@ def triton_rows(
             window=window, sinks=torch.zeros(8 * GROUP) if sinks else None,
         )  # fmt: skip
         with captured_launches(triton_attention, "_paged_attention_kernel") as launches:
-            triton_attention.paged_attention(problem, torch.empty_like(problem.query), 1)
+            plan = triton_attention.plan(problem.batch, None, 1)
+            triton_attention.run(problem, plan, torch.empty_like(problem.query))
         (launch,) = launches
         for cc, gpu in TRITON_TARGETS.items():
             compiled = compile_launch(launch, cc)

@@ -166,16 +166,6 @@ def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> MmaSync
     return MmaSyncPlan(num_splits, ws_o, ws_lse, report["launch"])
 
 
-def paged_attention(
-    problem: AttentionProblem,
-    out: torch.Tensor,
-    num_splits: int | None = None,
-    lse: torch.Tensor | None = None,
-) -> None:
-    """One-shot form: plan the problem's batch (``num_splits`` forces the count) and run."""
-    run(problem, plan(problem.batch, None, num_splits), out, lse)
-
-
 def run(
     problem: AttentionProblem, plan: MmaSyncPlan, out: torch.Tensor, lse: torch.Tensor | None = None
 ) -> None:

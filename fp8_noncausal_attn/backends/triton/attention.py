@@ -629,18 +629,6 @@ def launch(
         )  # fmt: skip
 
 
-def paged_attention(
-    problem: AttentionProblem,
-    out: torch.Tensor,
-    num_splits: int | None = None,
-    lse: torch.Tensor | None = None,
-) -> None:
-    """One-shot form: plan and launch; writes ``out`` [num_tokens, num_q_heads, head_dim] (and
-    ``lse`` [num_tokens, num_q_heads] float32, natural log, when given)."""
-    decided = launch_plan(problem.batch, num_splits, per_token_head=problem.per_token_head_scales)
-    launch(problem, decided, out, lse=lse)
-
-
 def merge_states(
     outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
 ) -> None:
