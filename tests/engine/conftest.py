@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from .scenarios import HERE, PLUGIN_DIR, ROOT
+from .scenarios import HERE, PLUGIN, PLUGIN_DIR, ROOT
 
 ENGINE_PARALLEL = int(os.environ.get("FP8NCA_ENGINE_PARALLEL", "2"))
 RUN_TIMEOUT_S = 420
@@ -76,7 +76,10 @@ class ForkServer:
     stderr goes to ``log``."""
 
     def __init__(self, log: Path) -> None:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("FP8NCA_ENGINE_")}
+        # The runs' settings are per run, but the CPU vLLM sees is the server's, whose kernels
+        # its children inherit.
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith("FP8NCA_ENGINE_") or k == PLUGIN.CPU_ENV}  # fmt: skip
         environ |= {
             "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), environ.get("PYTHONPATH", "")]),
             "VLLM_CPU_KVCACHE_SPACE": "1",

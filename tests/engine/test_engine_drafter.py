@@ -9,7 +9,7 @@ import pytest
 
 from fp8_noncausal_attn.synthetic import relative_error
 
-from .checks import DRAFTS_EQUAL, matched
+from .checks import DRAFTS_EQUAL, matched, reference_rounds_to_nearest
 from .models import SWA_WINDOW
 from .scenarios import DRAFTER_CASES, DRAFTER_LAYER
 
@@ -17,8 +17,10 @@ ENGINE_RUNS = tuple(f"drafter_{case}{suffix}" for case in DRAFTER_CASES
                     for suffix in ("", "_ref"))  # fmt: skip
 # Relative error (Frobenius) of a request's drafter attention output in one step, backend vs
 # reference: the two compute on the same rounded values and differ in fp32 accumulation order and
-# bf16 output rounding only. A reference without the FP8 rounding lands an order above.
-ATTENTION_REL_ERROR = 1e-3
+# bf16 output rounding only. A reference without the FP8 rounding lands an order above. By how
+# the reference's kernels round (checks.reference_rounds_to_nearest): to nearest, or by
+# truncation (measured 4.2e-3, against 1.2e-2 and 5.6e-2 without the FP8 rounding).
+ATTENTION_REL_ERROR = {True: 1e-3, False: 6e-3}
 
 
 @pytest.mark.parametrize("case", list(DRAFTER_CASES))
@@ -40,13 +42,14 @@ def test_drafter_runs_non_causal_on_the_backend_and_matches_the_reference(engine
         assert {p["window"] for p in run.kind("plan", causal=False)} == {
             (SWA_WINDOW - 1, SWA_WINDOW - 1)
         }
+    bound = ATTENTION_REL_ERROR[reference_rounds_to_nearest(ref)]
     errors = [relative_error(c, r) for c, r in matched(calls, ref.kind("forward"), "output")]
     pairs = matched(run.kind("drafts"), ref.kind("drafts"), "drafts")
     equal = sum((d == r).sum().item() for d, r in pairs)
     total = sum(d.numel() for d, _ in pairs)
     print(f"{case}: {len(errors)} request steps, attention rel. error max {max(errors):.2e} "
-          f"mean {sum(errors) / len(errors):.2e} (threshold {ATTENTION_REL_ERROR}); drafts "
+          f"mean {sum(errors) / len(errors):.2e} (threshold {bound}); drafts "
           f"equal {equal}/{total} (threshold {DRAFTS_EQUAL:.0%})")  # fmt: skip
-    assert max(errors) <= ATTENTION_REL_ERROR
+    assert max(errors) <= bound
     assert all(d.shape == (k,) for d, _ in pairs)
     assert equal >= DRAFTS_EQUAL * total

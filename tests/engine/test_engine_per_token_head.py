@@ -15,7 +15,7 @@ import torch
 
 from fp8_noncausal_attn.synthetic import relative_error
 
-from .checks import DRAFTS_EQUAL, attention, matched
+from .checks import DRAFTS_EQUAL, attention, matched, reference_rounds_to_nearest
 from .scenarios import DRAFTER_LAYER, PER_TOKEN_HEAD_CASES, PLUGIN
 
 ENGINE_RUNS = tuple(f"per_token_head_{case}{suffix}" for case in PER_TOKEN_HEAD_CASES
@@ -31,6 +31,13 @@ CACHED_REL_ERROR = 3e-3
 # each dequantised value (code x scale) to bf16, which costs about 2e-3 (measured 2.2e-3 e4m3,
 # 2.0e-3 int8; the drafter's own int8 quantisation costs 3.3e-3, so int8's bound is tighter).
 REFERENCE_REL_ERROR = {"fp8_per_token_head": 4e-3, "int8_per_token_head": 3e-3}
+# The same where the reference's kernels truncate their bf16 output
+# (checks.reference_rounds_to_nearest): measured 4.2e-3 e4m3, 4.3e-3 int8; without the
+# reference's rounding 1.5e-2 e4m3 but 4.6e-3 int8, too close to tell apart: int8's comparison
+# needs vLLM's AVX512-BF16 kernels and is left out, by name, without them.
+TRUNCATED_REFERENCE_REL_ERROR = {"fp8_per_token_head": 6e-3, "int8_per_token_head": None}
+# The reference run's vLLM sees an AVX2 CPU (scenarios.py): its kernels chosen as there.
+AVX2_ISA = "vec"
 
 
 def request_errors(calls: list[dict]) -> tuple[list[float], list[float]]:
@@ -95,10 +102,15 @@ def test_per_token_head_caches_in_the_engine_match_float64_and_the_reference(eng
         if max(cached) > CACHED_REL_ERROR:
             failures.append(f"{layer}: vs float64 on the cache")
     reference = ref.kind("forward", layer=DRAFTER_LAYER)
+    assert {r["isa"] for r in reference} == {AVX2_ISA}
+    bounds = (
+        REFERENCE_REL_ERROR if reference_rounds_to_nearest(ref) else TRUNCATED_REFERENCE_REL_ERROR
+    )
     vs_reference = [relative_error(c, r) for c, r in matched(drafter, reference, "output")]
+    bound = bounds[drafter_dtype]
     print(f"{case}: drafter vs the reference max {max(vs_reference):.2e} "
-          f"({REFERENCE_REL_ERROR[drafter_dtype]})")  # fmt: skip
-    if max(vs_reference) > REFERENCE_REL_ERROR[drafter_dtype]:
+          f"({bound or 'not compared: the reference truncates its output'})")  # fmt: skip
+    if bound is not None and max(vs_reference) > bound:
         failures.append("the drafter vs the reference")
     pairs = matched(run.kind("drafts"), ref.kind("drafts"), "drafts")
     equal = sum((d == r).sum().item() for d, r in pairs)
@@ -107,3 +119,8 @@ def test_per_token_head_caches_in_the_engine_match_float64_and_the_reference(eng
     assert all(d.shape == (k,) for d, _ in pairs)
     assert not failures, sorted(set(failures))
     assert equal >= DRAFTS_EQUAL * total
+    if bound is None:
+        pytest.skip(
+            f"{case}: the drafter vs the reference needs vLLM's AVX512-BF16 kernels (its others "
+            "truncate the reference's output); every other check passed"
+        )

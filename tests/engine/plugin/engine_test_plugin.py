@@ -17,6 +17,9 @@ points).
   in the backend: ``scales_dropped`` (forward reads the cache with scale 1),
   ``per_head_scales`` (the write keeps one scale per KV head over the tokens it writes, not one
   per token).
+- ``FP8NCA_ENGINE_CPU=avx2`` (set in every process, by both entry points): vLLM sees the x86 CPU
+  it needs at the least, AVX2 without AVX-512 or AMX (torch's CPU probes answer False), and
+  chooses its CPU kernels (``vllm._C_AVX2``, CPU_ATTN's ISA) as on such a host.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ import torch
 MODE_ENV, ROUND_ENV = "FP8NCA_ENGINE_MODE", "FP8NCA_ENGINE_ROUND"
 RECORD_ENV, CAUSAL_ENV = "FP8NCA_ENGINE_RECORD", "FP8NCA_ENGINE_CAUSAL_REFERENCE"
 RECORD_KV_ENV, BACKEND_PLANT_ENV = "FP8NCA_ENGINE_RECORD_KV", "FP8NCA_ENGINE_BACKEND_PLANT"
+CPU_ENV, AVX2_ONLY = "FP8NCA_ENGINE_CPU", "avx2"
+# torch's probes of the x86 extensions beyond AVX2 (vnni: AVX512-VNNI), which vLLM's CPU build
+# chooses its kernels by.
+AVX512_AND_AMX_PROBES = ("_is_avx512_supported", "_is_avx512_bf16_supported",
+                         "_is_vnni_supported", "_is_amx_tile_supported",
+                         "_is_amx_fp16_supported")  # fmt: skip
 BACKEND_PLANTS = ("scales_dropped", "per_head_scales")
 BACKEND = "FP8_NONCAUSAL"
 # vLLM's kv_cache_dtype names of FP8 formats ("fp8" is e4m3).
@@ -38,7 +47,19 @@ PER_TOKEN_HEAD_FORMATS = ("fp8_per_token_head", "int8_per_token_head")
 _counter = itertools.count()
 
 
+def hide_avx512_and_amx() -> None:
+    """With ``FP8NCA_ENGINE_CPU=avx2``, torch's probes say this CPU has neither AVX-512 nor AMX
+    (vLLM reads them when it loads its kernels and whenever it chooses one)."""
+    cpu = os.environ.get(CPU_ENV, "")
+    if cpu not in ("", AVX2_ONLY):
+        raise ValueError(f"{CPU_ENV} must be {AVX2_ONLY} or unset, got {cpu!r}")
+    if cpu == AVX2_ONLY:
+        for probe in AVX512_AND_AMX_PROBES:
+            setattr(torch.cpu, probe, lambda: False)
+
+
 def platform() -> str:
+    hide_avx512_and_amx()
     # vLLM imports the class after the plugins have answered (its module imports vllm.platforms).
     return "engine_test_platform.EngineTestPlatform"
 
@@ -169,6 +190,7 @@ def _plant_in_backend(impl, plants: set[str]) -> None:
 
 def install_recorder() -> None:
     """Wrap the backend's impl forward and plan, and DFlash's propose, to record them."""
+    hide_avx512_and_amx()  # a fork server's child: the platform was chosen in its parent
     if not os.environ.get(RECORD_ENV):
         return
     from fp8_noncausal_attn import vllm_backend
