@@ -4,11 +4,15 @@ Metadata lives in pyproject.toml; this file only decides whether the wheel gets 
 
 Environment (the README's "Environment variables" section lists them too):
   FP8NCA_BUILD_CUDA       "1": ``_C`` must be built, anything that would skip it is an error;
-                          "0": skip it; unset: build when nvcc is found, else skip with a warning.
+                          "0": skip it; unset: build when nvcc is found, except an editable
+                          install (``pip install -e``) on a machine with no GPU visible and no
+                          FP8NCA_CUDA_ARCHS, where nothing could run it; else skip with a warning.
   CUDA_HOME (CUDA_PATH)   the CUDA toolkit whose ``bin/nvcc`` builds ``_C``; unset: nvcc on PATH.
                           No other place is searched.
-  FP8NCA_CUDA_ARCHS       CUDA architectures, e.g. "90" for a quicker one-GPU build; unset: the
-                          list in CMakeLists.txt (machine code for each, PTX for the last).
+  FP8NCA_CUDA_ARCHS       CUDA architectures, e.g. "90" or "89;90" (machine code for each, PTX for
+                          the last), or "all": every supported one (CMakeLists.txt's list); unset:
+                          the visible GPUs' (nvidia-smi; none when CUDA_VISIBLE_DEVICES is empty),
+                          else every supported one.
   FP8NCA_CUTLASS_INCLUDE  CUTLASS headers; default: the ``nvidia-cutlass`` package of the build
                           environment (``cutlass_library/source/include``).
   FP8NCA_BUILD_JOBS       parallel compile jobs (default: CPU count).
@@ -35,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,6 +51,7 @@ ROOT = Path(__file__).resolve().parent
 PACKAGE = "fp8_noncausal_attn"
 CMAKE_MIN_VERSION = (3, 24)  # cmake_minimum_required in CMakeLists.txt
 BUILD_FLAG = "FP8NCA_BUILD_CUDA"
+ARCHS_VAR = "FP8NCA_CUDA_ARCHS"
 DSL_FLAG = "FP8NCA_BUILD_DSL"
 DSL_FAMILIES = ("wgmma", "tcgen05")
 
@@ -138,19 +144,96 @@ def find_pybind11_cmake_dir() -> str | None:
     return str(cmake_dir) if cmake_dir and cmake_dir.is_dir() else None
 
 
-def build_plan(environ: Mapping[str, str] = os.environ) -> tuple[bool, str]:
+def supported_archs(root: Path = ROOT) -> tuple[str, ...]:
+    """Every architecture ``_C`` supports: CMakeLists.txt's default list, oldest first."""
+    cmakelists = (root / "CMakeLists.txt").read_text()
+    found = re.search(r'set\(FP8NCA_DEFAULT_ARCHS "([^"]+)"\)', cmakelists)
+    if found is None:
+        raise RuntimeError("CMakeLists.txt sets no FP8NCA_DEFAULT_ARCHS")
+    return tuple(found.group(1).split(";"))
+
+
+def visible_gpu_capabilities(environ: Mapping[str, str] = os.environ) -> list[tuple[int, int]]:
+    """(major, minor) of every GPU the driver reports (``nvidia-smi``), none when
+    ``CUDA_VISIBLE_DEVICES`` hides them all or there is no driver. Not torch: pip's isolated
+    build environment has none."""
+    if environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return []
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH", ""))
+    if smi is None:
+        return []
+    query = [smi, "--query-gpu=compute_cap", "--format=csv,noheader"]
+    try:
+        result = subprocess.run(query, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = re.findall(r"^\s*(\d+)\.(\d+)\s*$", result.stdout if result.returncode == 0 else "",
+                       flags=re.MULTILINE)  # fmt: skip
+    return [(int(major), int(minor)) for major, minor in found]
+
+
+def arch_for(capability: tuple[int, int], supported: tuple[str, ...]) -> str | None:
+    """The entry of ``supported`` whose machine code a GPU of ``capability`` runs: same major
+    version, the newest minor not above the GPU's (``100f`` serves the whole sm_10x family)."""
+    runnable = []
+    for arch in supported:
+        digits = re.match(r"\d+", arch).group()
+        major, minor = int(digits[:-1]), int(digits[-1])
+        if major == capability[0] and minor <= capability[1]:
+            runnable.append((minor, arch))
+    return max(runnable)[1] if runnable else None
+
+
+def cuda_archs(
+    environ: Mapping[str, str] = os.environ, capabilities: list[tuple[int, int]] | None = None
+) -> tuple[list[str], str]:
+    """The architectures ``_C`` is built for and why, in a few words (FP8NCA_CUDA_ARCHS, else
+    the visible GPUs', else every supported one); ``capabilities``: the visible GPUs'."""
+    asked = environ.get(ARCHS_VAR, "").strip()
+    supported = supported_archs()
+    if asked == "all":
+        return list(supported), f"{ARCHS_VAR}=all"
+    if asked:
+        return [arch for arch in re.split(r"[;,]", asked) if arch], f"{ARCHS_VAR}={asked}"
+    if capabilities is None:
+        capabilities = visible_gpu_capabilities(environ)
+    archs = dict.fromkeys(a for c in capabilities if (a := arch_for(c, supported)) is not None)
+    if archs:
+        return list(archs), "the visible GPU's"
+    seen = ", ".join(f"sm_{major}{minor}" for major, minor in capabilities)
+    return list(supported), f"no supported GPU visible ({seen})" if seen else "no GPU visible"
+
+
+def build_plan(environ: Mapping[str, str] = os.environ, editable: bool = False) -> tuple[bool, str]:
     """Whether this build includes ``_C`` and, when not, the reason in a few words.
 
-    ``FP8NCA_BUILD_CUDA=1`` always plans the build (a missing tool then fails it, by name).
+    ``FP8NCA_BUILD_CUDA=1`` always plans the build (a missing tool then fails it, by name). An
+    editable install (``editable``: a development set-up) builds it only for a GPU it sees or
+    the architectures ``FP8NCA_CUDA_ARCHS`` names: without them nothing there could run it.
     """
     flag = environ.get(BUILD_FLAG, "").strip()
     if flag not in ("", "0", "1"):
         raise ValueError(f"{BUILD_FLAG} must be 0, 1 or unset, got {flag!r}")
     if flag == "0":
         return False, f"{BUILD_FLAG}=0"
-    if flag == "1" or find_nvcc(environ):
+    if flag == "1":
         return True, ""
-    return False, "nvcc not found: set CUDA_HOME or put nvcc on PATH"
+    if not find_nvcc(environ):
+        return False, "nvcc not found: set CUDA_HOME or put nvcc on PATH"
+    if editable and not environ.get(ARCHS_VAR, "").strip():
+        capabilities = visible_gpu_capabilities(environ)
+        if not any(arch_for(c, supported_archs()) for c in capabilities):
+            return False, (
+                f"{cuda_archs(environ, capabilities)[1]}, so nothing here could run it (an "
+                f"editable install builds it for the GPU it sees; {ARCHS_VAR} or {BUILD_FLAG}=1 "
+                "builds it anyway)"
+            )
+    return True, ""
+
+
+def is_editable_install(argv: list[str]) -> bool:
+    """Whether setuptools runs this file for an editable install (pip install -e, develop)."""
+    return bool({"editable_wheel", "develop"} & set(argv))
 
 
 def toolchain_problems() -> list[str]:
@@ -317,7 +400,7 @@ class BuildPyWarnsWithoutCuda(build_py):
     compiles the DSL families into the package when ``FP8NCA_BUILD_DSL`` asks."""
 
     def run(self) -> None:
-        planned, reason = build_plan()
+        planned, reason = build_plan(editable=is_editable_install(sys.argv))
         if not planned:
             existing = installed_extension()
             problem = replacing_extension_problem(reason, existing)
@@ -336,9 +419,13 @@ class BuildPyWarnsWithoutCuda(build_py):
                 build_dsl_families(families, package_dir, Path(temp))
 
 
-def cmake_configure_args(cmake: str, build_dir: Path, output_dir: Path) -> list[str]:
-    """The CMake configure command for ``_C`` (toolchain_problems() must be empty)."""
-    args = [
+def cmake_configure_args(
+    cmake: str, build_dir: Path, output_dir: Path, archs: list[str]
+) -> list[str]:
+    """The CMake configure command for ``_C`` for ``archs`` (toolchain_problems() must be
+    empty). The list is always explicit, so one cached by an earlier configure of the same
+    build folder never outlives its setting."""
+    return [
         cmake,
         "-S",
         str(ROOT),
@@ -350,12 +437,25 @@ def cmake_configure_args(cmake: str, build_dir: Path, output_dir: Path) -> list[
         f"-DCUTLASS_INCLUDE_DIR={find_cutlass_include()}",
         f"-DFP8NCA_OUTPUT_DIR={output_dir}",
         f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
+        f"-DFP8NCA_CUDA_ARCHS={';'.join(archs)}",
     ]
-    # The user's arch list, else CMakeLists.txt's default. -U drops a list cached by an earlier
-    # configure of the same build folder, which would otherwise outlive the setting.
-    archs = os.environ.get("FP8NCA_CUDA_ARCHS", "").strip()
-    args.append(f"-DFP8NCA_CUDA_ARCHS={archs}" if archs else "-UFP8NCA_CUDA_ARCHS")
-    return args
+
+
+def translation_units(root: Path = ROOT) -> list[str]:
+    """The sources CMakeLists.txt compiles into ``_C``, in its order."""
+    cmakelists = (root / "CMakeLists.txt").read_text()
+    return re.findall(r"\b((?:csrc|python)/[\w/]+\.(?:cu|cpp))\b", cmakelists)
+
+
+def compiled_source(line: str) -> str | None:
+    """The source a CMake build output line starts compiling (``Building CUDA object
+    CMakeFiles/x.dir/csrc/a.cu.o``), else None."""
+    found = re.search(r"Building (?:CUDA|CXX) object \S*?\.dir/(\S+?)\.o\b", line)
+    return found.group(1) if found else None
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
 class CMakeBuild(build_ext):
@@ -376,17 +476,30 @@ class CMakeBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
         cmake = find_cmake()
         assert cmake is not None  # toolchain_problems() said so
-        args = cmake_configure_args(cmake, build_dir, out_path.parent)
+        archs, why = cuda_archs()
+        args = cmake_configure_args(cmake, build_dir, out_path.parent, archs)
         jobs = os.environ.get("FP8NCA_BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.run(args, check=True)
         log = build_dir / "ptxas.log"
+        sources = translation_units()
+        say_loudly(
+            f"fp8_noncausal_attn: compiling _C for sm_{', sm_'.join(archs)} ({why}): "
+            f"{len(sources)} translation units, {jobs} at a time; minutes per architecture"
+        )
+        start, started = time.monotonic(), 0
         with open(log, "w") as fh:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 [cmake, "--build", str(build_dir), "--target", "_C", "-j", jobs],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        if proc.returncode != 0:
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            for line in proc.stdout:
+                fh.write(line)
+                source = compiled_source(line)
+                if source is not None:
+                    started += 1
+                    say_loudly(f"fp8_noncausal_attn: [{started}/{len(sources)}] {source} "
+                               f"({minutes(time.monotonic() - start)})")  # fmt: skip
+        if proc.wait() != 0:
             sys.stderr.write(log.read_text()[-20000:])
             raise RuntimeError(f"CUDA extension build failed (log: {log})")
         built = sorted(out_path.parent.glob("_C*.so"), key=lambda p: p.stat().st_mtime)
@@ -394,12 +507,12 @@ class CMakeBuild(build_ext):
             raise RuntimeError(f"CMake produced no _C*.so in {out_path.parent}")
         if built[-1] != out_path:
             shutil.copy2(built[-1], out_path)
-        archs = os.environ.get("FP8NCA_CUDA_ARCHS") or "CMakeLists.txt's default"
-        print(f"fp8_noncausal_attn: built {out_path} (archs: {archs}; ptxas report: {log})")
+        say_loudly(f"fp8_noncausal_attn: built {out_path} for sm_{', sm_'.join(archs)} in "
+                   f"{minutes(time.monotonic() - start)} (ptxas report: {log})")  # fmt: skip
 
 
 if __name__ == "__main__":
-    BUILD_CUDA, _ = build_plan()
+    BUILD_CUDA, _ = build_plan(editable=is_editable_install(sys.argv))
     setup(
         ext_modules=[Extension(f"{PACKAGE}._C", sources=[])] if BUILD_CUDA else [],
         cmdclass={"build_py": BuildPyWarnsWithoutCuda, "build_ext": CMakeBuild},

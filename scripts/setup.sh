@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup of .venv: CPU torch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA
 # build), triton, this package in editable mode, and vLLM 0.33.0 for its backend's tests. The
-# CUDA extension is built when nvcc is found (see setup.py); FP8NCA_BUILD_CUDA=0 skips it.
+# CUDA extension is built only where nvcc is found and a GPU is visible, for that GPU (setup.py:
+# an editable install); FP8NCA_CUDA_ARCHS or FP8NCA_BUILD_CUDA=1 builds it anyway,
+# FP8NCA_BUILD_CUDA=0 never.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=$(command -v python3.11 || command -v python3)

@@ -5,8 +5,9 @@
 #
 #   bash scripts/smoke_test_wheel.sh --prepare      # fresh venv + CPU torch only (can run
 #                                                   # while the wheel builds)
-#   bash scripts/smoke_test_wheel.sh WHEEL [ARCHS]  # ARCHS: the expected list, e.g. "90" or
-#                                                   # "89;90;100f;120" (default: FP8NCA_CUDA_ARCHS)
+#   bash scripts/smoke_test_wheel.sh WHEEL [ARCHS]  # ARCHS: the expected list, e.g. "90",
+#                                                   # "89;90;100f;120" or "all" (default:
+#                                                   # FP8NCA_CUDA_ARCHS)
 #
 # cuobjdump comes from .venv (pip nvidia-cuda-cuobjdump, requirements-test.txt) or PATH.
 set -euo pipefail
@@ -24,6 +25,9 @@ fi
 
 wheel=${1:?usage: smoke_test_wheel.sh --prepare | WHEEL [ARCHS]}
 archs=${2:-${FP8NCA_CUDA_ARCHS:-}}
+if [ "$archs" = all ]; then  # every supported one: setup.py reads them from CMakeLists.txt
+  archs=$(.venv/bin/python -c 'import setup; print(";".join(setup.supported_archs()))')
+fi
 [ -x "$venv/bin/python" ] || bash "$0" --prepare
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 

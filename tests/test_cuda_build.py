@@ -1,8 +1,9 @@
 """The built CUDA extension, inspected without a GPU (runs in CI).
 
 Checks with cuobjdump (pip ``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm``) that ``_C`` holds
-machine code for every arch it was built for (by default sm_89, sm_90, the sm_100 family and
-sm_120) and PTX for the newest, that every kernel family's attention kernels run on tensor cores
+machine code for every arch it was built for (the visible GPU's by default; with
+``FP8NCA_CUDA_ARCHS=all``, as CI's release wheel, sm_89, sm_90, the sm_100 family and sm_120)
+and PTX for the newest, that every kernel family's attention kernels run on tensor cores
 (HMMA, from mma.sync) on every arch, and that no hot kernel touches local memory (register
 spills or stack arrays), which would cost far more than their arithmetic. Also the C++ plan
 (split-KV, tiles, workspace sizes) and the availability rules (arch families, PTX JIT, driver
@@ -101,7 +102,7 @@ def require_arch(arch: str) -> None:
 
 
 @pytest.mark.compile
-def test_default_build_holds_every_arch_and_ptx_for_the_newest():
+def test_the_build_holds_every_arch_it_names_and_ptx_for_the_newest():
     from fp8_noncausal_attn import _C
 
     archs = built_archs()
@@ -112,7 +113,7 @@ def test_default_build_holds_every_arch_and_ptx_for_the_newest():
     ptx = set(re.findall(r"\.sm_(\w+)\.ptx", cuobjdump("-lptx")))
     assert ptx == {_C.PTX_ARCH}, ptx
     assert _C.PTX_ARCH == archs[-1]
-    if not os.environ.get("FP8NCA_CUDA_ARCHS"):
+    if os.environ.get("FP8NCA_CUDA_ARCHS") == "all":
         assert tuple(archs) == DEFAULT_ARCHS
         assert _C.PTX_ARCH == DEFAULT_PTX
 

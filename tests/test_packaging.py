@@ -244,6 +244,90 @@ def test_build_plan(tmp_path):
         setup.build_plan(no_nvcc | {"FP8NCA_BUILD_CUDA": "yes"})
 
 
+def fake_gpus(folder: Path, *capabilities: str) -> Path:
+    """An nvidia-smi in ``folder`` that reports GPUs of ``capabilities`` ("9.0", ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    smi = folder / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '" + "".join(f"{c}\\n" for c in capabilities) + "'\n")
+    smi.chmod(stat.S_IRWXU)
+    return folder
+
+
+def test_an_editable_install_builds_cuda_code_only_for_a_gpu_it_sees(tmp_path):
+    """A development set-up (the demo's, the test command's) on a machine without a GPU builds
+    no CUDA code unless asked; a wheel (pip install .) builds it wherever nvcc is."""
+    setup = load_setup_module()
+    nvcc = fake_tool(tmp_path / "bin", "nvcc", "Cuda compilation tools").parent
+    hopper, ampere = fake_gpus(tmp_path / "hopper", "9.0"), fake_gpus(tmp_path / "ampere", "8.0")
+    no_gpu = {"PATH": str(nvcc)}
+    planned, reason = setup.build_plan(no_gpu, editable=True)
+    assert not planned and reason.startswith("no GPU visible, so nothing here could run it")
+    assert setup.build_plan(no_gpu) == (True, "")
+    assert setup.build_plan(no_gpu | {"FP8NCA_CUDA_ARCHS": "90"}, editable=True) == (True, "")
+    assert setup.build_plan(no_gpu | {"FP8NCA_BUILD_CUDA": "1"}, editable=True) == (True, "")
+    seen = {"PATH": os.pathsep.join([str(nvcc), str(hopper)])}
+    assert setup.build_plan(seen, editable=True) == (True, "")
+    planned, reason = setup.build_plan(seen | {"CUDA_VISIBLE_DEVICES": ""}, editable=True)
+    assert not planned and reason.startswith("no GPU visible")
+    old = {"PATH": os.pathsep.join([str(nvcc), str(ampere)])}
+    planned, reason = setup.build_plan(old, editable=True)
+    assert not planned and reason.startswith("no supported GPU visible (sm_80)")
+    assert setup.is_editable_install(["setup.py", "editable_wheel", "--dist-dir", "x"])
+    assert not setup.is_editable_install(["setup.py", "bdist_wheel", "--dist-dir", "x"])
+
+
+def test_cuda_archs_are_the_setting_else_the_visible_gpus_else_every_supported_one(tmp_path):
+    setup = load_setup_module()
+    every = list(setup.supported_archs())
+    assert every == ["89", "90", "100f", "120"]  # CMakeLists.txt's FP8NCA_DEFAULT_ARCHS
+    assert setup.cuda_archs({}, [(9, 0)]) == (["90"], "the visible GPU's")
+    # B300 and B200 share the family cubin; an RTX 5090 (12.0) and a DGX Spark (12.1) sm_120's.
+    assert setup.cuda_archs({}, [(10, 3), (12, 1), (10, 0)])[0] == ["100f", "120"]
+    assert setup.cuda_archs({}, [(8, 9), (8, 0)])[0] == ["89"]
+    assert setup.cuda_archs({}, []) == (every, "no GPU visible")
+    assert setup.cuda_archs({}, [(8, 0)]) == (every, "no supported GPU visible (sm_80)")
+    assert setup.cuda_archs({"FP8NCA_CUDA_ARCHS": "all"}, [(9, 0)]) == (
+        every,
+        "FP8NCA_CUDA_ARCHS=all",
+    )
+    assert setup.cuda_archs({"FP8NCA_CUDA_ARCHS": "90;100a"}, [(8, 9)])[0] == ["90", "100a"]
+    assert setup.cuda_archs({"FP8NCA_CUDA_ARCHS": "89,120"}, [])[0] == ["89", "120"]
+    gpus = {"PATH": str(fake_gpus(tmp_path / "two", "9.0", "12.0"))}
+    assert setup.visible_gpu_capabilities(gpus) == [(9, 0), (12, 0)]
+    assert setup.cuda_archs(gpus) == (["90", "120"], "the visible GPU's")
+    assert setup.visible_gpu_capabilities(gpus | {"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert setup.visible_gpu_capabilities({"PATH": str(tmp_path / "no-driver")}) == []
+
+
+def test_the_arch_built_for_a_gpu_is_one_the_extension_accepts_on_it():
+    """setup.py's choice per GPU and the extension's availability rule agree on every GPU."""
+    from fp8_noncausal_attn.backends.cuda import extension
+
+    setup = load_setup_module()
+    supported = setup.supported_archs()
+    for capability in [(major, minor) for major in range(7, 14) for minor in range(10)]:
+        arch = setup.arch_for(capability, supported)
+        if arch is None:
+            assert not extension.runs_on(capability, list(supported), None), capability
+        else:
+            assert extension.runs_on(capability, [arch], None), (capability, arch)
+
+
+def test_the_build_names_each_translation_unit_as_it_starts():
+    setup = load_setup_module()
+    units = setup.translation_units()
+    assert len(set(units)) == len(units) and "python/bindings.cpp" in units
+    assert all((ROOT / unit).is_file() for unit in units), units
+    make = (
+        "[ 7%] Building CUDA object CMakeFiles/fp8nca_kernels.dir/csrc/cache/reshape_and_cache.cu.o"
+    )
+    ninja = "[3/16] Building CXX object CMakeFiles/_C.dir/python/bindings.cpp.o"
+    assert setup.compiled_source(make) == "csrc/cache/reshape_and_cache.cu"
+    assert setup.compiled_source(ninja) == "python/bindings.cpp"
+    assert setup.compiled_source("[100%] Linking CXX shared module _C.so") is None
+    assert setup.minutes(754.4) == "12 min 34 s"
+
+
 def test_tool_checks_say_what_is_wrong(tmp_path):
     setup = load_setup_module()
     old = fake_tool(tmp_path / "old", "cmake", "cmake version 3.20.1")
@@ -300,30 +384,27 @@ def test_installed_extension_is_found_outside_this_tree_only(tmp_path, monkeypat
 
 
 def test_a_changed_arch_list_reaches_a_configured_build_dir(tmp_path, monkeypatch):
-    """FP8NCA_CUDA_ARCHS set after a first configure still decides the next one."""
+    """The arch list of a later configure of the same build folder decides it, not the first."""
     setup = load_setup_module()
     problems = setup.toolchain_problems()
     if problems:
         pytest.skip("; ".join(problems))
     build_dir = tmp_path / "cmake"
 
-    def configure(archs: str | None, folder: Path = build_dir) -> str:
-        if archs is None:
-            monkeypatch.delenv("FP8NCA_CUDA_ARCHS", raising=False)
-        else:
-            monkeypatch.setenv("FP8NCA_CUDA_ARCHS", archs)
-        args = setup.cmake_configure_args(setup.find_cmake(), folder, tmp_path / "out")
+    def configure(archs: list[str], folder: Path = build_dir) -> str:
+        args = setup.cmake_configure_args(setup.find_cmake(), folder, tmp_path / "out", archs)
         result = subprocess.run(args, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         flags = (folder / "CMakeFiles" / "fp8nca_kernels.dir" / "flags.make").read_text()
         return "\n".join(line for line in flags.splitlines() if line.startswith("CUDA_FLAGS"))
 
-    first = configure("90;100a")
+    first = configure(["90", "100a"])
     assert "sm_90" in first and "sm_100a" in first and "sm_89" not in first
-    second = configure("89")
+    second = configure(["89"])
     assert "sm_89" in second and "sm_90" not in second and "sm_100a" not in second
-    # Unset again: CMakeLists.txt's default, exactly as a fresh build folder gets it.
-    assert configure(None) == configure(None, tmp_path / "fresh") != second
+    # Every supported one again, exactly as a fresh build folder gets it.
+    every = list(setup.supported_archs())
+    assert configure(every) == configure(every, tmp_path / "fresh") != second
 
 
 def test_dsl_build_plan_is_off_unless_asked():
