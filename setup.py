@@ -16,6 +16,9 @@ Environment (the README's "Environment variables" section lists them too):
   FP8NCA_CUTLASS_INCLUDE  CUTLASS headers; default: the ``nvidia-cutlass`` package of the build
                           environment (``cutlass_library/source/include``).
   FP8NCA_BUILD_JOBS       parallel compile jobs (default: CPU count).
+  FP8NCA_BUILD_CACHE      a folder of built ``_C`` keyed by the hash of what they are compiled
+                          from (extension_key): a build whose key is there copies it instead of
+                          compiling, a new one is stored there; unset: no cache.
   FP8NCA_BUILD_DSL        "1": also compile the CUTLASS-DSL families (wgmma, tcgen05) ahead of
                           time into the package (``fp8_noncausal_attn/_<family>/``: one libc-only
                           library with the cubins inside, build.json, the cubins for SASS checks);
@@ -31,6 +34,8 @@ Under build isolation (pip's default) pybind11, nvidia-cutlass and cmake come fr
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -52,6 +57,10 @@ PACKAGE = "fp8_noncausal_attn"
 CMAKE_MIN_VERSION = (3, 24)  # cmake_minimum_required in CMakeLists.txt
 BUILD_FLAG = "FP8NCA_BUILD_CUDA"
 ARCHS_VAR = "FP8NCA_CUDA_ARCHS"
+CACHE_VAR = "FP8NCA_BUILD_CACHE"
+# What _C is compiled from, besides CMakeLists.txt: these folders' sources and headers.
+EXTENSION_SOURCE_DIRS = ("csrc", "python")
+EXTENSION_SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", ".inl")
 DSL_FLAG = "FP8NCA_BUILD_DSL"
 DSL_FAMILIES = ("wgmma", "tcgen05")
 
@@ -458,6 +467,46 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
+def extension_key(archs: list[str], root: Path = ROOT) -> str:
+    """sha256 of everything a built ``_C`` depends on: CMakeLists.txt, setup.py, pyproject.toml
+    (the build requirements' pins), every source and header under csrc/ and python/, the
+    architectures, nvcc's version, the CUTLASS headers' folder, pybind11's and this Python's
+    versions."""
+    digest = hashlib.sha256()
+    files = [root / "CMakeLists.txt", root / "setup.py", root / "pyproject.toml"]
+    for folder in EXTENSION_SOURCE_DIRS:
+        files += sorted(
+            path for path in (root / folder).rglob("*")
+            if path.is_file() and path.suffix in EXTENSION_SOURCE_SUFFIXES
+        )  # fmt: skip
+    for path in files:
+        digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes() + b"\0")
+    nvcc = find_nvcc()
+    nvcc_version = tool_version(nvcc)[0] if nvcc else None
+    try:
+        pybind11_version = importlib.metadata.version("pybind11")
+    except importlib.metadata.PackageNotFoundError:
+        pybind11_version = None
+    toolchain = (archs, nvcc_version, find_cutlass_include(), pybind11_version, sys.version)
+    digest.update(repr(toolchain).encode())
+    return digest.hexdigest()
+
+
+def cached_extension(archs: list[str], name: str) -> Path | None:
+    """Where ``FP8NCA_BUILD_CACHE`` keeps the ``_C`` file ``name`` built for ``archs`` from
+    this tree, or None when no cache is set."""
+    cache = os.environ.get(CACHE_VAR, "").strip()
+    return Path(cache) / extension_key(archs) / name if cache else None
+
+
+def store_in_cache(built: Path, cached: Path) -> None:
+    """Copy ``built`` to ``cached`` whole or not at all (a concurrent reader never sees part)."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+    shutil.copy2(built, partial)
+    partial.replace(cached)
+
+
 class CMakeBuild(build_ext):
     """Checks the toolchain, then configures and builds CMakeLists.txt, placing _C*.so where
     setuptools expects it."""
@@ -472,11 +521,17 @@ class CMakeBuild(build_ext):
             )
         out_path = Path(self.get_ext_fullpath(ext.name)).resolve()
         out_path.parent.mkdir(parents=True, exist_ok=True)
+        archs, why = cuda_archs()
+        cached = cached_extension(archs, out_path.name)
+        if cached is not None and cached.is_file():
+            shutil.copy2(cached, out_path)
+            say_loudly(f"fp8_noncausal_attn: _C for sm_{', sm_'.join(archs)} ({why}) from "
+                       f"{CACHE_VAR}, built from the same inputs: {cached}")  # fmt: skip
+            return
         build_dir = ROOT / "build" / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         cmake = find_cmake()
         assert cmake is not None  # toolchain_problems() said so
-        archs, why = cuda_archs()
         args = cmake_configure_args(cmake, build_dir, out_path.parent, archs)
         jobs = os.environ.get("FP8NCA_BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.run(args, check=True)
@@ -509,6 +564,8 @@ class CMakeBuild(build_ext):
             shutil.copy2(built[-1], out_path)
         say_loudly(f"fp8_noncausal_attn: built {out_path} for sm_{', sm_'.join(archs)} in "
                    f"{minutes(time.monotonic() - start)} (ptxas report: {log})")  # fmt: skip
+        if cached is not None:
+            store_in_cache(out_path, cached)
 
 
 if __name__ == "__main__":

@@ -479,3 +479,55 @@ def test_a_wheel_with_dsl_libraries_is_platform_tagged():
         command = bdist_wheel(distclass({"name": "fp8-noncausal-attn", "packages": []}))
         command.finalize_options()
         assert command.root_is_pure is pure
+
+
+def test_the_build_cache_keys_an_extension_by_what_it_is_compiled_from(tmp_path):
+    setup = load_setup_module()
+    tree = tmp_path / "tree"
+    sources = ("CMakeLists.txt", "setup.py", "pyproject.toml", "csrc/a/kernel.cu",
+               "csrc/a/kernel.cuh", "csrc/b/plan.cpp", "python/bindings.cpp")  # fmt: skip
+    for name in sources:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(f"// {name}\n")
+    key = setup.extension_key(["90"], tree)
+    assert len(key) == 64 and setup.extension_key(["90"], tree) == key
+    (tree / "csrc" / "a" / "notes.md").write_text("not compiled")
+    (tree / "docs").mkdir()
+    (tree / "docs" / "x.cu").write_text("not in the build's folders")
+    assert setup.extension_key(["90"], tree) == key
+    assert setup.extension_key(["89"], tree) != key
+    assert setup.extension_key(["90", "120"], tree) != key
+    for name in sources:
+        before = (tree / name).read_text()
+        (tree / name).write_text(before + "// changed\n")
+        assert setup.extension_key(["90"], tree) != key, name
+        (tree / name).write_text(before)
+    assert setup.extension_key(["90"], tree) == key
+
+
+def test_a_cached_extension_is_copied_instead_of_compiled(tmp_path, monkeypatch):
+    from setuptools.dist import Distribution
+
+    setup = load_setup_module()
+    name = "_C.cpython-311-x86_64-linux-gnu.so"
+    monkeypatch.setattr(setup, "toolchain_problems", lambda: [])
+    monkeypatch.setattr(setup, "cuda_archs", lambda: (["90"], "FP8NCA_CUDA_ARCHS=90"))
+    monkeypatch.setattr(setup, "extension_key", lambda archs: "-".join(archs) + "-key")
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError(f"compiled: {args}")
+
+    monkeypatch.setattr(setup.subprocess, "run", no_compiling)
+    monkeypatch.setattr(setup.subprocess, "Popen", no_compiling)
+    monkeypatch.setenv("FP8NCA_BUILD_CACHE", str(tmp_path / "cache"))
+    cached = setup.cached_extension(["90"], name)
+    assert cached == tmp_path / "cache" / "90-key" / name
+    (tmp_path / "built.so").write_bytes(b"\x7fELF built once")
+    setup.store_in_cache(tmp_path / "built.so", cached)
+    assert [p.name for p in cached.parent.iterdir()] == [name]  # no partial copy left
+    command = setup.CMakeBuild(Distribution())
+    monkeypatch.setattr(command, "get_ext_fullpath", lambda ext: str(tmp_path / "lib" / name))
+    command.build_extension(setup.Extension("fp8_noncausal_attn._C", sources=[]))
+    assert (tmp_path / "lib" / name).read_bytes() == b"\x7fELF built once"
+    monkeypatch.delenv("FP8NCA_BUILD_CACHE")
+    assert setup.cached_extension(["90"], name) is None
