@@ -4,11 +4,22 @@
 # CUDA extension is built only where nvcc is found and a GPU is visible, for that GPU (setup.py:
 # an editable install); FP8NCA_CUDA_ARCHS or FP8NCA_BUILD_CUDA=1 builds it anyway,
 # FP8NCA_BUILD_CUDA=0 never.
+#   bash scripts/setup.sh [--demo]
+# --demo: only what the demo runs and the editable install's build needs (torch, the test
+# requirements' pins of triton, numpy, setuptools, wheel, pybind11 and nvidia-cutlass); a later
+# full run adds the rest to the same .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=$(command -v python3.11 || command -v python3)
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check)
+if [ "${1:-}" = --demo ]; then
+    mapfile -t pins < <(grep -E '^((triton|numpy|setuptools|pybind11|nvidia-cutlass)==|wheel$)' \
+        requirements-test.txt | sed 's/ *#.*//')
+    "${pip_quiet[@]}" torch==2.13.0 "${pins[@]}"
+    "${pip_quiet[@]}" --no-build-isolation --no-deps -e .
+    exit 0
+fi
 "${pip_quiet[@]}" torch==2.13.0 -r requirements-test.txt
 "${pip_quiet[@]}" --no-build-isolation --no-deps -e .
 # vLLM and its pure-Python imports with --no-deps: its own pins would pull a CUDA torch and
