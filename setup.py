@@ -231,13 +231,21 @@ def build_plan(environ: Mapping[str, str] = os.environ, editable: bool = False) 
         return False, "nvcc not found: set CUDA_HOME or put nvcc on PATH"
     if editable and not environ.get(ARCHS_VAR, "").strip():
         capabilities = visible_gpu_capabilities(environ)
-        if not any(arch_for(c, supported_archs()) for c in capabilities):
+        if not runs_on_a_visible_gpu(capabilities):
             return False, (
                 f"{cuda_archs(environ, capabilities)[1]}, so nothing here could run it (an "
                 f"editable install builds it for the GPU it sees; {ARCHS_VAR} or {BUILD_FLAG}=1 "
                 "builds it anyway)"
             )
     return True, ""
+
+
+def runs_on_a_visible_gpu(capabilities: list[tuple[int, int]] | None = None) -> bool:
+    """Whether ``_C`` has code for one of the GPUs of ``capabilities`` (default: the visible
+    ones)."""
+    if capabilities is None:
+        capabilities = visible_gpu_capabilities()
+    return any(arch_for(c, supported_archs()) for c in capabilities)
 
 
 def is_editable_install(argv: list[str]) -> bool:

@@ -103,6 +103,7 @@ def require_arch(arch: str) -> None:
 
 @pytest.mark.compile
 def test_the_build_holds_every_arch_it_names_and_ptx_for_the_newest():
+    _extension_path()  # skips where _C was not built
     from fp8_noncausal_attn import _C
 
     archs = built_archs()
@@ -439,6 +440,7 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     log2(block_size), and a plan made for other sizes, before any CUDA call."""
     import contextlib
 
+    _extension_path()  # skips where _C was not built
     from fp8_noncausal_attn import _C
     from fp8_noncausal_attn import launch_record as R
     from fp8_noncausal_attn.synthetic import make_case
