@@ -1,7 +1,7 @@
 // pybind11 module fp8nca_host_hooks, for the tests only (never in the wheel): the kernels' own
 // index maps, the cache quantisation and the split-KV merge row, compiled for the CPU by a host
 // C++ compiler (the functions are FP8NCA_HD, see csrc/common/host_device.h), so that the CPU
-// tests (tests/test_cuda_kernel_emulation.py) run the very maps the kernels use. Built and
+// tests (tests/test_cuda_kernel_emulation.py) check the very maps the kernels use. Built and
 // loaded by tests/helpers/host_hooks.py; needs no CUDA toolkit.
 #include <cstdint>
 #include <stdexcept>
@@ -129,28 +129,13 @@ py::dict mma_sync_tables(int head_dim, int elt, int block_m) {
     const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
     return std::vector<int>{r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)};
   }, slots);
-  // FP8 tiles: slot -> (K, V unit offsets in the FP8 stage, then the two 16-bit units of the
-  // dequantised tile each lands in: K unit 0, K unit 1, V unit 0, V unit 1).
-  d["dequant"] = table([&](int slot) {
-    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    return std::vector<int>{m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 1)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 1))};
-  }, elt == 1 ? slots : 0);
   // 1-byte tiles: key row -> the offsets of its per-token-head K and V scale in the V stage.
   d["scale"] = table([&](int r) {
     return std::vector<int>{m::scale_smem_offset(s, r, 0), m::scale_smem_offset(s, r, 1)};
   }, elt == 1 ? s.block_n : 0);
-  d["qk_dim"] = table([&](int g, int kk, int t) { return m::qk_dim(s, g, kk, t); }, s.groups,
-                      s.steps_per_unit, 4);
-  d["k_frag"] = table([&](int j, int g, int lane) { return m::k_frag_offset(s, j, g, lane); },
-                      s.nt, s.groups, 32);
   // ldmatrix.x4.trans row addresses of the P V operand, [kk][jp][lane]
   d["v_ldsm"] = table([&](int kk, int jp, int lane) { return m::v_ldsm_offset(s, kk, jp, lane); },
                       s.block_n / 16, s.ot / 2, 32);
-  d["out_dim"] = table([](int j, int t) { return m::out_dim(j, t); }, s.ot, 4);
   return d;
 }
 
