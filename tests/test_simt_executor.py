@@ -1,12 +1,14 @@
 """The SIMT executor (csrc/simt/) running csrc/'s kernels on CPU tensors: its checks, shown to
 fire on the real kernels' source with one bug planted at a time in a copy of it, and the
-unchanged copy shown to pass the same comparison (so each of these tests can fail)."""
+unchanged copy shown to pass the same comparison (so each of these tests can fail); and its CPU
+twin's arithmetic primitives against their PTX ISA definitions, for every input that matters."""
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
-from helpers import TOLERANCE
+from helpers import TOLERANCE, host_hooks
 from helpers.oracle import float64_attention
 
 import fp8_noncausal_attn as fna
@@ -134,3 +136,77 @@ def test_auto_never_picks_the_executor_and_says_what_it_is():
     assert "SIMT executor" in report["mma_sync"]["reason"]
     assert "test tool" in report["mma_sync"]["reason"]
     assert report["auto"]["choice"] != "mma_sync"
+
+
+def half_bits(values: torch.Tensor) -> np.ndarray:
+    return values.to(torch.float16).view(torch.int16).numpy().astype(np.uint16)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_to_f16x2_conversions_are_exact_for_every_pair(fp8):
+    """cvt.rn.f16x2.{e4m3x2,e5m2x2} on all 65536 byte pairs: each half is torch's conversion of
+    its byte (the low byte to the low half), NaN bytes to NaN."""
+    convert = {torch.float8_e4m3fn: "twin_cvt_e4m3x2", torch.float8_e5m2: "twin_cvt_e5m2x2"}
+    words = np.arange(1 << 16, dtype=np.uint32)
+    got = np.array(getattr(host_hooks.load(), convert[fp8])(words.tolist()), dtype=np.uint32)
+    per_byte = torch.arange(256, dtype=torch.uint8).view(fp8).to(torch.float16)
+    for half, byte in ((got & 0xFFFF, words & 0xFF), (got >> 16, words >> 8)):
+        want = per_byte[torch.from_numpy(byte.astype(np.int64))]
+        got_half = torch.from_numpy(half.astype(np.uint16).view(np.int16)).view(torch.float16)
+        assert torch.equal(got_half.isnan(), want.isnan())
+        finite = ~want.isnan()
+        assert np.array_equal(half_bits(got_half[finite]), half_bits(want[finite]))
+
+
+def bf16_words(values: torch.Tensor) -> np.ndarray:
+    bits = values.to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16).astype(np.uint32)
+    return bits[0::2] | bits[1::2] << 16
+
+
+def test_fma_rn_bf16x2_rounds_once():
+    """fma.rn.bf16x2 on random bf16 triples (subnormal and tie-producing ones among them): each
+    half is a * b + c computed exactly and rounded to bf16 once, to nearest even."""
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(4096, generator=gen) * torch.exp2(torch.randint(-20, 20, (4096,)).float())
+    b = torch.randn(4096, generator=gen).to(torch.bfloat16).float()
+    c = (torch.randn(4096, generator=gen) * a.abs()).to(torch.bfloat16).float()
+    a = a.to(torch.bfloat16).float()
+    a[:8] = torch.tensor([1e-39, -1e-40, 3.0, 1.0 + 2**-7, 2**-126, 5.0, 0.0, -0.0])
+    exact = a.double() * b.double() + c.double()
+    # Rows whose exact value fits fp32 (so torch's fp32 -> bf16 rounding is the one rounding).
+    fits = exact == exact.float().double()
+    assert fits.float().mean() > 0.9
+    words = [list(t) for t in zip(bf16_words(a), bf16_words(b), bf16_words(c), strict=True)]
+    got = np.array(host_hooks.load().twin_fma_rn_bf16x2(words), dtype=np.uint32)
+    got = np.stack([got & 0xFFFF, got >> 16], axis=1).reshape(-1).astype(np.uint16)
+    want = exact.float().to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16)
+    assert np.array_equal(got[fits.numpy()], want[fits.numpy()])
+
+
+def test_ex2_approx_ftz_is_exp2_with_subnormals_flushed():
+    """ex2.approx.ftz.f32 within its 2 ulp of 2^x; results below 2^-126 flushed to zero, and a
+    subnormal input read as zero (2^0 = 1)."""
+    x = torch.cat([torch.linspace(-140.0, 20.0, 4001), torch.tensor([1e-40, -1e-40, -126.0])])
+    got = torch.tensor(host_hooks.load().twin_ex2_approx_ftz(x.tolist()), dtype=torch.float64)
+    want = torch.exp2(x.double())
+    normal = want >= 2.0**-126
+    assert ((got[normal] - want[normal]).abs() <= 2 * 2.0**-23 * want[normal]).all()
+    assert (got[~normal] == 0).all()
+    assert got[-3] == 1.0 and got[-2] == 1.0 and got[-1] == 2.0**-126
+
+
+def test_byte_perm_twin_matches_the_kernels_host_byte_moves():
+    """prmt.b32 on the selectors the kernels use: the device branches of fp8_bits.h (e5m2 and
+    int8 byte moves) equal their host branches, and dequantize_tile's pairs (bytes 0, 2 and
+    1, 3) are what its comment says. A wrong selector or byte order fails here."""
+    hk = host_hooks.load()
+    rng = np.random.default_rng(4)
+    for w in rng.integers(0, 2**32, 200, dtype=np.uint64).tolist():
+        assert [hk.twin_byte_perm(w, 0, 0x1404), hk.twin_byte_perm(w, 0, 0x3424)] == list(
+            hk.e5m2x4_to_f16x2(w)
+        )
+        biased = [hk.twin_byte_perm(w ^ 0x80808080, 0x64646464, s) for s in (0x4140, 0x4342)]
+        assert biased == list(hk.int8x4_to_biased_f16x2(w)[:2])
+        # Selector nibbles 0 in the upper bytes repeat byte 0: fp8x2_to reads the low 16 bits.
+        assert hk.twin_byte_perm(w, 0, 0x20) & 0xFFFF == (w & 0xFF) | (w >> 16 & 0xFF) << 8
+        assert hk.twin_byte_perm(w, 0, 0x31) & 0xFFFF == (w >> 8 & 0xFF) | (w >> 24) << 8

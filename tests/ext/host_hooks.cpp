@@ -3,6 +3,7 @@
 // C++ compiler (the functions are FP8NCA_HD, see csrc/common/host_device.h), so that the CPU
 // tests (tests/test_cuda_kernel_emulation.py) check the very maps the kernels use. Built and
 // loaded by tests/helpers/host_hooks.py; needs no CUDA toolkit.
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "common/params.h"
 #include "mma_sync/fp8_bits.h"
 #include "mma_sync/index_maps.h"
+#include "simt/cuda_twin.h"
 
 namespace py = pybind11;
 
@@ -182,6 +184,39 @@ void def_key_range_hooks(py::module_& host) {
 
 }  // namespace
 
+// The SIMT executor's CPU twin of the hardware's conversions (csrc/simt/cuda_twin.h), element
+// by element over lists.
+template <typename F>
+std::vector<uint32_t> each(const std::vector<uint32_t>& words, F f) {
+  std::vector<uint32_t> out;
+  out.reserve(words.size());
+  for (const uint32_t w : words) out.push_back(f(w));
+  return out;
+}
+
+void def_twin_hooks(py::module_& host) {
+  namespace hw = fp8nca::hw;
+  host.def("twin_cvt_e4m3x2", [](const std::vector<uint32_t>& x) {
+    return each(x, [](uint32_t w) { return hw::cvt_f16x2_e4m3x2(static_cast<uint16_t>(w)); });
+  }, py::arg("pairs"), "cvt.rn.f16x2.e4m3x2 of 16-bit words (low byte -> low half).");
+  host.def("twin_cvt_e5m2x2", [](const std::vector<uint32_t>& x) {
+    return each(x, [](uint32_t w) { return hw::cvt_f16x2_e5m2x2(static_cast<uint16_t>(w)); });
+  }, py::arg("pairs"));
+  host.def("twin_fma_rn_bf16x2", [](const std::vector<std::array<uint32_t, 3>>& abc) {
+    std::vector<uint32_t> out;
+    for (const auto& [a, b, c] : abc) out.push_back(hw::fma_rn_bf16x2(a, b, c));
+    return out;
+  }, py::arg("abc"), "fma.rn.bf16x2 of (a, b, c) words.");
+  host.def("twin_ex2_approx_ftz", [](const std::vector<float>& x) {
+    std::vector<float> out;
+    for (const float v : x) out.push_back(hw::ex2_approx_ftz(v));
+    return out;
+  }, py::arg("x"));
+  host.def("twin_byte_perm", [](uint32_t a, uint32_t b, uint32_t selector) {
+    return __byte_perm(a, b, selector);
+  }, py::arg("a"), py::arg("b"), py::arg("selector"), "prmt.b32 (default mode).");
+}
+
 PYBIND11_MODULE(fp8nca_host_hooks, host) {
   host.doc() = "The CUDA kernels' own maps compiled for the CPU, for tests without a GPU.";
   host.def("quantize", &quantize_host, py::arg("values"), py::arg("scale"), py::arg("dtype"),
@@ -224,4 +259,5 @@ PYBIND11_MODULE(fp8nca_host_hooks, host) {
   }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"),
      py::arg("block_m") = ms::kBlockM);
   def_key_range_hooks(host);
+  def_twin_hooks(host);
 }
