@@ -129,6 +129,13 @@ def test_a_launch_may_write_only_its_outputs(monkeypatch):
         run_and_compare(planted_case())
 
 
+def test_the_package_constants_are_the_plan_codes():
+    from fp8_noncausal_attn.backends.cuda import extension
+
+    module = simt.loaded()
+    assert (extension.MAX_SEQS, extension.MAX_SPLITS) == (module.MAX_SEQS, module.MAX_SPLITS)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine reports its _C instead")
 def test_auto_never_picks_the_executor_and_says_what_it_is():
     report = fna.available_backends()

@@ -33,6 +33,9 @@ DTYPE_CODES = {
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.
 MAX_SPLITS = 32
+# Most sequences per launch (csrc/common/plan.h kMaxSeqs: the grid's z limit less the padding
+# slice; a test ties them), known before any module is loaded.
+MAX_SEQS = 65534
 
 
 @functools.cache

@@ -61,15 +61,15 @@ def unsupported_reason(batch: Batch) -> str | None:
 
 
 def sizes_reason(batch: Batch) -> str | None:
-    """None when the kernels compiled into ``_C`` (which must be loaded) take the batch's dtypes
-    and sizes, whatever its device."""
+    """None when the kernels compiled into ``_C`` take the batch's dtypes and sizes, whatever
+    its device (nothing is loaded or built to answer)."""
     # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
     if batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype:
         return (
             f"a {batch.cache_dtype} cache under a {batch.query_dtype} query runs on Triton (fp32 "
             "dots): converting bf16 keys to fp16 could overflow"
         )
-    most = _module(batch.device).MAX_SEQS
+    most = extension.MAX_SEQS
     if batch.num_seqs > most:
         return f"at most {most} sequences per launch, got {batch.num_seqs}"
     return None
