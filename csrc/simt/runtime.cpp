@@ -1,4 +1,4 @@
-// The SIMT executor (runtime.h): fibers (ucontext) for the threads of one CTA at a time, a
+// The SIMT executor (runtime.h): fibers for the threads of one CTA at a time, a
 // scheduler that runs each thread until it meets others (a warp collective or __syncthreads)
 // and then resolves what every thread waits for, shadow state per byte of shared memory for the
 // race and cp.async checks, and the __tsan_* entry points through which the instrumented kernel
@@ -6,7 +6,9 @@
 #include "runtime.h"
 
 #include <sys/mman.h>
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -53,8 +55,21 @@ struct LdmatrixArgs {
   uint32_t* d;
 };
 
-struct Thread {
+// A fiber: its own stack and saved registers. On x86-64 a switch saves the callee-saved
+// registers and the FP control words and swaps stacks (fp8nca_simt_fiber_switch below):
+// 65-70 ns a switch on the 2-core development machine, where glibc's swapcontext, which also
+// saves the signal mask with a system call, took 0.9-2.5 us; a warp collective costs 64
+// switches. Elsewhere ucontext.
+struct Fiber {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
   ucontext_t context;
+#endif
+};
+
+struct Thread {
+  Fiber fiber;
   int tid = 0;
   State state = State::kRunnable;
   Site site{};
@@ -87,7 +102,7 @@ struct Executor {
   void (*entry)(void*) = nullptr;
   void* arg = nullptr;
   std::vector<Thread> threads;
-  ucontext_t scheduler;
+  Fiber scheduler;
   uint8_t* stacks = nullptr;
   size_t stack_slots = 0;
   uint8_t* arena = nullptr;  // guard | shared memory | guard
@@ -108,6 +123,70 @@ Executor& executor() {
 
 // The running fiber's thread (null outside a kernel: the launch code's own accesses pass).
 Thread* g_current = nullptr;
+
+[[noreturn]] void fiber_main();
+
+#if defined(__x86_64__)
+// fiber_switch(save, load): saves this fiber's registers on its stack and its stack pointer in
+// *save, then resumes the fiber whose stack pointer is `load`.
+extern "C" void fp8nca_simt_fiber_switch(void** save, void* load);
+asm(R"(
+  .text
+  .p2align 4
+  .hidden fp8nca_simt_fiber_switch
+  .type fp8nca_simt_fiber_switch, @function
+fp8nca_simt_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size fp8nca_simt_fiber_switch, .-fp8nca_simt_fiber_switch
+)");
+
+[[noreturn]] void fiber_entry();
+
+// A fresh fiber on [stack, stack + bytes) that starts in fiber_entry: the frame
+// fp8nca_simt_fiber_switch pops (FP control words, six registers, the return address).
+void start_fiber(Fiber& f, uint8_t* stack, size_t bytes) {
+  auto* top = reinterpret_cast<uint64_t*>(
+      reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15});
+  uint32_t control[2];
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+  *--top = 0;  // fiber_entry's return address slot: it never returns
+  *--top = reinterpret_cast<uint64_t>(&fiber_entry);
+  for (int r = 0; r < 6; ++r) *--top = 0;
+  *--top = uint64_t{control[0]} | uint64_t{control[1] & 0xffffu} << 32;
+  f.sp = top;
+}
+void switch_fiber(Fiber& from, Fiber& to) { fp8nca_simt_fiber_switch(&from.sp, to.sp); }
+#else
+[[noreturn]] void fiber_entry_ucontext();
+void start_fiber(Fiber& f, uint8_t* stack, size_t bytes) {
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = bytes;
+  f.context.uc_link = nullptr;
+  makecontext(&f.context, fiber_entry_ucontext, 0);
+}
+void switch_fiber(Fiber& from, Fiber& to) { swapcontext(&from.context, &to.context); }
+#endif
 
 std::string hex(uintptr_t a) {
   char buf[32];
@@ -140,7 +219,7 @@ void record(int tid, const std::string& what) {
 [[noreturn]] void abandon(Thread* t) {
   t->state = State::kExited;
   g_current = nullptr;
-  swapcontext(&t->context, &executor().scheduler);
+  switch_fiber(t->fiber, executor().scheduler);
   std::abort();  // never resumed
 }
 
@@ -238,7 +317,7 @@ void arrive(Op op, uint32_t mask, void* args, const Site& site) {
   t->args = args;
   t->site = site;
   g_current = nullptr;
-  swapcontext(&t->context, &executor().scheduler);
+  switch_fiber(t->fiber, executor().scheduler);
 }
 
 float operand(uint32_t word, int half, MmaType type) {
@@ -432,14 +511,21 @@ bool resolve_barrier() {
   return true;
 }
 
-void fiber_main() {
+[[noreturn]] void fiber_main() {
   Executor& e = executor();
   e.entry(e.arg);
   Thread* t = g_current;
   t->state = State::kExited;
   g_current = nullptr;
-  // Returning resumes uc_link: the scheduler.
+  switch_fiber(t->fiber, e.scheduler);  // never resumed
+  std::abort();
 }
+
+#if defined(__x86_64__)
+void fiber_entry() { fiber_main(); }
+#else
+void fiber_entry_ucontext() { fiber_main(); }
+#endif
 
 void reserve(size_t threads, size_t smem_bytes) {
   Executor& e = executor();
@@ -475,18 +561,14 @@ void run_cta() {
     t.state = State::kRunnable;
     t.groups.clear();
     t.open.clear();
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = e.stacks + i * kStackBytes;
-    t.context.uc_stack.ss_size = kStackBytes;
-    t.context.uc_link = &e.scheduler;
-    makecontext(&t.context, fiber_main, 0);
+    start_fiber(t.fiber, e.stacks + i * kStackBytes, kStackBytes);
   }
   const int warps = static_cast<int>(e.threads.size()) / kWarpSize;
   while (true) {
     for (Thread& t : e.threads) {
       if (t.state != State::kRunnable) continue;
       g_current = &t;
-      swapcontext(&e.scheduler, &t.context);
+      switch_fiber(e.scheduler, t.fiber);
       g_current = nullptr;
       if (e.failed) return;
     }
@@ -572,7 +654,7 @@ void sync_threads(const Site& site) {
   t->state = State::kBarrier;
   t->site = site;
   g_current = nullptr;
-  swapcontext(&t->context, &executor().scheduler);
+  switch_fiber(t->fiber, executor().scheduler);
 }
 
 void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, MmaType type,
