@@ -217,3 +217,31 @@ def test_byte_perm_twin_matches_the_kernels_host_byte_moves():
         # Selector nibbles 0 in the upper bytes repeat byte 0: fp8x2_to reads the low 16 bits.
         assert hk.twin_byte_perm(w, 0, 0x20) & 0xFFFF == (w & 0xFF) | (w >> 16 & 0xFF) << 8
         assert hk.twin_byte_perm(w, 0, 0x31) & 0xFFFF == (w >> 8 & 0xFF) | (w >> 24) << 8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_mma_m16n8k16_places_the_fragments_as_the_isa_does(dtype):
+    """One warp of the executor's mma.sync, its fragments placed by the PTX ISA's figures: D is
+    A B + C in float64 rounded once to float32 (a layout error moves whole rows or columns)."""
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(16, 16, generator=gen).to(dtype)
+    b = torch.randn(16, 8, generator=gen).to(dtype)
+    c = torch.randn(16, 8, generator=gen)
+    bits = [t.view(torch.int16).numpy().astype(np.uint16).reshape(-1).tolist() for t in (a, b)]
+    got = torch.tensor(host_hooks.load().twin_mma_m16n8k16(*bits, c.reshape(-1).tolist(),
+                                                            dtype == torch.bfloat16))  # fmt: skip
+    want = (a.double() @ b.double() + c.double()).float()
+    assert torch.equal(got.reshape(16, 8), want)
+
+
+def test_ldmatrix_x4_trans_hands_each_lane_a_column_pair():
+    """ldmatrix.x4.trans: lane l receives in register i elements (2 (l % 4), l / 4) and
+    (2 (l % 4) + 1, l / 4) of matrix i, the first in the low half (PTX ISA)."""
+    matrices = np.random.default_rng(3).integers(0, 1 << 16, (4, 8, 8), dtype=np.uint16)
+    got = np.array(host_hooks.load().twin_ldmatrix_x4_trans(matrices.reshape(-1).tolist()))
+    got = got.reshape(32, 4)
+    for lane in range(32):
+        row, col = 2 * (lane % 4), lane // 4
+        for i in range(4):
+            want = int(matrices[i, row, col]) | int(matrices[i, row + 1, col]) << 16
+            assert got[lane, i] == want, (lane, i)

@@ -194,7 +194,66 @@ std::vector<uint32_t> each(const std::vector<uint32_t>& words, F f) {
   return out;
 }
 
+// One warp of the executor running mma.sync m16n8k16 on A (16 x 16), B (16 x 8, k x n) and
+// C (16 x 8), the fragments placed as the PTX ISA's figures draw them: register i of A holds
+// row g + 8 (i % 2), columns 2t + 8 (i / 2) and + 1; register i of B rows (k) 2t + 8i and + 1 of
+// column g; accumulator i row g + 8 (i / 2), column 2t + i % 2 (lane = 4g + t).
+void mma_probe(const uint16_t* a, const uint16_t* b, const float* c, float* d, bool bf16) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  const auto pair = [](const uint16_t* m, int i0, int i1) { return m[i0] | uint32_t{m[i1]} << 16; };
+  uint32_t ra[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+    ra[i] = pair(a, row * 16 + col, row * 16 + col + 1);
+  }
+  uint32_t rb[2];
+  for (int i = 0; i < 2; ++i) rb[i] = pair(b, (2 * t + 8 * i) * 8 + g, (2 * t + 8 * i + 1) * 8 + g);
+  float acc[4];
+  for (int i = 0; i < 4; ++i) acc[i] = c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+  if (bf16) {
+    fp8nca::hw::mma_m16n8k16(acc, ra, rb[0], rb[1], __nv_bfloat16());
+  } else {
+    fp8nca::hw::mma_m16n8k16(acc, ra, rb[0], rb[1], __half());
+  }
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = acc[i];
+}
+
+// One warp running ldmatrix.x4.trans on four 8 x 8 matrices of 16-bit words laid out row after
+// row in shared memory: lane l gives the address of row l % 8 of matrix l / 8 and returns its
+// four registers in out[4 l ..].
+void ldmatrix_probe(const uint16_t* matrices, uint32_t* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  uint16_t* smem = fp8nca::hw::dynamic_smem<uint16_t>();
+  for (int i = lane; i < 4 * 64; i += 32) smem[i] = matrices[i];
+  __syncthreads();
+  uint32_t regs[4];
+  fp8nca::hw::ldmatrix_x4_trans(regs, fp8nca::hw::shared_address(smem + lane * 8));
+  for (int i = 0; i < 4; ++i) out[4 * lane + i] = regs[i];
+}
+
 void def_twin_hooks(py::module_& host) {
+  host.def("twin_mma_m16n8k16", [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                                   const std::vector<float>& c, bool bf16) {
+    if (a.size() != 256 || b.size() != 128 || c.size() != 128) {
+      throw std::invalid_argument("twin_mma_m16n8k16: A 16 x 16, B 16 x 8, C 16 x 8");
+    }
+    std::vector<float> d(128);
+    if (fp8nca::simt::launch<mma_probe>(dim3(1), dim3(32), 0, a.data(), b.data(), c.data(),
+                                        d.data(), bf16) != cudaSuccess) {
+      throw std::runtime_error(fp8nca::simt::last_report());
+    }
+    return d;
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("bf16"),
+     "D = A B + C by the executor's mma.sync (bit patterns of A and B, row-major).");
+  host.def("twin_ldmatrix_x4_trans", [](const std::vector<uint16_t>& matrices) {
+    if (matrices.size() != 256) throw std::invalid_argument("four 8 x 8 matrices");
+    std::vector<uint32_t> out(128);
+    if (fp8nca::simt::launch<ldmatrix_probe>(dim3(1), dim3(32), 512, matrices.data(),
+                                             out.data()) != cudaSuccess) {
+      throw std::runtime_error(fp8nca::simt::last_report());
+    }
+    return out;
+  }, py::arg("matrices"), "Each lane's four registers, [lane][register].");
   namespace hw = fp8nca::hw;
   host.def("twin_cvt_e4m3x2", [](const std::vector<uint32_t>& x) {
     return each(x, [](uint32_t w) { return hw::cvt_f16x2_e4m3x2(static_cast<uint16_t>(w)); });
