@@ -333,7 +333,9 @@ int driver_version() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "CUDA paged attention kernels of fp8_noncausal_attn (mma.sync family, cp.async).";
-  py::class_<fp8nca::Plan>(m, "Plan",
+  // Local to the module: the SIMT executor's builds of this file (fp8_noncausal_attn/backends/
+  // cuda/simt.py) load beside it and each other, and pybind11 registers a global type once.
+  py::class_<fp8nca::Plan>(m, "Plan", py::module_local(),
                            "One batch's C++ plan (csrc/common/plan.h), as plan() made it: the "
                            "launch takes it back unchanged.")
       .def_readonly("num_splits", &fp8nca::Plan::num_splits)

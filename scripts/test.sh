@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up (idempotent), then lint and run the whole test suite.
 #   bash scripts/test.sh [--quick] [PYTEST_ARGS...]
-# --quick: ruff and the behaviour tests only (no test marked compile, emulation or engine, no
+# --quick: ruff and the behaviour tests only (no test marked compile, emulation, simt or engine, no
 # engine tier, no compile check under the GPU machine's Triton); PYTEST_ARGS go to the main
 # suite's pytest either way.
 set -euo pipefail
@@ -15,7 +15,7 @@ fi
 timed set-up bash scripts/setup.sh
 timed ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'
 selection=()
-[ "$quick" = 1 ] && selection=(-m "not compile and not emulation and not engine")
+[ "$quick" = 1 ] && selection=(-m "not compile and not emulation and not simt and not engine")
 # Whole test files per process (--dist loadfile): module fixtures (the CUDA and DSL builds
 # they read, the sdist) are made once; 2 processes on a 2-core CI machine, at most 4 elsewhere.
 # Files in collection order (tests/conftest.py puts the long builds first), not most tests first.

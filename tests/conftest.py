@@ -27,10 +27,10 @@ SASS_MODEL_ENV = "FP8NCA_SASS_MODEL"
 
 
 def pytest_collection_modifyitems(config, items):
-    # Modules that compile (builds of minutes on a cold cache) first: scripts/test.sh hands whole
-    # files to its workers in this order, so no long build starts while the other worker is
-    # about to run out of files.
-    compiling = {item.path for item in items if "compile" in item.keywords}
+    # Modules that compile (builds of minutes on a cold cache; the SIMT executor's too) first:
+    # scripts/test.sh hands whole files to its workers in this order, so no long build starts
+    # while the other worker is about to run out of files.
+    compiling = {item.path for item in items if {"compile", "simt"} & set(item.keywords)}
     items.sort(key=lambda item: item.path not in compiling)
     skip_model = pytest.mark.skip(reason=f"a SASS-model test: set {SASS_MODEL_ENV}=1 to run it")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

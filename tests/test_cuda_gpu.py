@@ -1,4 +1,5 @@
-"""The compiled CUDA backend against the reference (GPU only; skipped without one)."""
+"""The compiled CUDA backend against the reference: on a GPU, and (ON_DEVICES) on CPU tensors
+through the SIMT executor."""
 
 import pytest
 import torch
@@ -15,7 +16,12 @@ from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import make_case, relative_error
 from fp8_noncausal_attn.validation import validate_attention
 
-pytestmark = pytest.mark.gpu
+# Every test runs on CUDA tensors (marked gpu: skipped without one); those marked ON_DEVICES
+# also on CPU tensors, where mma_sync runs csrc/'s kernels through the SIMT executor.
+ON_DEVICES = pytest.mark.parametrize(
+    "device",
+    [pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("cpu", marks=pytest.mark.simt)],
+)
 
 # The shared matrix plus a longer-context row, which the compiled kernels run quickly.
 GPU_AXES = AXES | {"lengths": AXES["lengths"] + [([8, 16, 1], [300, 1000, 65])]}
@@ -47,6 +53,7 @@ def compiled_pair(cache_dtype, query_dtype):
     return cache_dtype.itemsize == 1 or cache_dtype == query_dtype
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("index", range(NUM_CASES))
 def test_cuda_matches_reference(index):
     params = sampled_matrix(NUM_CASES, seed=3, axes=GPU_AXES)[index]
@@ -81,6 +88,7 @@ def window_problem(case, window, sinks):
     return problem, run(case, backend="reference", **kwargs), kwargs
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(
     "cache_dtype,query_dtype",
@@ -104,6 +112,7 @@ def test_every_compiled_kernel(cache_dtype, query_dtype, head_dim, window, sinks
         assert relative_error(out, ref) <= TOLERANCE[query_dtype], num_splits
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [2, 3, 7, 32])
 @pytest.mark.parametrize("causal", [False, True, [True, False]])
 def test_split_kv_merge_matches_reference(num_splits, causal):
@@ -119,6 +128,7 @@ def test_split_kv_merge_matches_reference(num_splits, causal):
     assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [8, 128])
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.bfloat16])
 def test_other_power_of_two_page_sizes(block_size, cache_dtype):
@@ -129,6 +139,7 @@ def test_other_power_of_two_page_sizes(block_size, cache_dtype):
     check(case, torch.bfloat16)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_long_prefill_tiles_over_m(causal):
     """q_len in the thousands: many M tiles per KV head, with and without causal masking."""
@@ -139,6 +150,7 @@ def test_long_prefill_tiles_over_m(causal):
     check(case, torch.bfloat16)
 
 
+@pytest.mark.gpu
 def test_large_gqa_group_spans_several_m_tiles():
     """64 q heads on one KV head x 16 tokens = 1024 rows of one KV head."""
     case = make_case(
@@ -148,6 +160,7 @@ def test_large_gqa_group_spans_several_m_tiles():
     check(case, torch.bfloat16)
 
 
+@pytest.mark.gpu
 def test_drafter_shape_uses_split_kv():
     """The benchmark's drafter shape (smaller batch): enough splits to fill the GPU."""
     case = make_case(
@@ -161,9 +174,10 @@ def test_drafter_shape_uses_split_kv():
     check(case, torch.bfloat16)
 
 
-def test_per_head_scales_are_neither_dropped_nor_broadcast():
+@ON_DEVICES
+def test_per_head_scales_are_neither_dropped_nor_broadcast(device):
     """Regression for a peer that used k_scale[0] for every head (vllm#51363)."""
-    case = make_case([8, 8], [40, 90], num_q_heads=8, num_kv_heads=4, device="cuda", seed=7)
+    case = make_case([8, 8], [40, 90], num_q_heads=8, num_kv_heads=4, device=device, seed=7)
     out = run(case)
     ref = run(case, backend="reference")
     assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
@@ -173,27 +187,30 @@ def test_per_head_scales_are_neither_dropped_nor_broadcast():
     assert relative_error(dropped, ref) > 0.2
 
 
-def test_bidirectional_is_not_computed_as_causal():
-    case = make_case([8, 16], [8, 40], device="cuda", seed=9)
+@ON_DEVICES
+def test_bidirectional_is_not_computed_as_causal(device):
+    case = make_case([8, 16], [8, 40], device=device, seed=9)
     bidirectional = run(case, causal=False)
     as_causal = run(case, backend="reference", causal=True)
     assert relative_error(bidirectional, run(case, backend="reference", causal=False)) <= 1e-2
     assert relative_error(bidirectional, as_causal) > 0.1
-    mixed = run(case, causal=torch.tensor([True, False], device="cuda"))
+    mixed = run(case, causal=torch.tensor([True, False], device=device))
     assert relative_error(mixed[:8], as_causal[:8]) <= 1e-2
     assert relative_error(mixed[8:], bidirectional[8:]) <= 1e-2
 
 
+@ON_DEVICES
 @pytest.mark.parametrize("k_scale,v_scale", [(1e-6, 1e-6), (1e3, 1e-4), (30.0, 1e4)])
-def test_extreme_valid_scales_give_no_nan(k_scale, v_scale):
-    case = make_case([8], [64], device="cuda", seed=2, scales="none")
+def test_extreme_valid_scales_give_no_nan(device, k_scale, v_scale):
+    case = make_case([8], [64], device=device, seed=2, scales="none")
     out = check(case, torch.bfloat16, k_scale=k_scale, v_scale=v_scale)
     assert torch.isfinite(out.float()).all()
 
 
-def test_out_is_written_in_place_through_strides():
-    case = make_case([3, 8], [30, 8], device="cuda", seed=4)
-    wide = torch.zeros(*case.query.shape[:2], 128, dtype=torch.bfloat16, device="cuda")
+@ON_DEVICES
+def test_out_is_written_in_place_through_strides(device):
+    case = make_case([3, 8], [30, 8], device=device, seed=4)
+    wide = torch.zeros(*case.query.shape[:2], 128, dtype=torch.bfloat16, device=device)
     out = wide[..., :64]
     returned = run(case, out=out)
     assert returned.data_ptr() == out.data_ptr()
@@ -201,6 +218,7 @@ def test_out_is_written_in_place_through_strides():
     assert (wide[..., 64:] == 0).all()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_seqs,kv_len", [(2, 200), (4, 3000)])
 def test_cuda_graph_replay_with_new_lengths(num_seqs, kv_len):
     """Capture once, replay with other seq_lens: equals eager (also through split-KV)."""
@@ -228,6 +246,7 @@ def test_cuda_graph_replay_with_new_lengths(num_seqs, kv_len):
     assert relative_error(out, run(case, backend="reference")) <= TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "cache_dtype,query_dtype", [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)]
 )
@@ -255,6 +274,7 @@ def strided_on_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torc
     return buffer[:, 0]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("causal_dtype", [torch.int32, torch.bool])
 def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
@@ -285,18 +305,19 @@ def test_vllm_index_tensors_are_read_in_place(causal_dtype, num_splits):
     assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:]))
 
 
+@ON_DEVICES
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.bfloat16])
-def test_unaligned_out_is_written_in_place(cache_dtype):
+def test_unaligned_out_is_written_in_place(device, cache_dtype):
     """An `out` at an odd element offset (2-byte aligned only): the kernels switch to element
     stores; nothing outside `out` is touched and no temporary is copied over it."""
     case = make_case(
         [8, 3], [90, 40], num_q_heads=8, num_kv_heads=2, head_dim=64, cache_dtype=cache_dtype,
-        device="cuda", seed=17,
+        device=device, seed=17,
     )  # fmt: skip
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    flat = torch.full((case.query.numel() + 2,), 3.0, dtype=torch.bfloat16, device="cuda")
+    flat = torch.full((case.query.numel() + 2,), 3.0, dtype=torch.bfloat16, device=device)
     out = flat[1:-1].view_as(case.query)
     assert out.data_ptr() % 4 == 2
     for splits in (1, 2):
@@ -306,28 +327,29 @@ def test_unaligned_out_is_written_in_place(cache_dtype):
         assert flat[0].item() == 3.0 and flat[-1].item() == 3.0
 
 
+@ON_DEVICES
 @pytest.mark.parametrize(
     "cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]
 )
-def test_cuda_cache_write_is_bit_exact(cache_dtype):
+def test_cuda_cache_write_is_bit_exact(device, cache_dtype):
     """The extension's reshape_and_cache writes the reference's bytes (values past the format's
     max saturate), into strided caches, skipping slots < 0, through a strided slot_mapping."""
     from fp8_noncausal_attn.backends import reference
     from fp8_noncausal_attn.scales import finite_max
 
-    gen = torch.Generator(device="cuda").manual_seed(3)
+    gen = torch.Generator(device=device).manual_seed(3)
     tokens, heads, dim, blocks, block_size = 37, 4, 128, 12, 16
-    key = torch.randn(tokens, heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    value = torch.randn(tokens, heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    key = torch.randn(tokens, heads, dim, device=device, generator=gen).to(torch.bfloat16)
+    value = torch.randn(tokens, heads, dim, device=device, generator=gen).to(torch.bfloat16)
     key[0, 0, :4] = torch.tensor([1e30, -1e30, 3e38, -3e38])  # past every format's max
     value[1, 1, :2] = finite_max(cache_dtype) * 1.5 * torch.tensor([1.0, -1.0])
-    k_scale = torch.rand(heads, device="cuda", generator=gen) + 0.05
-    v_scale = torch.rand(heads, device="cuda", generator=gen) + 0.05
-    slots = torch.randperm(blocks * block_size, device="cuda", generator=gen)[:tokens]
+    k_scale = torch.rand(heads, device=device, generator=gen) + 0.05
+    v_scale = torch.rand(heads, device=device, generator=gen) + 0.05
+    slots = torch.randperm(blocks * block_size, device=device, generator=gen)[:tokens]
     slots[::5] = -1
     slot_mapping = strided_on_device(slots.to(torch.int64))
     # vLLM's combined layout: K and V side by side in the last dim, heads before block slots.
-    kv = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=cache_dtype, device="cuda")
+    kv = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=cache_dtype, device=device)
     key_cache, value_cache = kv[..., :dim].transpose(1, 2), kv[..., dim:].transpose(1, 2)
     expected = kv.clone()
     extension.reshape_and_cache(CacheWrite(key, value, key_cache, value_cache, slot_mapping,
@@ -341,6 +363,7 @@ def test_cuda_cache_write_is_bit_exact(cache_dtype):
     assert torch.isfinite(kv.float()).all()
 
 
+@pytest.mark.gpu
 def test_occupancy_query_restores_the_callers_device():
     from fp8_noncausal_attn import _C
 
@@ -351,26 +374,26 @@ def test_occupancy_query_restores_the_callers_device():
     assert torch.cuda.current_device() == 0
 
 
+@ON_DEVICES
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_merge_entry_merges_partials_of_another_family(with_sinks):
+def test_merge_entry_merges_partials_of_another_family(device, with_sinks):
     """extension.merge_splits (the _C merge kernel, as the DSL families call it) on random
     fp32 partials: an empty split (LSE -inf, O NaN) never read, each sink once, the padded rows
     past cu_seqlens_q[-1] zero, `out` written through its strides."""
-    case = make_case([3, 2], [40, 9], num_q_heads=8, num_kv_heads=2, device="cuda", seed=29,
+    case = make_case([3, 2], [40, 9], num_q_heads=8, num_kv_heads=2, device=device, seed=29,
                      padded_rows=2)  # fmt: skip
-    sinks = torch.randn(8, device="cuda") * 4 if with_sinks else None
+    sinks = torch.randn(8, device=device) * 4 if with_sinks else None
     problem = validate_attention(
         *case.args(), **case.kwargs(), sinks=sinks, softmax_scale=None, out=None, validate=False
     )
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    ws_o = torch.randn(3, 7, 8, 64, device="cuda", generator=gen)
-    ws_lse = torch.randn(3, 7, 8, device="cuda", generator=gen) * 6
+    gen = torch.Generator(device=device).manual_seed(3)
+    ws_o = torch.randn(3, 7, 8, 64, device=device, generator=gen)
+    ws_lse = torch.randn(3, 7, 8, device=device, generator=gen) * 6
     ws_o[1, 2], ws_lse[1, 2] = float("nan"), -float("inf")
-    out = torch.full((7, 9, 64), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :8]
+    out = torch.full((7, 9, 64), float("nan"), dtype=torch.bfloat16, device=device)[:, :8]
     extension.merge_splits(problem, ws_o, ws_lse, out)
-    torch.cuda.synchronize()
     sink = (sinks * 1.4426950408889634 if with_sinks else torch.full((8,), -float("inf"),
-            device="cuda")).expand(7, 8)  # fmt: skip
+            device=device)).expand(7, 8)  # fmt: skip
     top = torch.maximum(ws_lse.amax(0), sink)
     w = torch.exp2(ws_lse - top)
     merged = torch.where(w[..., None] > 0, w[..., None] * ws_o, 0.0).sum(0)
@@ -379,9 +402,10 @@ def test_merge_entry_merges_partials_of_another_family(with_sinks):
     assert torch.equal(out[5:], torch.zeros_like(out[5:]))
 
 
-def test_a_batch_of_only_padding_is_zeroed():
+@ON_DEVICES
+def test_a_batch_of_only_padding_is_zeroed(device):
     """No sequence at all (cu_seqlens_q == [0]) but padded query rows: all written as zeros."""
-    case = make_case([4], [20], num_q_heads=8, num_kv_heads=2, device="cuda", seed=23)
+    case = make_case([4], [20], num_q_heads=8, num_kv_heads=2, device=device, seed=23)
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
@@ -397,6 +421,7 @@ def test_a_batch_of_only_padding_is_zeroed():
     assert torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [None, 1, 32])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
@@ -416,6 +441,7 @@ def test_window_and_sinks_match_reference(causal, window, sinks, num_splits):
     assert torch.equal(out[-3:], torch.zeros_like(out[-3:]))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
     """Pages of every 64-key tile that no query's window touches hold FP8 NaN bytes (K and V): a
@@ -451,6 +477,7 @@ def test_windowed_launch_loads_only_the_windows_tiles(num_splits):
 TOKEN_SCALE_LAUNCHES = [(8, None), (8, 1), (8, 3), (40, 2)]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("q_len,num_splits", TOKEN_SCALE_LAUNCHES, ids=str)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8],

@@ -85,14 +85,15 @@ def fake_extension(monkeypatch):
 
 def test_an_extension_from_another_record_is_refused_when_loaded(fake_extension):
     """``extension.load`` refuses a ``_C`` whose hash is not the record's, naming both: the
-    mma_sync backend is unavailable with that reason and ``auto`` moves on."""
+    mma_sync backend runs no CUDA tensors, says why, and ``auto`` moves on (it may still run CPU
+    tensors through the SIMT executor, which builds its own module)."""
     fake_extension.LAUNCH_RECORD_HASH = "0123456789ab"
     ext, why = extension.load()
     assert ext is None
     assert "/fake/_C.so" in why and "0123456789ab" in why and R.record_hash(R.MMA_SYNC) in why
     assert extension.availability() == (False, why)
     report = fp8_noncausal_attn.available_backends()
-    assert report["mma_sync"]["available"] is False and report["mma_sync"]["reason"] == why
+    assert why in report["mma_sync"]["reason"]
     assert report["auto"]["choice"] != "mma_sync"
     del fake_extension.LAUNCH_RECORD_HASH  # built before _C exported one
     extension.load.cache_clear()

@@ -476,11 +476,14 @@ def test_merge_entry_passes_the_lse_output(monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
+    from helpers.backends import gpu_stand_in
+
     from fp8_noncausal_attn.backends.cuda import extension
 
     calls = []
     ext = SimpleNamespace(merge_splits=lambda **kwargs: calls.append(kwargs), MERGE_FP32=4)
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    gpu_stand_in(monkeypatch, ext)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
         cuda_stream=7))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())

@@ -2,9 +2,7 @@
 // attention it feeds (one row per new token), so plain element loads and stores.
 #include <cstdint>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include "../common/device.cuh"
 #include "quantize.h"
 #include "reshape_and_cache.h"
 
@@ -54,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const Cache
 cudaError_t launch_reshape_and_cache(const CacheWriteParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.num_kv_heads == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_kv_heads));
-  reshape_and_cache_kernel<<<grid, kThreads, 0, stream>>>(p);
+  FP8NCA_LAUNCH(reshape_and_cache_kernel, grid, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -4,9 +4,7 @@
 // and an LSE of -inf (an empty state).
 #include <cstdint>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include "../common/device.cuh"
 #include "../common/index_tensors.h"
 #include "merge.h"
 #include "merge_row.h"
@@ -72,11 +70,11 @@ cudaError_t launch_merge(const AttnParams& p, int out_dtype, const MergeOutputs&
   const dim3 grid(static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps));
   if (grid.x == 0) return cudaSuccess;
   if (out_dtype == kBF16) {
-    merge_splits_kernel<__nv_bfloat16><<<grid, kMergeWarps * 32, 0, stream>>>(p, outputs);
+    FP8NCA_LAUNCH(merge_splits_kernel<__nv_bfloat16>, grid, kMergeWarps * 32, 0, stream, p, outputs);
   } else if (out_dtype == kFP16) {
-    merge_splits_kernel<__half><<<grid, kMergeWarps * 32, 0, stream>>>(p, outputs);
+    FP8NCA_LAUNCH(merge_splits_kernel<__half>, grid, kMergeWarps * 32, 0, stream, p, outputs);
   } else if (out_dtype == kMergeFP32) {
-    merge_splits_kernel<float><<<grid, kMergeWarps * 32, 0, stream>>>(p, outputs);
+    FP8NCA_LAUNCH(merge_splits_kernel<float>, grid, kMergeWarps * 32, 0, stream, p, outputs);
   } else {
     return cudaErrorInvalidValue;
   }

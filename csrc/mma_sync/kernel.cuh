@@ -26,8 +26,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include <cuda_runtime_api.h>
-
+#include "../common/device.cuh"
 #include "epilogue.cuh"
 #include "mainloop.cuh"
 #include "mask.cuh"
@@ -65,19 +64,19 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
       load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, w.tiles.begin + stage,
                               kv_smem + stage * S.stage_bytes, tid, scales...);
     }
-    cute::cp_async_fence();
+    hw::cp_async_fence();
   }
 
   for (int tile = w.tiles.begin; tile < w.tiles.end; ++tile) {
     const int it = tile - w.tiles.begin;
-    cute::cp_async_wait<S.stages - 2>();
+    hw::cp_async_wait<S.stages - 2>();
     __syncthreads();
     if (tile + S.stages - 1 < w.tiles.end) {
       load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, tile + S.stages - 1,
                               kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid,
                               scales...);
     }
-    cute::cp_async_fence();
+    hw::cp_async_fence();
 
     const uint8_t* stage = kv_smem + (it % S.stages) * S.stage_bytes;
     const uint8_t* ks = stage;
@@ -97,7 +96,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
     softmax_update(s, st, o, scale_log2);
     pv_tile<D, PVOperand<QT, KV, kTokenScales>, kNT>(ks + C.block_n * C.k_row, s, j0, lane, o);
   }
-  cute::cp_async_wait<0>();
+  hw::cp_async_wait<0>();
 }
 
 // After the key loop: row sums, the merge of key groups (tiles that have them), the output.
@@ -130,7 +129,7 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenSc
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
   constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
-  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* smem = hw::dynamic_smem<uint8_t>();
   if (blockIdx.z == p.num_seqs * p.num_splits) {
     zero_padded_rows<QT, kWriteLse>(p);
     return;
@@ -293,9 +292,9 @@ cudaError_t launch(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
                                                          T::kS.smem);
   }
   if constexpr (kTokenScales) {
-    kernel<<<grid, T::kThreads, T::kS.smem, stream>>>(p, ts);
+    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p, ts);
   } else {
-    kernel<<<grid, T::kThreads, T::kS.smem, stream>>>(p);
+    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p);
   }
   return cudaGetLastError();
 }

@@ -6,8 +6,7 @@
 
 #include <cstdint>
 
-#include <cute/arch/copy_sm80.hpp>
-
+#include "../common/device.cuh"
 #include "tile_scheduler.cuh"
 #include "traits.cuh"
 
@@ -97,10 +96,8 @@ __device__ __forceinline__ void load_scales(const AttnParams& p, const ScaleSour
     kscale += page * scales.k_stride_b + off * scales.k_stride_s;
     vscale += page * scales.v_stride_b + off * scales.v_stride_s;
   }
-  cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(
-      *kscale, *reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 0)), ok);
-  cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(
-      *vscale, *reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 1)), ok);
+  hw::cp_async_ca(reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 0)), kscale, ok);
+  hw::cp_async_ca(reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 1)), vscale, ok);
 }
 
 // Copies key tile `tile` (keys past n_keys zero-filled: they are masked, and zeros keep 0 * V
@@ -135,12 +132,8 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
       ksrc += (page * p.k_stride_b + off * p.k_stride_s) * S.elt + u * 16;
       vsrc += (page * p.v_stride_b + off * p.v_stride_s) * S.elt + u * 16;
     }
-    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint4>::copy(
-        *reinterpret_cast<const uint4*>(ksrc),
-        *reinterpret_cast<uint4*>(ks + k_smem_offset(S, r, u)), ok);
-    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint4>::copy(
-        *reinterpret_cast<const uint4*>(vsrc),
-        *reinterpret_cast<uint4*>(vs + v_smem_offset(S, r, u)), ok);
+    hw::cp_async_cg_16(ks + k_smem_offset(S, r, u), ksrc, ok);
+    hw::cp_async_cg_16(vs + v_smem_offset(S, r, u), vsrc, ok);
   }
   (load_scales<D, QT, KV, BM>(p, scales, my_page, n0, n_keys, vs, tid), ...);
 }
@@ -262,7 +255,7 @@ __device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[kNT]
   constexpr TileShape C = compute_shape(D);
   static_assert(kNT % 2 == 0, "a key group holds whole P V k-steps");
   const uint32_t lane_addr =
-      static_cast<uint32_t>(__cvta_generic_to_shared(vs + (j0 / 2) * v_ldsm_offset(C, 1, 0, 0))) +
+      hw::shared_address(vs + (j0 / 2) * v_ldsm_offset(C, 1, 0, 0)) +
       v_ldsm_offset(C, 0, 0, lane);
 #pragma unroll
   for (int kk = 0; kk < kNT / 2; ++kk) {
@@ -273,9 +266,7 @@ __device__ __forceinline__ void pv_tile(const uint8_t* vs, const float (&s)[kNT]
 #pragma unroll
     for (int jp = 0; jp < C.ot / 2; ++jp) {
       uint32_t b[4];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                   : "r"(lane_addr + v_ldsm_offset(C, kk, jp, 0)));
+      hw::ldmatrix_x4_trans(b, lane_addr + v_ldsm_offset(C, kk, jp, 0));
       mma16816(o[2 * jp], a, b[0], b[1], VT());
       mma16816(o[2 * jp + 1], a, b[2], b[3], VT());
     }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common/device.cuh"
 #include "tile_scheduler.cuh"
 
 namespace fp8nca::mma_sync {
@@ -13,11 +14,7 @@ namespace fp8nca::mma_sync {
 // 2^x with flush-to-zero (one MUFU.EX2; exp2f adds subnormal range handling around it). The
 // arguments are <= 0 (max-subtracted) and results below 2^-126 are negligible next to the row's
 // maximum term, which is 1.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+__device__ __forceinline__ float ex2(float x) { return hw::ex2_approx_ftz(x); }
 
 // Running state of this thread's two rows (g and g + 8 of its warp's 16).
 struct RowState {

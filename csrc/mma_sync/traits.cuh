@@ -6,11 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <cute/arch/mma_sm80.hpp>
-
+#include "../common/device.cuh"
 #include "../common/params.h"
 #include "fp8_bits.h"
 #include "index_maps.h"
@@ -52,14 +48,12 @@ using PVOperand = std::conditional_t<kTokenScales, QT, PVType<QT, KV>>;
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1, __nv_bfloat16) {
-  cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
-                                            b1, c[0], c[1], c[2], c[3]);
+  hw::mma_m16n8k16(c, a, b0, b1, __nv_bfloat16());
 }
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1, __half) {
-  cute::SM80_16x8x16_F32F16F16F32_TN::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0,
-                                          b1, c[0], c[1], c[2], c[3]);
+  hw::mma_m16n8k16(c, a, b0, b1, __half());
 }
 
 // An fp16 pair -> the same values in QT, exactly for values that are bf16 too (FP8 and int8
@@ -80,14 +74,8 @@ __device__ __forceinline__ uint32_t f16x2_to(uint32_t h2) {
 // (done once per CTA and tile, in dequantize_tile).
 template <int KV, typename QT>
 __device__ __forceinline__ uint32_t fp8x2_to(uint32_t x16) {
-  uint32_t h2;
   const uint16_t x = static_cast<uint16_t>(x16);
-  if constexpr (KV == kE4M3) {
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(x));
-  } else {
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(x));
-  }
-  return f16x2_to<QT>(h2);
+  return f16x2_to<QT>(KV == kE4M3 ? hw::cvt_f16x2_e4m3x2(x) : hw::cvt_f16x2_e5m2x2(x));
 }
 
 // Four FP8 values (low byte first) -> the pairs (0, 1), (2, 3) of the operand dtype, exactly:
@@ -134,11 +122,7 @@ constexpr int kQDtype = std::is_same_v<QT, __nv_bfloat16> ? kBF16 : kFP16;
 // FP8 value, representable; bf16 FMA keeps subnormal inputs; adding -0 keeps the sign of zero.
 template <int KV>
 __device__ __forceinline__ uint32_t bf16x2_unscale(uint32_t x) {
-  uint32_t y;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-      : "=r"(y)
-      : "r"(x), "r"(fp8_to_bf16_scale(KV)), "r"(0x80008000u));
-  return y;
+  return hw::fma_rn_bf16x2(x, fp8_to_bf16_scale(KV), 0x80008000u);
 }
 
 template <typename QT>

@@ -1,8 +1,9 @@
 // pybind11 module fp8nca_host_hooks, for the tests only (never in the wheel): the kernels' own
 // index maps, the cache quantisation and the split-KV merge row, compiled for the CPU by a host
 // C++ compiler (the functions are FP8NCA_HD, see csrc/common/host_device.h), so that the CPU
-// tests (tests/test_cuda_kernel_emulation.py) run the very maps the kernels use. Built and
+// tests (tests/test_cuda_kernel_emulation.py) check the very maps the kernels use. Built and
 // loaded by tests/helpers/host_hooks.py; needs no CUDA toolkit.
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "common/params.h"
 #include "mma_sync/fp8_bits.h"
 #include "mma_sync/index_maps.h"
+#include "simt/cuda_twin.h"
 
 namespace py = pybind11;
 
@@ -129,28 +131,13 @@ py::dict mma_sync_tables(int head_dim, int elt, int block_m) {
     const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
     return std::vector<int>{r, u, m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u)};
   }, slots);
-  // FP8 tiles: slot -> (K, V unit offsets in the FP8 stage, then the two 16-bit units of the
-  // dequantised tile each lands in: K unit 0, K unit 1, V unit 0, V unit 1).
-  d["dequant"] = table([&](int slot) {
-    const int r = m::copy_row(s, slot), u = m::copy_unit(s, slot);
-    return std::vector<int>{m::k_smem_offset(s, r, u), m::v_smem_offset(s, r, u),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::k_smem_offset(c, r, m::wide_unit(u, 1)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 0)),
-                            m::v_smem_offset(c, r, m::wide_unit(u, 1))};
-  }, elt == 1 ? slots : 0);
   // 1-byte tiles: key row -> the offsets of its per-token-head K and V scale in the V stage.
   d["scale"] = table([&](int r) {
     return std::vector<int>{m::scale_smem_offset(s, r, 0), m::scale_smem_offset(s, r, 1)};
   }, elt == 1 ? s.block_n : 0);
-  d["qk_dim"] = table([&](int g, int kk, int t) { return m::qk_dim(s, g, kk, t); }, s.groups,
-                      s.steps_per_unit, 4);
-  d["k_frag"] = table([&](int j, int g, int lane) { return m::k_frag_offset(s, j, g, lane); },
-                      s.nt, s.groups, 32);
   // ldmatrix.x4.trans row addresses of the P V operand, [kk][jp][lane]
   d["v_ldsm"] = table([&](int kk, int jp, int lane) { return m::v_ldsm_offset(s, kk, jp, lane); },
                       s.block_n / 16, s.ot / 2, 32);
-  d["out_dim"] = table([](int j, int t) { return m::out_dim(j, t); }, s.ot, 4);
   return d;
 }
 
@@ -197,6 +184,98 @@ void def_key_range_hooks(py::module_& host) {
 
 }  // namespace
 
+// The SIMT executor's CPU twin of the hardware's conversions (csrc/simt/cuda_twin.h), element
+// by element over lists.
+template <typename F>
+std::vector<uint32_t> each(const std::vector<uint32_t>& words, F f) {
+  std::vector<uint32_t> out;
+  out.reserve(words.size());
+  for (const uint32_t w : words) out.push_back(f(w));
+  return out;
+}
+
+// One warp of the executor running mma.sync m16n8k16 on A (16 x 16), B (16 x 8, k x n) and
+// C (16 x 8), the fragments placed as the PTX ISA's figures draw them: register i of A holds
+// row g + 8 (i % 2), columns 2t + 8 (i / 2) and + 1; register i of B rows (k) 2t + 8i and + 1 of
+// column g; accumulator i row g + 8 (i / 2), column 2t + i % 2 (lane = 4g + t).
+void mma_probe(const uint16_t* a, const uint16_t* b, const float* c, float* d, bool bf16) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  const auto pair = [](const uint16_t* m, int i0, int i1) { return m[i0] | uint32_t{m[i1]} << 16; };
+  uint32_t ra[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+    ra[i] = pair(a, row * 16 + col, row * 16 + col + 1);
+  }
+  uint32_t rb[2];
+  for (int i = 0; i < 2; ++i) rb[i] = pair(b, (2 * t + 8 * i) * 8 + g, (2 * t + 8 * i + 1) * 8 + g);
+  float acc[4];
+  for (int i = 0; i < 4; ++i) acc[i] = c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+  if (bf16) {
+    fp8nca::hw::mma_m16n8k16(acc, ra, rb[0], rb[1], __nv_bfloat16());
+  } else {
+    fp8nca::hw::mma_m16n8k16(acc, ra, rb[0], rb[1], __half());
+  }
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = acc[i];
+}
+
+// One warp running ldmatrix.x4.trans on four 8 x 8 matrices of 16-bit words laid out row after
+// row in shared memory: lane l gives the address of row l % 8 of matrix l / 8 and returns its
+// four registers in out[4 l ..].
+void ldmatrix_probe(const uint16_t* matrices, uint32_t* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  uint16_t* smem = fp8nca::hw::dynamic_smem<uint16_t>();
+  for (int i = lane; i < 4 * 64; i += 32) smem[i] = matrices[i];
+  __syncthreads();
+  uint32_t regs[4];
+  fp8nca::hw::ldmatrix_x4_trans(regs, fp8nca::hw::shared_address(smem + lane * 8));
+  for (int i = 0; i < 4; ++i) out[4 * lane + i] = regs[i];
+}
+
+void def_twin_hooks(py::module_& host) {
+  host.def("twin_mma_m16n8k16", [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                                   const std::vector<float>& c, bool bf16) {
+    if (a.size() != 256 || b.size() != 128 || c.size() != 128) {
+      throw std::invalid_argument("twin_mma_m16n8k16: A 16 x 16, B 16 x 8, C 16 x 8");
+    }
+    std::vector<float> d(128);
+    if (fp8nca::simt::launch<mma_probe>(dim3(1), dim3(32), 0, a.data(), b.data(), c.data(),
+                                        d.data(), bf16) != cudaSuccess) {
+      throw std::runtime_error(fp8nca::simt::last_report());
+    }
+    return d;
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("bf16"),
+     "D = A B + C by the executor's mma.sync (bit patterns of A and B, row-major).");
+  host.def("twin_ldmatrix_x4_trans", [](const std::vector<uint16_t>& matrices) {
+    if (matrices.size() != 256) throw std::invalid_argument("four 8 x 8 matrices");
+    std::vector<uint32_t> out(128);
+    if (fp8nca::simt::launch<ldmatrix_probe>(dim3(1), dim3(32), 512, matrices.data(),
+                                             out.data()) != cudaSuccess) {
+      throw std::runtime_error(fp8nca::simt::last_report());
+    }
+    return out;
+  }, py::arg("matrices"), "Each lane's four registers, [lane][register].");
+  namespace hw = fp8nca::hw;
+  host.def("twin_cvt_e4m3x2", [](const std::vector<uint32_t>& x) {
+    return each(x, [](uint32_t w) { return hw::cvt_f16x2_e4m3x2(static_cast<uint16_t>(w)); });
+  }, py::arg("pairs"), "cvt.rn.f16x2.e4m3x2 of 16-bit words (low byte -> low half).");
+  host.def("twin_cvt_e5m2x2", [](const std::vector<uint32_t>& x) {
+    return each(x, [](uint32_t w) { return hw::cvt_f16x2_e5m2x2(static_cast<uint16_t>(w)); });
+  }, py::arg("pairs"));
+  host.def("twin_fma_rn_bf16x2", [](const std::vector<std::array<uint32_t, 3>>& abc) {
+    std::vector<uint32_t> out;
+    for (const auto& [a, b, c] : abc) out.push_back(hw::fma_rn_bf16x2(a, b, c));
+    return out;
+  }, py::arg("abc"), "fma.rn.bf16x2 of (a, b, c) words.");
+  host.def("twin_ex2_approx_ftz", [](const std::vector<float>& x) {
+    std::vector<float> out;
+    for (const float v : x) out.push_back(hw::ex2_approx_ftz(v));
+    return out;
+  }, py::arg("x"));
+  host.def("twin_byte_perm", [](uint32_t a, uint32_t b, uint32_t selector) {
+    return __byte_perm(a, b, selector);
+  }, py::arg("a"), py::arg("b"), py::arg("selector"), "prmt.b32 (default mode).");
+}
+
 PYBIND11_MODULE(fp8nca_host_hooks, host) {
   host.doc() = "The CUDA kernels' own maps compiled for the CPU, for tests without a GPU.";
   host.def("quantize", &quantize_host, py::arg("values"), py::arg("scale"), py::arg("dtype"),
@@ -239,4 +318,5 @@ PYBIND11_MODULE(fp8nca_host_hooks, host) {
   }, py::arg("head_dim"), py::arg("elt"), py::arg("rows_in_tile"),
      py::arg("block_m") = ms::kBlockM);
   def_key_range_hooks(host);
+  def_twin_hooks(host);
 }

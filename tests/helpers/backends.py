@@ -4,11 +4,14 @@ the choice of a backend and the CUDA families' host code run on a CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+
+import torch
 
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import registry
-from fp8_noncausal_attn.backends.cuda import extension
+from fp8_noncausal_attn.backends.cuda import extension, simt
 
 
 def replace_kernels(monkeypatch, name: str, kernels) -> None:
@@ -63,12 +66,27 @@ class Available:
         return getattr(self._kernels, name)
 
 
+def gpu_stand_in(monkeypatch, ext) -> None:
+    """CPU tensors stand for device ones: their plans and launches go to ``ext`` (a stand-in
+    for ``_C``'s calls) as CUDA tensors' go to ``_C``, with the device's index and current
+    stream, instead of to the SIMT executor."""
+
+    @contextlib.contextmanager
+    def launching(device, **writes):
+        with torch.cuda.device(device):
+            yield ext, device.index, torch.cuda.current_stream(device).cuda_stream
+
+    monkeypatch.setattr(simt, "loaded", lambda: ext)
+    monkeypatch.setattr(extension, "launching", launching)
+
+
 def mock_extension(monkeypatch, ext) -> None:
     """A GPU on which ``_C`` (here ``ext``, a stand-in for its calls) runs, with CPU tensors
     standing for device ones: the extension's loading, availability and device check mocked,
     every backend's availability asked afresh. ``auto`` still picks the reference for CPU tensors
-    (see :func:`auto_takes_cpu_tensors`)."""
+    (see :func:`auto_takes_cpu_tensors`); launches on them reach ``ext`` (:func:`gpu_stand_in`)."""
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    gpu_stand_in(monkeypatch, ext)
     monkeypatch.setattr(extension, "availability", lambda: (True, "mocked GPU"))
     monkeypatch.setattr(extension, "device_reason", lambda device: None)
     fna.available_backends()

@@ -1,10 +1,12 @@
 """The test extension ``fp8nca_host_hooks`` (tests/ext/host_hooks.cpp): built here, never shipped.
 
 It compiles the CUDA kernels' own index maps, cache quantisation and split-KV merge row
-(``FP8NCA_HD`` functions of csrc/) with the host C++ compiler, so the CPU tests replay the
-kernels with the very maps they use. It needs a C++ compiler (``$CXX``, else c++) and pybind11,
+(``FP8NCA_HD`` functions of csrc/) with the host C++ compiler, so the CPU tests check the very
+maps the kernels use, and the SIMT executor's twin of the hardware's primitives (one warp of it
+for mma.sync and ldmatrix). It needs a C++ compiler (``$CXX``, else c++) and pybind11,
 no CUDA toolkit. The module is built once per source state into ``build/host-hooks/<hash>/``:
-the hash covers the hook source and every header under csrc/, so an edited map is rebuilt.
+the hash covers the hook source, every header under csrc/ and the executor's runtime, so an
+edited map is rebuilt.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "ext" / "host_hooks.cpp"
+# The SIMT executor, whose twin of the warp primitives the hooks run one warp of.
+EXECUTOR = ROOT / "csrc" / "simt" / "runtime.cpp"
 NAME = "fp8nca_host_hooks"
 
 
 def _source_hash() -> str:
     digest = hashlib.sha256(SOURCE.read_bytes())
-    for header in sorted((ROOT / "csrc").rglob("*.h")):
+    for header in sorted([*(ROOT / "csrc").rglob("*.h"), EXECUTOR]):
         digest.update(str(header.relative_to(ROOT)).encode() + header.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -41,7 +45,7 @@ def compile_command(output: Path) -> list[str]:
     return [
         cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
         f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
-        f"-I{ROOT / 'csrc'}", str(SOURCE), "-o", str(output),
+        f"-I{ROOT / 'csrc'}", str(SOURCE), str(EXECUTOR), "-o", str(output),
     ]  # fmt: skip
 
 

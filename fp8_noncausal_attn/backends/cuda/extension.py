@@ -9,7 +9,9 @@ host.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -17,6 +19,7 @@ import torch
 from ...launch_record import MMA_SYNC, refusal, window_sides
 from ...problem import AttentionProblem, Batch, CacheWrite
 from ...scales import LOG2E
+from . import simt
 
 # Element codes of csrc/common/params.h (_C.DTYPE_CODES; a test ties them). int8: per-token-head
 # caches, read by the attention kernels only.
@@ -30,6 +33,9 @@ DTYPE_CODES = {
 # Most split-KV partials a plan uses (csrc/common/plan.h kMaxSplits; a test ties them):
 # workspaces are sized with it.
 MAX_SPLITS = 32
+# Most sequences per launch (csrc/common/plan.h kMaxSeqs: the grid's z limit less the padding
+# slice; a test ties them), known before any module is loaded.
+MAX_SEQS = 65534
 
 
 @functools.cache
@@ -53,6 +59,23 @@ def loaded() -> ModuleType:
     if ext is None:
         raise RuntimeError(why)
     return ext
+
+
+@contextlib.contextmanager
+def launching(
+    device: torch.device, **writes: torch.Tensor | None
+) -> Iterator[tuple[ModuleType, int, int]]:
+    """Where a launch on tensors of ``device`` goes: ``(module, device index, stream)``, with
+    the device current for the block. CUDA tensors: ``_C`` on the current stream. CPU tensors:
+    the SIMT executor (simt.py), synchronous, which may write only ``writes`` (named tensors,
+    None skipped) outside shared memory."""
+    if device.type == "cpu":
+        module = simt.loaded()
+        with simt.writable(module, **writes):
+            yield module, 0, 0
+        return
+    with torch.cuda.device(device):
+        yield loaded(), device.index, torch.cuda.current_stream(device).cuda_stream
 
 
 def _version(code: int) -> str:
@@ -172,7 +195,6 @@ def merge_splits(
     ``cu_seqlens_q[-1]`` are written as zeros. ``lse`` (float32 [num_tokens, num_q_heads], any
     strides), when given, receives each merged row's natural-log LSE (-inf for padded rows).
     Asynchronous on the current stream."""
-    ext = loaded()
     rows = (ws_lse.shape[0], problem.num_tokens, problem.num_q_heads)
     layouts = (("ws_o", ws_o, (*rows, problem.head_dim)), ("ws_lse", ws_lse, rows))
     for name, tensor, shape in layouts:
@@ -188,13 +210,11 @@ def merge_splits(
         raise ValueError(f"lse must be float32 {list(rows[1:])}, got {lse.dtype} {list(lse.shape)}")
     if problem.num_tokens == 0:
         return
-    device = out.device
-    stream = torch.cuda.current_stream(device).cuda_stream
     # The LSE output goes to the kernel only when asked for.
     lse_arguments = {} if lse is None else {"lse": lse.data_ptr(), "lse_strides": lse.stride()}
-    with torch.cuda.device(device):
+    with launching(out.device, out=out, lse=lse) as (ext, device_index, stream):
         ext.merge_splits(
-            device=device.index,
+            device=device_index,
             stream=stream,
             ws_o=ws_o.data_ptr(),
             ws_lse=ws_lse.data_ptr(),
@@ -221,7 +241,6 @@ def merge_states(
     num_tokens, num_heads] become the kernel's float32 contiguous partials (a copy) with log2
     LSEs; ``out`` (bf16, fp16 or float32, head dims contiguous) and ``lse`` are written in
     place. Asynchronous on the current stream."""
-    ext = loaded()
     num_states, num_tokens, num_heads, head_dim = outs.shape
     if num_tokens == 0:
         return
@@ -230,11 +249,11 @@ def merge_states(
     ws_lse = (lses * LOG2E).contiguous()
     # The kernel's padding bound cu_seqlens_q[num_seqs]: every row is a real one here.
     bound = torch.full((1,), num_tokens, dtype=torch.int32, device=device)
-    codes = {**DTYPE_CODES, torch.float32: ext.MERGE_FP32}
-    with torch.cuda.device(device):
+    with launching(device, out=out, lse=lse) as (ext, device_index, stream):
+        codes = {**DTYPE_CODES, torch.float32: ext.MERGE_FP32}
         ext.merge_splits(
-            device=device.index,
-            stream=torch.cuda.current_stream(device).cuda_stream,
+            device=device_index,
+            stream=stream,
             ws_o=ws_o.data_ptr(),
             ws_lse=ws_lse.data_ptr(),
             out=out.data_ptr(),
@@ -258,30 +277,30 @@ def reshape_and_cache(write: CacheWrite) -> None:
     identical to ``scales.quantize``). Asynchronous on the current stream."""
     key, value, key_cache, value_cache = write.key, write.value, write.key_cache, write.value_cache
     slot_mapping, k_scale, v_scale = write.slot_mapping, write.k_scale, write.v_scale
-    ext = loaded()
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    device = key.device
-    ext.reshape_and_cache(
-        device=device.index,
-        stream=torch.cuda.current_stream(device).cuda_stream,
-        key=key.data_ptr(),
-        value=value.data_ptr(),
-        key_cache=key_cache.data_ptr(),
-        value_cache=value_cache.data_ptr(),
-        slot_mapping=slot_mapping.data_ptr(),
-        k_scale=k_scale.data_ptr(),
-        v_scale=v_scale.data_ptr(),
-        key_strides=tuple(key.stride()[:2]),
-        value_strides=tuple(value.stride()[:2]),
-        kc_strides=tuple(key_cache.stride()[:3]),
-        vc_strides=tuple(value_cache.stride()[:3]),
-        slot_stride=slot_mapping.stride(0),
-        num_tokens=num_tokens,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        block_size=key_cache.shape[1],
-        in_dtype=DTYPE_CODES[key.dtype],
-        cache_dtype=DTYPE_CODES[key_cache.dtype],
-    )
+    with launching(key.device, key_cache=key_cache, value_cache=value_cache) as launch:
+        ext, device_index, stream = launch
+        ext.reshape_and_cache(
+            device=device_index,
+            stream=stream,
+            key=key.data_ptr(),
+            value=value.data_ptr(),
+            key_cache=key_cache.data_ptr(),
+            value_cache=value_cache.data_ptr(),
+            slot_mapping=slot_mapping.data_ptr(),
+            k_scale=k_scale.data_ptr(),
+            v_scale=v_scale.data_ptr(),
+            key_strides=tuple(key.stride()[:2]),
+            value_strides=tuple(value.stride()[:2]),
+            kc_strides=tuple(key_cache.stride()[:3]),
+            vc_strides=tuple(value_cache.stride()[:3]),
+            slot_stride=slot_mapping.stride(0),
+            num_tokens=num_tokens,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=key_cache.shape[1],
+            in_dtype=DTYPE_CODES[key.dtype],
+            cache_dtype=DTYPE_CODES[key_cache.dtype],
+        )

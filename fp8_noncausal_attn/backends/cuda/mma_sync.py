@@ -4,35 +4,50 @@ into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for t
 function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
 allocator (graph-safe). Per-token-head scales (e4m3, e5m2 and int8 caches) run on kernels of
 their own, chosen per layer by the launch's ``scale_mode``. Nothing here synchronises with the
-host.
+host. On CPU tensors the same kernels run through the SIMT executor (simt.py: a test tool,
+slow, never ``auto``'s choice).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
 from ...launch_record import MMA_SYNC, LaunchInputs, launch_values
 from ...problem import AttentionProblem, Batch
-from . import extension
+from . import extension, simt
 
 # This module is a backend (backends/protocol.py): whether it runs here and on which tensors is
-# whether _C does.
+# whether _C does (CUDA tensors) or the SIMT executor builds (CPU tensors).
 
-PER_TOKEN_HEAD_REFUSAL = "its kernels read per-KV-head scales only (per-token-head: reference)"
+PER_TOKEN_HEAD_REFUSAL = None
 
 
 def availability() -> tuple[bool, str]:
-    """Whether the compiled kernels run here, and why not."""
+    """Whether the compiled kernels run here (on a GPU, or CPU tensors through the SIMT
+    executor), and why not."""
     runs, why = extension.availability()
-    return runs, f"mma.sync kernels (cp.async) in {why}" if runs else why
+    if runs:
+        return True, f"mma.sync kernels (cp.async) in {why}"
+    builds, simt_why = simt.availability()
+    return (True, f"{simt_why}; CUDA tensors: {why}") if builds else (False, why)
 
 
 def device_reason(device: torch.device) -> str | None:
-    """None when the kernels take tensors on ``device`` (``_C`` runs on it)."""
+    """None when the kernels take tensors on ``device`` (``_C`` runs on it, or for CPU tensors
+    the SIMT executor builds)."""
+    if device.type == "cpu":
+        builds, why = simt.availability()
+        return None if builds else why
     return extension.device_reason(device)
+
+
+def _module(device: torch.device) -> ModuleType:
+    """The compiled kernels for tensors on ``device``: the SIMT executor's for CPU ones."""
+    return simt.loaded() if device.type == "cpu" else extension.loaded()
 
 
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
@@ -46,15 +61,15 @@ def unsupported_reason(batch: Batch) -> str | None:
 
 
 def sizes_reason(batch: Batch) -> str | None:
-    """None when the kernels compiled into ``_C`` (which must be loaded) take the batch's dtypes
-    and sizes, whatever its device."""
+    """None when the kernels compiled into ``_C`` take the batch's dtypes and sizes, whatever
+    its device (nothing is loaded or built to answer)."""
     # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
     if batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype:
         return (
             f"a {batch.cache_dtype} cache under a {batch.query_dtype} query runs on Triton (fp32 "
             "dots): converting bf16 keys to fp16 could overflow"
         )
-    most = extension.loaded().MAX_SEQS
+    most = extension.MAX_SEQS
     if batch.num_seqs > most:
         return f"at most {most} sequences per launch, got {batch.num_seqs}"
     return None
@@ -95,7 +110,9 @@ def _resident_ctas(
 
 def resident_ctas(batch: Batch) -> int:
     """CTAs of this batch's kernel (the tile the plan picks for its rows per KV head) the whole
-    GPU holds at once (occupancy x SMs)."""
+    GPU holds at once (occupancy x SMs); one on the SIMT executor, which runs one at a time."""
+    if batch.device.type == "cpu":
+        return 1
     codes = extension.DTYPE_CODES
     kv_dtype = codes[batch.cache_dtype]
     rows = max(batch.max_seqlen_q, 1) * batch.group_size
@@ -121,7 +138,7 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
     ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
     sizes the splits from the keys one query tile's window spans, not from the context.
     """
-    return extension.loaded().plan(
+    return _module(batch.device).plan(
         **extension.plan_sizes(batch),
         num_tokens=batch.num_tokens,
         head_dim=batch.head_dim,
@@ -188,10 +205,10 @@ def run(
     # The index tensors (the causal flags too, bool or int32) are read in place through their
     # strides: vLLM rewrites them between replays.
     fields = launch_values(MMA_SYNC, inputs)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    with torch.cuda.device(device):
-        extension.loaded().paged_attention(
-            device=device.index,
+    writes = {"out": out, "lse": lse, "ws_o": ws_o, "ws_lse": ws_lse}
+    with extension.launching(device, **writes) as (ext, device_index, stream):
+        ext.paged_attention(
+            device=device_index,
             stream=stream,
             plan=plan.launch,
             q_dtype=extension.DTYPE_CODES[q.dtype],

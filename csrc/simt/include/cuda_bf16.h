@@ -1,0 +1,4 @@
+// cuda_bf16.h for the SIMT executor build (csrc/simt/): the CPU twin stands in for CUDA's header.
+#pragma once
+
+#include "../cuda_twin.h"
