@@ -2,11 +2,11 @@
 
 vLLM loads ``vllm.general_plugins`` entry points in every process (API server, engine core,
 workers); ours calls :func:`register`, which adds ``FP8_NONCAUSAL`` to ``AttentionBackendEnum``.
-A registered backend is never picked automatically: users name it. vLLM gives the drafter only
-the backend of ``speculative_config.attention_backend`` (``"attention_backend": "FP8_NONCAUSAL"``
-inside ``--speculative-config``): its ``_create_draft_vllm_config`` never passes the top-level
-``--attention-backend`` on, which sets the target's layers only. Every layer on this backend
-takes both.
+A registered backend is never picked automatically: users name it. A drafter gets the backend
+of ``speculative_config.attention_backend`` (``"attention_backend": "FP8_NONCAUSAL"`` inside
+``--speculative-config``); on vLLM 0.32 and 0.33 (``_create_draft_vllm_config``) never the
+top-level ``--attention-backend``, which sets the target's layers, while 0.34's drafters inherit
+it when their own is unset. Every layer on this backend takes both.
 
 Loading the plugin never raises. On a tested vLLM (:data:`TESTED_VLLM`) this module imports
 nothing of vLLM but its version and its backend registry. On a newer minor, :func:`register`
