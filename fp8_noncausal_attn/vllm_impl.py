@@ -32,9 +32,10 @@ The interfaces used (``AttentionBackend.validate_configuration``,
 same in vLLM 0.32, 0.33 and 0.34 (what ``vllm_backend.interface_mismatches`` checks on a newer
 one).
 
-Unwritten slots: the backend writes exactly the slots of ``slot_mapping`` and reads only keys a
-row sees; no cache byte is filled, zeroed or scanned, so a cache that vLLM 0.34's growable KV
-cache backs only in part, or whose unwritten slots hold NaN, is safe. A layer whose query
+Unwritten slots: the backend writes exactly the slots of ``slot_mapping`` and fills, zeroes or
+scans no other cache byte, so a cache that vLLM 0.34's growable KV cache backs only in part is
+safe; what the kernels do with unwritten slots (NaN, garbage) is the library's (SPEC §5,
+docs/vllm.md). A layer whose query
 arrives already quantised (vLLM 0.34's ``Attention(query_pre_quantized=True)``) is refused by
 name on its first forward: this backend keeps the query in 16 bits.
 """
