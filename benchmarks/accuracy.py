@@ -4,9 +4,11 @@ FA3 (SM90) and FA4 (SM100) run attention over an FP8 cache by quantising Q to e4
 feeding P to the second matrix product in e4m3. That route is emulated here on the same cache,
 with Q scaled one of two ways before it is rounded to e4m3 (:data:`FP8_QUERY_ROUTES`):
 
-- ``fp8_query_static``: as vLLM 0.33's attention layer does before FLASH_ATTN runs it
-  (``QuantFP8`` with the layer's static per-tensor ``_q_scale``, 1.0 unless the checkpoint has
-  one; values saturate at the e4m3 finite max);
+- ``fp8_query_static``: as vLLM's attention layer (0.33 and 0.34) does before FLASH_ATTN runs
+  it, and before vLLM 0.34's FLASHINFER_TS runs an FP8 cache (its query in the cache's dtype):
+  ``QuantFP8`` with the layer's static per-tensor ``_q_scale``, 1.0 unless the checkpoint has
+  one; values saturate at the e4m3 finite max. FLASHINFER_TS's own kernel (PrimTS, SM100) is not
+  emulated beyond that query rounding;
 - ``fp8_query_amax``: per (sequence, KV head) by its amax, the finest granularity of FA3's
   ``q_descale`` (the best case of the route).
 

@@ -1,12 +1,14 @@
-"""FlashAttention 3 as vLLM 0.33 runs it on Hopper: ``_vllm_fa3_C`` from the vLLM 0.33.0 wheel,
-carried xz-compressed in ``.peers/`` (``benchmarks/fetch_peers.sh``; 170 MB unpacked, 12 MB
-packed) and unpacked into a temporary folder on first use.
+"""FlashAttention 3 as vLLM runs it on Hopper: ``_vllm_fa3_C`` from the vLLM wheel of
+``vllm_peer.VLLM_VERSION`` (0.34.0), carried xz-compressed in ``.peers/``
+(``benchmarks/fetch_peers.sh``; 170 MB unpacked, 12 MB packed) and unpacked into a temporary
+folder on first use.
 
 The library uses the torch stable ABI and registers ``torch.ops._vllm_fa3_C.fwd``; the call in
-:func:`fwd_call` passes its arguments in the order vLLM 0.33's ``flash_attn_varlen_func``
-passes them with ``fa_version=3`` (tests/test_benchmarks.py compares the two). vLLM's
-FLASH_ATTN backend feeds FA3 an FP8 cache with an FP8 query: the query is quantised to e4m3
-with a per-tensor scale and the descales are ``[num_seqs, num_kv_heads]``.
+:func:`fwd_call` passes its arguments in the order vLLM's ``flash_attn_varlen_func`` passes
+them with ``fa_version=3`` (the same in 0.33 and 0.34; tests/test_gpu_check.py compares the two
+on the installed vLLM). vLLM's FLASH_ATTN backend feeds FA3 an FP8 cache with an FP8 query: the
+query is quantised to e4m3 with a per-tensor scale and the descales are
+``[num_seqs, num_kv_heads]``.
 """
 
 from __future__ import annotations

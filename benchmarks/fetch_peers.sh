@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Copy vLLM 0.33.0's Triton unified attention kernel (and the one helper module it imports) and
-# its FlashAttention 3 library (xz-packed: 170 MB -> 12 MB) out of the vLLM wheel into .peers/
+# Copy vLLM's Triton unified attention kernel (and the one helper module it imports) and its
+# FlashAttention 3 library (xz-packed: 170 MB -> 12 MB) out of the vLLM wheel of the version
+# benchmarks/vllm_peer.py names (VLLM_VERSION, the release users install) into .peers/
 # (git-ignored: vLLM code is never committed). benchmarks/vllm_peer.py and benchmarks/fa3_peer.py
 # load them from there; carry .peers/ to a machine without registry access.
 #
 #   benchmarks/fetch_peers.sh            # downloads the wheel with pip (no dependencies)
-#   WHEEL=/path/to/vllm-0.33.0-*.whl benchmarks/fetch_peers.sh   # or uses one you have
+#   WHEEL=/path/to/vllm-0.34.0-*.whl benchmarks/fetch_peers.sh   # or uses one you have
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VERSION=0.33.0
-DEST=.peers/vllm-$VERSION
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+VERSION=$(sed -n 's/^VLLM_VERSION = "\(.*\)"$/\1/p' benchmarks/vllm_peer.py)
+: "${VERSION:?no VLLM_VERSION in benchmarks/vllm_peer.py}"
+DEST=.peers/vllm-$VERSION
 
 wheel=${WHEEL:-}
 if [ -z "$wheel" ]; then

@@ -213,7 +213,8 @@ class ScalarScaled(Adapter):
 class VllmTritonUnified(ScalarScaled):
     name = "vllm_triton_unified"
     note = (
-        "vLLM 0.33.0 triton_unified_attention as TRITON_ATTN calls it, same paged cache; an "
+        f"vLLM {vllm_peer.VLLM_VERSION} triton_unified_attention as TRITON_ATTN calls it, same "
+        "paged cache; an "
         "FP8 cache's KV scales per tensor only (given the max per-head scale; per-KV-head "
         "scales cannot be expressed), rel_err against that scalar-scale problem; a "
         "per-token-head page (fp8/int8_per_token_head, the caches TRITON_ATTN serves) read as "
@@ -260,7 +261,8 @@ class VllmTritonUnified(ScalarScaled):
 class Fa3Fp8Query(Adapter):
     name = "fa3_fp8_query"
     note = (
-        "vLLM 0.33's FlashAttention 3 (_vllm_fa3_C from its wheel, sm_90 only) as its "
+        f"vLLM {vllm_peer.VLLM_VERSION}'s FlashAttention 3 (_vllm_fa3_C from its wheel, sm_90 "
+        "only) as its "
         "FLASH_ATTN backend runs an FP8 cache on Hopper: the query quantised to e4m3 with one "
         "per-tensor scale (its amax over the e4m3 maximum), per-(sequence, KV head) K/V "
         "descales, the same paged cache; rel_err includes the FP8 query's rounding; windows "

@@ -1,10 +1,11 @@
-"""vLLM 0.33's Triton unified attention, loaded from ``.peers/`` (``benchmarks/fetch_peers.sh``).
+"""vLLM 0.34's Triton unified attention, loaded from ``.peers/`` (``benchmarks/fetch_peers.sh``).
 
 No vLLM code is committed: the script copies the kernel and its helper module out of the vLLM
-0.33.0 wheel into the ignored ``.peers/`` folder. They import a handful of ``vllm`` modules that
-pull in the whole engine; while the two files are imported, minimal stand-ins for those modules
-are put in ``sys.modules`` (the values vLLM has on a CUDA machine with default settings) and
-taken out again afterwards, so an installed vLLM, if any, is left untouched.
+wheel of :data:`VLLM_VERSION` (the release users install) into the ignored ``.peers/`` folder.
+They import a handful of ``vllm`` modules that pull in the whole engine; while the two files are
+imported, minimal stand-ins for those modules are put in ``sys.modules`` (the values vLLM has on
+a CUDA machine with default settings) and taken out again afterwards, so an installed vLLM, if
+any, is left untouched.
 
 How vLLM's TRITON_ATTN backend calls the kernel is mirrored in :func:`unified_attention_call`,
 with split-K (3D) scratch sized as its metadata builder does, and its ``forward``'s two ways of
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 PEER_DIR = Path(__file__).resolve().parent.parent / ".peers" / f"vllm-{VLLM_VERSION}"
 _OPS = "vllm/v1/attention/ops"
 KERNEL_FILES = (f"{_OPS}/triton_attention_helpers.py", f"{_OPS}/triton_unified_attention.py")
@@ -54,6 +55,10 @@ class _Platform:
     @staticmethod
     def fp8_dtype() -> torch.dtype:
         return torch.float8_e4m3fn
+
+    @staticmethod
+    def is_rocm() -> bool:
+        return False
 
     @staticmethod
     def is_device_capability_family(capability: int, device_id: int = 0) -> bool:
@@ -109,7 +114,7 @@ _loaded: types.ModuleType | None = None
 
 
 def load() -> types.ModuleType:
-    """Import vLLM 0.33.0's ``triton_unified_attention`` module from ``.peers/``.
+    """Import vLLM's ``triton_unified_attention`` module (:data:`VLLM_VERSION`) from ``.peers/``.
 
     Raises FileNotFoundError naming the fetch script when the files are not there.
     """

@@ -1,4 +1,4 @@
-"""The classes of the vLLM attention backend ``FP8_NONCAUSAL`` (SPEC §8), vLLM 0.32.x and 0.33.x.
+"""The classes of the vLLM attention backend ``FP8_NONCAUSAL`` (SPEC §8), vLLM 0.32.x to 0.34.x.
 
 :mod:`fp8_noncausal_attn.vllm_backend` registers the backend and re-exports these classes; vLLM
 imports this module when a layer selects the backend (through ``vllm_backend.CLASS_PATH``).
@@ -14,7 +14,7 @@ a bool or vLLM's int32 per-request buffer, read in place), with the layer's
 tensor-parallel rank. Rows past the last request (vLLM pads ``num_actual_tokens`` under CUDA
 graphs) are written as zeros. A layer's ``sliding_window=w`` runs as the window ``(w - 1, 0)``,
 made ``(w - 1, w - 1)`` when the batch is not all causal, exactly as vLLM's FLASH_ATTN does
-(``_maybe_symmetrize_window``, the same in 0.32 and 0.33); a layer's ``sinks`` (one logit per
+(``_maybe_symmetrize_window``, the same in 0.32 to 0.34); a layer's ``sinks`` (one logit per
 query head of this rank) join each row's softmax denominator. Window and sinks run on every
 backend (the CUDA kernels, Triton, the reference on CPU).
 
@@ -29,7 +29,15 @@ used, as in TRITON_ATTN. Which of the library's backends read such scales:
 
 The interfaces used (``AttentionBackend.validate_configuration``,
 ``AttentionImpl.do_kv_cache_update``, ``CommonAttentionMetadata.causal``, the registry) are the
-same in vLLM 0.32 and 0.33: 0.33 only adds what this backend does not use.
+same in vLLM 0.32, 0.33 and 0.34 (what ``vllm_backend.interface_mismatches`` checks on a newer
+one).
+
+Unwritten slots: the backend writes exactly the slots of ``slot_mapping`` and fills, zeroes or
+scans no other cache byte, so a cache that vLLM 0.34's growable KV cache backs only in part is
+safe; what the kernels do with unwritten slots (NaN, garbage) is the library's (SPEC §5,
+docs/vllm.md). A layer whose query
+arrives already quantised (vLLM 0.34's ``Attention(query_pre_quantized=True)``) is refused by
+name on its first forward: this backend keeps the query in 16 bits.
 """
 
 from __future__ import annotations
@@ -366,14 +374,12 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
                 split = split_kv_cache(kv_cache, "vllm", self._cache_view_dtype)
                 views = (kv_cache, *split, None, None)
             else:
+                # Views only: no slot is touched before a token is written to it (vLLM's growable
+                # KV cache backs a prefix of the blocks; TRITON_ATTN initialises nothing either).
                 views = (
                     kv_cache,
                     *split_per_token_head_cache(kv_cache, self._per_token_head_dtype),
                 )
-                # As TRITON_ATTN's _ensure_scale_caches when it first views a cache: every
-                # inline scale starts at 1.0, so either backend's pages are byte for byte alike.
-                views[3].fill_(1.0)
-                views[4].fill_(1.0)
             self._cache_views = views
         if self._per_token_head_dtype is not None:
             return views[1:]
@@ -438,7 +444,11 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
 
         query, output: [num_tokens, num_heads, head_size]; the first ``num_actual_tokens`` rows
         are written, those past the last request as zeros. No device-to-host synchronisation.
+        A query that is not 16-bit (a layer built with ``query_pre_quantized=True``) is refused
+        on the layer's first call.
         """
+        if query.dtype not in SIXTEEN_BIT_DTYPES:
+            raise TypeError(_quantized_query_message(layer, query.dtype))
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError(f"{BACKEND_NAME} does not fuse output quantization")
         if attn_metadata is None:
@@ -461,6 +471,18 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
             out=output[:num_tokens], plan=attn_metadata.plans[self.sliding_window], sinks=sinks,
         )  # fmt: skip
         return output
+
+
+def _quantized_query_message(layer: AttentionLayer, dtype: torch.dtype) -> str:
+    name = getattr(layer, "layer_name", None) or type(layer).__name__
+    return (
+        f"{BACKEND_NAME}: layer {name!r} hands its attention a query already quantised to "
+        f"{dtype} (vLLM's Attention(query_pre_quantized=True), as MiniMax-M3's DSpark drafter "
+        "builds its layers whenever its draft cache is FP8). This backend keeps the query in "
+        "16 bits (bfloat16/float16) and does not read FP8 query bits. Give the drafter a 16-bit "
+        'draft cache ("kv_cache_dtype": "bfloat16" in --speculative-config), which this '
+        'backend serves, or serve it with FLASH_ATTN ("attention_backend": "FLASH_ATTN").'
+    )
 
 
 class Fp8NoncausalAttentionBackend(AttentionBackend):
@@ -490,7 +512,7 @@ class Fp8NoncausalAttentionBackend(AttentionBackend):
     @classmethod
     def customize_spec(cls, spec):
         """Per-token-head caches: each (head, slot) cell holds K, its float32 scale, V, its
-        float32 scale, as vLLM's TRITON_ATTN packs it (its ``customize_spec``, 0.32 and 0.33),
+        float32 scale, as vLLM's TRITON_ATTN packs it (its ``customize_spec``, 0.32 to 0.34),
         so that either backend reads the other's pages."""
         if spec.state_content_bytes is not None or not spec.kv_quant_mode.is_per_token_head:
             return spec

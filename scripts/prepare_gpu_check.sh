@@ -6,7 +6,7 @@
 #                needs a python3.12 with its headers: PYTHON312, else pyenv's or PATH's), and the
 #                CUTLASS headers xz-packed for the fallback build there;
 #   .dsl/wgmma/  the wgmma family's library (python -m dsl.build; needs nvidia-cutlass-dsl);
-#   .peers/      vLLM 0.33.0's Triton unified attention and FA3 library (benchmarks/fetch_peers.sh).
+#   .peers/      vLLM 0.34.0's Triton unified attention and FA3 library (benchmarks/fetch_peers.sh).
 # A part that cannot be made here is reported and left out; the check then builds _C on the
 # GPU machine, or skips what needs the missing part. Ends by checking the carry size and
 # printing the call (python -m tools.gpu_check.prepare).

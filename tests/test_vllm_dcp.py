@@ -9,24 +9,24 @@ laid out as vLLM's ``cp_kv_cache_interleave_size`` says, and its query heads; th
 K/V are every rank's. Each rank's output must equal float64 attention of its heads over the
 whole sequence, attention sinks on: for a batch of causal and bidirectional requests, context from
 the FP8 cache and new tokens from the 16-bit K/V (as vLLM's FLASH_ATTN attends them); for a
-bidirectional batch, attended in one call, every key from the FP8 cache (as without DCP).
+bidirectional batch, attended in one call, every key from the FP8 cache (as without DCP). Every
+slot of the shards that no token was written to holds NaN; pages of vLLM's default 16 and 64
+slots.
 """
 
 import threading
 
 import pytest
 import torch
-from helpers import TOLERANCE
+from helpers import TOLERANCE, VLLM_BLOCK_SIZES
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import vllm.distributed.parallel_state as parallel_state  # noqa: E402
-from helpers.vllm import drafter_config  # noqa: E402
+from helpers.vllm import cpu_vllm_config, drafter_config, nan_filled  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
-    DeviceConfig,
     ParallelConfig,
-    VllmConfig,
     set_current_vllm_config,
 )
 from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
@@ -39,7 +39,7 @@ from fp8_noncausal_attn.scales import quantize_per_token_head  # noqa: E402
 from fp8_noncausal_attn.synthetic import relative_error  # noqa: E402
 from fp8_noncausal_attn.vllm_backend import Fp8NoncausalMetadataBuilder  # noqa: E402
 
-BLOCK_SIZE, HEAD_SIZE = 16, 64
+HEAD_SIZE = 64
 LAYER_NAME = "drafter.layers.0.self_attn.attn"
 
 RANKS = 2
@@ -106,11 +106,14 @@ def owner(position: int, interleave: int) -> tuple[int, int]:
     return rank, local
 
 
+@pytest.mark.parametrize("block_size", VLLM_BLOCK_SIZES, ids=lambda size: f"block{size}")
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize(
     "interleave,kv_cache_dtype", [(1, "fp8"), (16, "fp8"), (16, "int8_per_token_head")]
 )
-def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dtype, batch):
+def test_dcp_ranks_match_float64_attention(
+    monkeypatch, interleave, kv_cache_dtype, batch, block_size
+):
     group = ThreadGroup(RANKS)
     monkeypatch.setattr(parallel_state, "_DCP", group)
     gen = torch.Generator().manual_seed(21)
@@ -129,9 +132,8 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dty
     ranks = []
     for rank in range(RANKS):
         group.set_rank(rank)
-        config = VllmConfig(
-            device_config=DeviceConfig(device="cpu"),
-            cache_config=CacheConfig(block_size=BLOCK_SIZE),
+        config = cpu_vllm_config(
+            cache_config=CacheConfig(block_size=block_size),
             parallel_config=ParallelConfig(cp_kv_cache_interleave_size=interleave),
         )
         layer = make_layer(
@@ -148,18 +150,18 @@ def test_dcp_ranks_match_float64_attention(monkeypatch, interleave, kv_cache_dty
         # This rank's shard: local pages in order, the context written through the impl.
         # A per-token-head page holds each token's scale after its K and after its V.
         content = spec.state_content_bytes or 2 * HEAD_SIZE
-        kv_cache = torch.zeros(32, 1, BLOCK_SIZE, content, dtype=spec.dtype)
+        kv_cache = nan_filled((32, 1, block_size, content), spec.dtype)
         table = torch.zeros(len(Q_LENS), 8, dtype=torch.int32)
         page = 0
         slots_of = []
         for s, n in enumerate(seq_lens):
             local = [owner(j, interleave) for j in range(n)]
             count = sum(1 for r, _ in local if r == rank)
-            for p in range(-(-count // BLOCK_SIZE)):
+            for p in range(-(-count // block_size)):
                 table[s, p] = page
                 page += 1
             slots_of.append([
-                int(table[s, i // BLOCK_SIZE]) * BLOCK_SIZE + i % BLOCK_SIZE if r == rank else -1
+                int(table[s, i // block_size]) * block_size + i % block_size if r == rank else -1
                 for r, i in local
             ])  # fmt: skip
         context_rows = [(s, j) for s, c in enumerate(CONTEXT) for j in range(c)]
@@ -240,31 +242,35 @@ def make_layer(config, sinks=None, num_kv_heads=1, kv_cache_dtype="fp8", **kwarg
         ({"num_kv_heads": 2}, ValueError, "one KV head per rank, got 2"),
     ],
 )
-def test_what_dcp_cannot_run_is_refused_by_the_builder(monkeypatch, kwargs, error, match):
+@pytest.mark.parametrize("block_size", VLLM_BLOCK_SIZES, ids=lambda size: f"block{size}")
+def test_what_dcp_cannot_run_is_refused_by_the_builder(
+    monkeypatch, kwargs, error, match, block_size
+):
     group = ThreadGroup(RANKS)
     group.set_rank(0)
     monkeypatch.setattr(parallel_state, "_DCP", group)
-    config = VllmConfig(
-        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE)
-    )
+    config = cpu_vllm_config(cache_config=CacheConfig(block_size=block_size))
     layer = make_layer(config, **kwargs)
     with set_default_torch_dtype(torch.bfloat16), pytest.raises(error, match=match):
         spec = layer.get_kv_cache_spec(config)
         Fp8NoncausalMetadataBuilder(spec, [LAYER_NAME], config, "cpu")
 
 
+@pytest.mark.parametrize("block_size", VLLM_BLOCK_SIZES, ids=lambda size: f"block{size}")
 @pytest.mark.parametrize("micro_batching", [{"enable_dbo": True}, {"ubatch_size": 2}])
-def test_dcp_with_micro_batches_is_refused_by_the_builder(monkeypatch, micro_batching):
+def test_dcp_with_micro_batches_is_refused_by_the_builder(monkeypatch, micro_batching, block_size):
     """vLLM's micro-batch metadata (split_attn_metadata) drops the per-request causal flags, so
     a bidirectional request would run causal: refused, as vLLM's V2 runner refuses it."""
     group = ThreadGroup(RANKS)
     group.set_rank(0)
     monkeypatch.setattr(parallel_state, "_DCP", group)
-    config = VllmConfig(
-        device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=BLOCK_SIZE),
+    config = cpu_vllm_config(
+        cache_config=CacheConfig(block_size=block_size),
         # vLLM micro-batches only with an expert-parallel all2all backend.
         parallel_config=ParallelConfig(all2all_backend="deepep_low_latency", **micro_batching),
-    )  # fmt: skip
+    )
+    if not config.parallel_config.use_ubatching:
+        pytest.skip("vLLM's platform here turns micro-batching off (its CPU platform does)")
     layer = make_layer(config)
     with set_default_torch_dtype(torch.bfloat16):
         spec = layer.get_kv_cache_spec(config)

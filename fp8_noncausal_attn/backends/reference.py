@@ -91,6 +91,9 @@ def paged_attention(
         keys_at = torch.arange(kv_len, device=q.device)[None, :]
         hidden = (keys_at < start[:, None]) | (keys_at >= end[:, None])
         scores = scores.masked_fill(hidden, float("-inf"))
+        # A key no row sees may be a slot no token wrote (a sliding window's freed pages point
+        # at vLLM's null block): whatever it holds must not reach P V, where 0 * NaN = NaN.
+        values = values.masked_fill(hidden.all(dim=0)[:, None, None], 0.0)
         # [num_kv_heads, group, q_len]: q head h = kv_head * group + g.
         row_lse = torch.logsumexp(scores, dim=-1)
         if problem.sinks is not None:

@@ -13,6 +13,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # SPEC §7: relative error against the fp32 reference on the same cache.
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
+# vLLM's default KV-cache page, 16 slots up to 0.33 and 64 from 0.34: its tests run both.
+VLLM_BLOCK_SIZES = (16, 64)
+
 # The CUDA backend the GPU tests' API calls name: mma_sync, unless FP8NCA_BACKEND names another
 # (scripts/gpu_check.sh runs them once per CUDA kernel family its GPU has).
 GPU_BACKEND = os.environ.get("FP8NCA_BACKEND", "mma_sync")

@@ -3,13 +3,15 @@ test_per_token_head_cache.py).
 
 Usage: ``python tests/helpers/vllm_pth_oracle.py INPUT.pt OUTPUT.pt``, with
 ``TRITON_INTERPRET=1`` and ``CUDA_VISIBLE_DEVICES=""`` on a CPU machine (vLLM disables Triton
-when it counts no GPU driver, unless the visible-device list is empty). For each mode and page
-layout it allocates one layer's cache as vLLM's worker does (``customize_spec``,
-``create_kv_cache_views``), views it with ``TritonAttentionImpl._pth_key_value_caches`` and
-writes it with ``triton_reshape_and_cache_flash_per_token_head_quant``. Saved per case: the
-backing buffer after the write, the layer view's geometry, vLLM's own K/V/scale views' contents,
-and, for FP8, the float32 values vLLM's kernel rounds to FP8 (its kernel launched on float32
-destinations).
+when it counts no GPU driver, unless the visible-device list is empty). For each block size of
+the input, mode and page layout it allocates one layer's cache as vLLM's worker does
+(``customize_spec``, ``create_kv_cache_views``), views it with vLLM's own
+``TritonAttentionImpl._pth_key_value_caches`` and writes it with
+``triton_reshape_and_cache_flash_per_token_head_quant``. Saved per case (keyed ``(block_size,
+mode, layout)``): the backing buffer as vLLM's view left it (up to 0.33 every inline scale 1.0,
+from 0.34 untouched) and after the write, the layer view's geometry, vLLM's own K/V/scale views'
+contents; per block size, for FP8, the float32 values vLLM's kernel rounds to FP8 (its kernel
+launched on float32 destinations).
 """
 
 import sys
@@ -59,10 +61,17 @@ def layer_cache(spec, num_blocks: int, layout: KVCacheLayout, fill: torch.Tensor
 
 def main(src: str, dst: str) -> None:
     inputs = torch.load(src)
-    key, value, slots = inputs["key"], inputs["value"], inputs["slot_mapping"]
-    num_blocks, block_size = inputs["num_blocks"], inputs["block_size"]
-    _, num_kv_heads, head_size = key.shape
     results = {}
+    for block_size, rows in inputs["rows"].items():
+        write_pages(rows, inputs["num_blocks"], block_size, inputs["fill"], results)
+    torch.save(results, dst)
+
+
+def write_pages(rows: dict, num_blocks: int, block_size: int, fill, results: dict) -> None:
+    """vLLM's write of ``rows`` (key, value, slot_mapping) into pages of ``block_size`` slots:
+    adds this block size's cases to ``results``."""
+    key, value, slots = rows["key"], rows["value"], rows["slot_mapping"]
+    _, num_kv_heads, head_size = key.shape
     for mode_name, (mode, dtype) in MODES.items():
         spec = FullAttentionSpec(
             block_size=block_size,
@@ -73,13 +82,13 @@ def main(src: str, dst: str) -> None:
         )
         spec = TritonAttentionBackend.customize_spec(spec)
         for layout_name in LAYOUTS:
-            raw, kv_cache = layer_cache(
-                spec, num_blocks, KVCacheLayout[layout_name], inputs["fill"]
+            raw, kv_cache = layer_cache(spec, num_blocks, KVCacheLayout[layout_name], fill)
+            impl = TritonAttentionImpl(
+                num_kv_heads, head_size, head_size**-0.5, num_kv_heads, None, None, mode_name
             )
-            impl = object.__new__(TritonAttentionImpl)
-            impl._kv_quant_mode = mode
-            impl.fp8_dtype = torch.float8_e4m3fn
+            assert impl.fp8_dtype == torch.float8_e4m3fn
             key_cache, value_cache = impl._pth_key_value_caches(kv_cache)
+            viewed = raw.clone()
             triton_reshape_and_cache_flash_per_token_head_quant(
                 key,
                 value,
@@ -90,7 +99,8 @@ def main(src: str, dst: str) -> None:
                 slots,
                 kv_quant_mode=mode,
             )
-            results[(mode_name, layout_name)] = {
+            results[(block_size, mode_name, layout_name)] = {
+                "viewed": viewed,
                 "raw": raw,
                 "view": (tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset()),
                 "key_cache": key_cache[..., :head_size].view(torch.uint8).clone(),
@@ -123,8 +133,7 @@ def main(src: str, dst: str) -> None:
         IS_INT_QUANT=False,
     )
     names = ("key", "value", "k_scale", "v_scale")
-    results["fp8_before_rounding"] = dict(zip(names, out, strict=True))
-    torch.save(results, dst)
+    results[(block_size, "fp8_before_rounding")] = dict(zip(names, out, strict=True))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import fa3_peer, vllm_peer
+
 from .build import CUTLASS_ARCHIVE
 from .plan import CARRY, CARRY_LIMIT_BYTES, PREPARED, REPO, run_call
 
@@ -18,8 +20,8 @@ EXPECTED = (
     f"{PREPARED}/_C.{DEVICE_PYTHON_TAG}.so",
     f"{PREPARED}/{CUTLASS_ARCHIVE}",
     ".dsl/wgmma/libfp8nca_wgmma.so",
-    ".peers/vllm-0.33.0/vllm/v1/attention/ops/triton_unified_attention.py",
-    ".peers/vllm-0.33.0/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so.xz",
+    *(str((vllm_peer.PEER_DIR / name).relative_to(REPO)) for name in vllm_peer.KERNEL_FILES),
+    str(fa3_peer.ARCHIVE.relative_to(REPO)),
 )
 
 
