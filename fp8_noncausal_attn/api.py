@@ -39,11 +39,12 @@ def new_lse(query: torch.Tensor) -> torch.Tensor:
     return torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
 
 
-def cache_writer(device: torch.device, per_token_head: bool = False):
-    """The cache-write kernel ``auto`` picks for ``device`` (the registry's order: the CUDA
+def cache_writer(device: torch.device, per_token_head: bool = False, backend: str = "auto"):
+    """The cache-write kernel of ``backend`` for ``device``: the named one's (RuntimeError with
+    the reason when it cannot), or the one ``auto`` picks (the registry's order: the CUDA
     extension's when it runs here, else Triton's on a GPU; PyTorch on the CPU). A write that
     computes per-token-head scales (``per_token_head``) skips the extension's, which does not."""
-    return registry.for_device("auto", device, per_token_head).reshape_and_cache
+    return registry.for_device(backend, device, per_token_head).reshape_and_cache
 
 
 @torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
@@ -96,9 +97,10 @@ def _reshape_and_cache_op(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
+    backend: str = "auto",
 ) -> None:
     write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    cache_writer(key.device, k_scale.dim() == 3)(write)
+    cache_writer(key.device, k_scale.dim() == 3, backend)(write)
 
 
 @_reshape_and_cache_op.register_fake
@@ -213,6 +215,7 @@ def reshape_and_cache(
     *,
     k_scale: ScaleArg = None,
     v_scale: ScaleArg = None,
+    backend: str = "auto",
     validate: bool = False,
 ) -> None:
     """Write new K/V rows into the paged caches, quantising to the cache dtype.
@@ -230,7 +233,12 @@ def reshape_and_cache(
             quantize_per_token_head`: amax / the format's max, at least 1e-6; int8 rounds half
             away from zero as vLLM does). On CUDA that write is Triton's (the extension's takes
             per-head scales only).
+        backend: ``"auto"`` or a backend name, as in :func:`paged_attention`: whose cache write
+            runs (the CUDA kernel families share the extension's). A named one that cannot write
+            these tensors (their device, per-token-head scales) raises with the reason.
+        validate: also run the checks that need device values on the host (a sync).
     """
+    registry.check_name(backend)
     k_scale_t, v_scale_t = validate_cache_write(
         key, value, key_cache, value_cache, slot_mapping,
         k_scale=k_scale, v_scale=v_scale, validate=validate,
@@ -239,11 +247,11 @@ def reshape_and_cache(
         return
     if torch.compiler.is_compiling():
         _reshape_and_cache_op(
-            key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t
+            key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t, backend
         )
     else:
         write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
-        cache_writer(key.device, k_scale_t.dim() == 3)(write)
+        cache_writer(key.device, k_scale_t.dim() == 3, backend)(write)
 
 
 def compute_kv_scales(
