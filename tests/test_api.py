@@ -235,7 +235,7 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
         (registry, "plan_batch"),
         (registry, "for_device"),
         (registry, "auto_choice"),
-        (mma_sync, "unsupported_reason"),
+        (mma_sync, "plan"),
         (mma_sync, "run_unsupported_reason"),
     ]:
         refuse_while_tracing(monkeypatch, module, name)  # fmt: skip
@@ -320,7 +320,7 @@ def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
         "from fp8_noncausal_attn.backends.cuda import extension, mma_sync\n"
         "from fp8_noncausal_attn.backends.triton import attention\n"
         "mma_sync.availability = lambda: (True, 'mocked')\n"
-        "mma_sync.device_reason = lambda device: None\n"
+        "extension.device_reason = lambda device: None\n"
         "attention.availability = lambda: (True, 'mocked')\n"
         "registry.available_backends()\n"
         "assert api.cache_writer(torch.device('cuda')) is extension.reshape_and_cache\n"

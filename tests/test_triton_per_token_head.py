@@ -65,7 +65,7 @@ def run(problem, splits, plan=None):
     out = torch.full_like(problem.query, math.nan)
     lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
     if plan is None:
-        plan = triton_attention.launch_plan(problem.batch, splits, per_token_head=True)
+        plan = triton_attention.launch_plan(problem.batch, splits)
         assert plan.num_splits == splits
     triton_attention.launch(problem, plan, out, lse=lse)
     return out, lse
@@ -112,7 +112,7 @@ def test_production_tile_configuration(cache_dtype, query_dtype, head_dim, split
     problem = problem_of(case, flags)
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
-        plan = triton_attention.launch_plan(problem.batch, splits, per_token_head=True)
+        plan = triton_attention.launch_plan(problem.batch, splits)
     assert plan.block_n == {64: 64, 128: 16, 256: 32}[head_dim] and plan.num_splits == splits
     out, lse = run(problem, splits, dataclasses.replace(plan, dot_fp32=True))
     expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)

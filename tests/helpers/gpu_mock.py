@@ -106,6 +106,11 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
         cuda_stream=0))  # fmt: skip
     mock_extension(monkeypatch, ext)  # last: the backends' availability is asked then
+    # available_backends() planned its probe batches: the records start after it.
+    for library in libraries.values():
+        library.loads.clear()
+    if split_calls is not None:
+        split_calls.clear()
 
 
 def problem_of(case, **overrides):

@@ -3,8 +3,8 @@ into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for t
 ``backend="mma_sync"``, ``auto``'s first choice on a GPU. Its plan comes from the C++ plan
 function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
 allocator (graph-safe). Per-token-head scales (e4m3, e5m2 and int8 caches) run on kernels of
-their own, chosen per layer by the launch's ``scale_mode``. Nothing here synchronises with the
-host.
+their own, chosen by the batch's ``scale_mode`` when it is planned. Nothing here synchronises
+with the host.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import torch
 
 from ...launch_record import MMA_SYNC, LaunchInputs, launch_values
 from ...problem import AttentionProblem, Batch
+from ..protocol import Refused
 from . import extension
 
-# This module is a backend (backends/protocol.py): whether it runs here and on which tensors is
-# whether _C does.
-
-PER_TOKEN_HEAD_REFUSAL = "its kernels read per-KV-head scales only (per-token-head: reference)"
+# This module is a backend (backends/protocol.py): it runs on this machine when _C does, and
+# its plan() refuses what no compiled kernel takes.
 
 
 def availability() -> tuple[bool, str]:
@@ -30,51 +29,39 @@ def availability() -> tuple[bool, str]:
     return runs, f"mma.sync kernels (cp.async) in {why}" if runs else why
 
 
-def device_reason(device: torch.device) -> str | None:
-    """None when the kernels take tensors on ``device`` (``_C`` runs on it)."""
-    return extension.device_reason(device)
-
-
 def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
     size = t.element_size()
     return t.data_ptr() % nbytes == 0 and all((s * size) % nbytes == 0 for s in strides)
 
 
-def unsupported_reason(batch: Batch) -> str | None:
-    """None when the kernels can run ``batch`` (``_C`` must be loaded and run on its device)."""
-    return device_reason(batch.device) or sizes_reason(batch)
-
-
-def sizes_reason(batch: Batch) -> str | None:
-    """None when the kernels compiled into ``_C`` (which must be loaded) take the batch's dtypes
-    and sizes, whatever its device."""
+def plan_refusal(batch: Batch) -> str | None:
+    """None when a kernel compiled into ``_C`` (which must load and run on the batch's device)
+    runs ``batch``: its dtypes, sizes and scale kind. Per-token-head kernels exist for 1-byte
+    caches (e4m3, e5m2, int8), and an int8 cache has no other; every kernel writes the LSE."""
+    ext, why = extension.load()
+    why = why if ext is None else extension.device_reason(batch.device)
+    if why is not None:
+        return why
     # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
     if batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype:
         return (
             f"a {batch.cache_dtype} cache under a {batch.query_dtype} query runs on Triton (fp32 "
             "dots): converting bf16 keys to fp16 could overflow"
         )
-    most = extension.loaded().MAX_SEQS
+    if batch.per_token_head_scales and batch.cache_dtype.itemsize != 1:
+        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
+    if not batch.per_token_head_scales and batch.cache_dtype == torch.int8:
+        return "an int8 cache is compiled with per-token-head scales only"
+    most = ext.MAX_SEQS
     if batch.num_seqs > most:
         return f"at most {most} sequences per launch, got {batch.num_seqs}"
     return None
 
 
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
-    """None when the layer's own tensors suit the kernels (checked on every run: pointers and
-    scales differ per layer). ``out`` is never a reason: the kernels pick their store width from
-    its alignment and write it in place.
-
-    The scale kind is the layer's (a batch plans without it), so the kernels that are not
-    compiled for it are refused here: per-token-head kernels exist for 1-byte caches (e4m3,
-    e5m2, int8) only, with both scales per token and head, and an int8 cache has no other."""
-    per_token = problem.per_token_head_scales
-    if per_token != (problem.v_scale.dim() == 3):
-        return "k_scale and v_scale must both be per token and KV head, or both per KV head"
-    if per_token and problem.key_cache.element_size() != 1:
-        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
-    if not per_token and problem.key_cache.dtype == torch.int8:
-        return "an int8 cache is compiled with per-token-head scales only"
+    """None when the layer's own tensors suit the planned kernel (checked on every run:
+    pointers and strides differ per layer). ``out`` is never a reason: the kernels pick their
+    store width from its alignment and write it in place."""
     # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
     for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
         if not _aligned(cache, cache.stride()[:3], 16):
@@ -151,8 +138,12 @@ class MmaSyncPlan:
 
 
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
-    """By default :func:`num_splits_for` chooses the split count, capped by what ``workspace``
-    (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
+    """The plan of the kernel that runs ``batch`` (:func:`plan_refusal`'s reason raised as
+    :class:`Refused`). By default :func:`num_splits_for` chooses the split count, capped by what
+    ``workspace`` (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
+    why = plan_refusal(batch)
+    if why is not None:
+        raise Refused(why)
     resident = resident_ctas(batch)
     report = kernel_plan(batch, resident, num_splits)
     if workspace is not None and report["num_splits"] > 1:
