@@ -169,3 +169,22 @@ def test_a_nan_key_scale_reaches_the_rows_that_read_it(splits):
     reads[4:8, 4:] = True
     assert torch.isnan(out[reads]).all() and torch.isnan(lse[reads]).all()
     assert not torch.isnan(out[~reads]).any() and not torch.isnan(lse[~reads]).any()
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_tile_whose_value_scales_are_all_zero_gives_zeros(splits):
+    """Every value of KV head 0 scaled by 0 (its tiles' largest V scale is 0): its query heads'
+    outputs are 0 as in the reference, not 0 / 0; the other heads and the LSE are untouched."""
+    flags = Flags(False, splits=splits)
+    case = token_head_case(torch.float8_e4m3fn, torch.bfloat16, flags, seed=3)
+    problem = problem_of(case, flags)
+    v_scale = problem.v_scale.clone()
+    v_scale[..., 0] = 0.0
+    problem = dataclasses.replace(problem, v_scale=v_scale)
+    out, lse = run(problem, splits)
+    expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)
+    reference.paged_attention(problem, expected, expected_lse)
+    group = problem.group_size
+    assert (expected[:NUM_TOKENS, :group] == 0).all() and (out[:NUM_TOKENS, :group] == 0).all()
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    assert lse_error(lse, expected_lse) < LSE_TOLERANCE

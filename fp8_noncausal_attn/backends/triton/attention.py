@@ -252,7 +252,9 @@ if triton is not None:
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 v_tile_scale = tl.max(v_key_scale, 0)
-                p_v = p * (v_key_scale / v_tile_scale)[None, :]
+                # A tile whose value scales are all 0 contributes 0, not 0 / 0.
+                v_divisor = tl.where(v_tile_scale > 0, v_tile_scale, 1.0)
+                p_v = p * (v_key_scale / v_divisor)[None, :]
             if DOT_FP32:
                 pv = tl.dot(p_v, v, input_precision="ieee")
             else:
