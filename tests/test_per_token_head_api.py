@@ -2,6 +2,8 @@
 ``reshape_and_cache`` take float32 ``[num_blocks, block_size, num_kv_heads]`` scales (any
 strides, no copy), name bad ones, and the backends that do not read them refuse (auto moves on)."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import TOLERANCE
@@ -13,6 +15,7 @@ from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import relative_error, shuffled_block_table, slot_mapping
+from fp8_noncausal_attn.validation import validate_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 64, 16, 6
 Q_LENS, KV_LENS = [5, 2], [37, 20]
@@ -333,3 +336,25 @@ def test_mma_sync_runs_per_token_head_layers_on_aligned_caches_and_refuses_vllm_
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
     int8 = paged_attention_object(torch.int8, "mma_sync").plan(cu, seq_lens, block_table)
     assert int8.chain[0].name == "mma_sync" and int8.batch.per_token_head_scales
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_the_mma_sync_plan_names_the_kernel_that_runs(monkeypatch, cache_dtype):
+    """The C++ plan names the tile's kernel; the launch runs its per-token-head twin for
+    per-token-head scales (every int8 cache) and its LSE twin for an unsplit launch that writes
+    the LSE (csrc/mma_sync/kernel.cuh kernel_of): the plan's report says which."""
+    from helpers.gpu_mock import mock_gpu
+
+    mock_gpu(monkeypatch)
+    args, kwargs, *_ = make_case(cache_dtype)
+    problem = validate_attention(*args, **kwargs, softmax_scale=None, max_seqlen_q=None,
+                                 max_seqlen_k=None, out=None, validate=False)  # fmt: skip
+    batch = problem.batch
+    assert mma_sync.kernel_plan(batch, 132)["kernel_name"] == "paged_attention_kernel_pth"
+    per_head = dataclasses.replace(batch, scale_mode="per_head", return_lse=True)
+    if cache_dtype == torch.int8:
+        return
+    assert mma_sync.kernel_plan(per_head, 132)["kernel_name"] == "paged_attention_kernel_lse"
+    assert mma_sync.kernel_plan(per_head, 132, 3)["kernel_name"] == "paged_attention_kernel"
+    plain = dataclasses.replace(per_head, return_lse=False)
+    assert mma_sync.kernel_plan(plain, 132)["kernel_name"] == "paged_attention_kernel"

@@ -96,7 +96,8 @@ def resident_ctas(batch: Batch) -> int:
 
 
 def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> dict[str, object]:
-    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
+    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name`` (the kernel the launch
+    runs: :func:`kernel_name`), ``block_m`` (64, or 128
     for more than 64 rows per KV head on a 1-byte cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
     split-KV workspace sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when
@@ -108,7 +109,7 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
     ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
     sizes the splits from the keys one query tile's window spans, not from the context.
     """
-    return extension.loaded().plan(
+    report = extension.loaded().plan(
         **extension.plan_sizes(batch),
         num_tokens=batch.num_tokens,
         head_dim=batch.head_dim,
@@ -116,6 +117,20 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
         resident_ctas=resident,
         num_splits=num_splits or 0,
     )
+    report["kernel_name"] = kernel_name(report["kernel_name"], batch, int(report["num_splits"]))
+    return report
+
+
+def kernel_name(tile_kernel: str, batch: Batch, num_splits: int) -> str:
+    """The kernel a launch of ``batch`` runs (csrc/mma_sync/kernel.cuh ``kernel_of``): the C++
+    plan's tile kernel (``paged_attention_kernel`` or ``paged_attention_kernel_m128``), its
+    ``_pth`` twin for per-token-head scales (every int8 cache), its ``_lse`` twin for an
+    unsplit launch that writes the LSE."""
+    if batch.per_token_head_scales:
+        return f"{tile_kernel}_pth"
+    if batch.return_lse and num_splits == 1:
+        return f"{tile_kernel}_lse"
+    return tile_kernel
 
 
 def num_splits_for(batch: Batch, resident: int) -> int:
