@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
+from helpers.far_offsets import far_apart_views
 from helpers.lse import LSE_TOLERANCE, check_state, lse_error
 from helpers.oracle import float64_attention
 from helpers.per_token_head_cases import make_token_head_case, token_head_problem
@@ -188,3 +189,17 @@ def test_a_tile_whose_value_scales_are_all_zero_gives_zeros(splits):
     assert (expected[:NUM_TOKENS, :group] == 0).all() and (out[:NUM_TOKENS, :group] == 0).all()
     assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
     assert lse_error(lse, expected_lse) < LSE_TOLERANCE
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_scale_offsets_past_int32_reach_the_right_scales(splits):
+    """Per-token-head scales whose KV heads lie 2^30 elements apart (KV head 2 at 2^31) give
+    the bits of a compact launch: kv_head x its stride is a 64-bit product (an int32 one
+    wraps to another scale)."""
+    flags = Flags(False, splits=splits, heads=(3, 3))
+    case = token_head_case(torch.float8_e4m3fn, torch.bfloat16, flags, seed=6)
+    problem = problem_of(case, flags)
+    out, lse = run(problem, splits)
+    far_k, far_v = far_apart_views([problem.k_scale, problem.v_scale], 2)
+    far_out, far_lse = run(dataclasses.replace(problem, k_scale=far_k, v_scale=far_v), splits)
+    assert torch.equal(far_out, out) and torch.equal(far_lse, lse)

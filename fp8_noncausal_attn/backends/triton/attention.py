@@ -115,6 +115,9 @@ if triton is not None:
         PER_TOKEN_SCALES: tl.constexpr,  # k/v_scale per key: [num_blocks, block_size, kv_heads]
     ):  # fmt: skip
         kv_head = tl.program_id(1)
+        # Its offsets (kv_head x a cache's or a scale's head stride) are 64-bit products: a
+        # head-major view's pass 2^31 elements.
+        kv_head_offset = kv_head.to(tl.int64)
         split = tl.program_id(2)
         dims = tl.arange(0, HEAD_DIM)
         tile = tl.program_id(0)
@@ -211,7 +214,7 @@ if triton is not None:
             slot = keys % BLOCK_SIZE
             k = tl.load(
                 k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks
-                + kv_head * stride_kh + dims[:, None],
+                + kv_head_offset * stride_kh + dims[:, None],
                 mask=key_valid[None, :], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             if DOT_FP32:
@@ -221,7 +224,8 @@ if triton is not None:
             if PER_TOKEN_SCALES:
                 # Each key's scale, read with its page id, multiplies its score column in fp32.
                 k_key_scale = tl.load(
-                    k_scale_ptr + page * stride_ksb + slot * stride_kss + kv_head * stride_ksh,
+                    k_scale_ptr + page * stride_ksb + slot * stride_kss
+                    + kv_head_offset * stride_ksh,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 scores = scores * (qk_scale * k_key_scale)[None, :]
@@ -239,7 +243,7 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
                 v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs
-                + kv_head * stride_vh + dims[None, :],
+                + kv_head_offset * stride_vh + dims[None, :],
                 mask=key_valid[:, None], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             p_v = p
@@ -248,7 +252,8 @@ if triton is not None:
                 # the tile's product in fp32: P stays in [0, 1] (fp16's normal range; a value
                 # scale of 1e-4 times P would be subnormal there). The row sum l keeps plain P.
                 v_key_scale = tl.load(
-                    v_scale_ptr + page * stride_vsb + slot * stride_vss + kv_head * stride_vsh,
+                    v_scale_ptr + page * stride_vsb + slot * stride_vss
+                    + kv_head_offset * stride_vsh,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 v_tile_scale = tl.max(v_key_scale, 0)
