@@ -332,26 +332,31 @@ def available_backends() -> dict[str, dict[str, object]]:
     """What runs here and why not the rest, each answer derived from the backend's ``plan()``.
 
     Returns ``{name: {"available": bool, "reason": str, "status": str, "auto": bool,
-    "per_token_head": str, "unsplit_lse": str}}`` for every name of :data:`BACKEND_NAMES`:
-    ``"available"`` whether it runs on this machine, and ``"reason"`` what it runs on or why
-    not; ``"per_token_head"`` and ``"unsplit_lse"``, ``"yes"`` when its ``plan()`` accepts a
-    :func:`probe_batch` on the default device (CUDA when a GPU is visible, else CPU) with
-    per-token-head scales, or asking for the LSE of an unsplit launch, else the refusal;
+    "per_head": str, "per_token_head": str, "unsplit_lse": str}}`` for every name of
+    :data:`BACKEND_NAMES`: ``"available"`` whether it runs on this machine, and ``"reason"``
+    what it runs on or why not; ``"per_head"``, ``"per_token_head"`` and ``"unsplit_lse"``,
+    ``"yes"`` when its ``plan()`` accepts a :func:`probe_batch` on the default device (CUDA
+    when a GPU is visible, else CPU) with per-KV-head scales, with per-token-head scales, or
+    asking for the LSE of an unsplit launch, else the refusal;
     ``"auto"`` whether ``auto`` may pick it at all (``wgmma`` and ``tcgen05`` are compiled and
     SASS-checked, NEVER RUN ON HARDWARE, never picked); plus ``"auto": {"choice": name,
     "reason": str, "order": [...]}`` for the default device. Asks every backend afresh and
-    updates the answers that calls use.
+    updates the answers that calls use; the probes are real plans (on a GPU a CUTLASS-DSL
+    family's loads the probe's variant, as any plan of it does).
     """
     report: dict[str, dict[str, object]] = {}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    per_token_head = probe_batch(device, scale_mode="per_token_head")
-    unsplit_lse = probe_batch(device, return_lse=True)
+    probes = {
+        "per_head": probe_batch(device),
+        "per_token_head": probe_batch(device, scale_mode="per_token_head"),
+        "unsplit_lse": probe_batch(device, return_lse=True),
+    }
     for name, entry in REGISTRY.items():
         runs, why = _availability[name] = entry.kernels.availability()
         report[name] = {"available": runs, "reason": why, "status": entry.status,
-                        "auto": bool(entry.auto_devices),
-                        "per_token_head": plan_refusal(name, per_token_head) or "yes",
-                        "unsplit_lse": plan_refusal(name, unsplit_lse) or "yes"}  # fmt: skip
+                        "auto": bool(entry.auto_devices)}  # fmt: skip
+        for need, batch in probes.items():
+            report[name][need] = plan_refusal(name, batch) or "yes"
     choice, why = auto_choice(device)
     report["auto"] = {"choice": choice, "reason": why, "order": list(AUTO_ORDER)}
     return report
