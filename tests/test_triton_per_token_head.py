@@ -203,3 +203,23 @@ def test_scale_offsets_past_int32_reach_the_right_scales(splits):
     far_k, far_v = far_apart_views([problem.k_scale, problem.v_scale], 2)
     far_out, far_lse = run(dataclasses.replace(problem, k_scale=far_k, v_scale=far_v), splits)
     assert torch.equal(far_out, out) and torch.equal(far_lse, lse)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_value_scales_spread_a_million_fold_under_an_fp16_query(splits):
+    """P's columns times each V scale over the tile's largest is the 16-bit dot's operand: with
+    V scales 1e6 apart in a tile (one slot per page scaled 100, its values 0, the others 1e-4)
+    and an fp16 query, the other keys' products lie below fp16's normal range (2^-14) unless
+    lifted first."""
+    flags = Flags(False, splits=splits)
+    case = token_head_case(torch.float8_e4m3fn, torch.float16, flags, seed=8)
+    problem = problem_of(case, flags)
+    v_scale = torch.full_like(problem.v_scale, 1e-4)
+    v_scale[:, 0] = 100.0
+    value_cache = problem.value_cache.clone()
+    value_cache.view(torch.uint8)[:, 0] = 0
+    problem = dataclasses.replace(problem, v_scale=v_scale, value_cache=value_cache)
+    out, lse = run(problem, splits)
+    expected = torch.empty_like(out)
+    reference.paged_attention(problem, expected)
+    assert relative_error(out, expected) <= TOLERANCE[torch.float16]

@@ -260,7 +260,17 @@ if triton is not None:
                 # A tile whose value scales are all 0 contributes 0, not 0 / 0.
                 v_divisor = tl.where(v_tile_scale > 0, v_tile_scale, 1.0)
                 p_v = p * (v_key_scale / v_divisor)[None, :]
+                if q_ptr.dtype.element_ty == tl.float16:
+                    # fp16's normal range ends at 2^-14: a key whose V scale is 1e-4 of the
+                    # tile's largest would be subnormal there. P x ratio <= 1, so 2^15 lifts it
+                    # (exactly) while keeping it below fp16's max; the product drops it again.
+                    p_v = p_v * 32768.0
+                    v_tile_scale = v_tile_scale * (1.0 / 32768.0)
             if DOT_FP32:
+                if PER_TOKEN_SCALES and q_ptr.dtype.element_ty == tl.float16:
+                    # fp32 dots stand in for the 16-bit ones here (a per-token-head cache is
+                    # 1-byte): round P's operand to fp16 as the GPU's dot takes it.
+                    p_v = p_v.to(tl.float16).to(tl.float32)
                 pv = tl.dot(p_v, v, input_precision="ieee")
             else:
                 pv = tl.dot(p_v.to(dot_dtype), v)
