@@ -399,14 +399,15 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
 
     def plan(**kwargs):
         calls["plan"] = kwargs
-        return {"num_splits": 1, "launch": cxx_plan}
+        return {"num_splits": 1, "launch": cxx_plan, "kernel_name": "paged_attention_kernel"}
 
     def paged_attention(**kwargs):
         assert kwargs["plan"] is cxx_plan
         calls.setdefault("launch", kwargs["fields"])
 
-    ext = types.SimpleNamespace(plan=plan, paged_attention=paged_attention)
+    ext = types.SimpleNamespace(plan=plan, paged_attention=paged_attention, MAX_SEQS=1 << 20)
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    monkeypatch.setattr(extension, "device_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
         cuda_stream=0))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
