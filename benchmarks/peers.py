@@ -134,9 +134,6 @@ class Ours(Adapter):
         from fp8_noncausal_attn.validation import validate_attention
 
         shape = case.shape
-        refusal = registry.REGISTRY[self.name].kernels.PER_TOKEN_HEAD_REFUSAL
-        if shape.per_token_head and refusal is not None:
-            raise Unsupported(f"per-token-head scales: {refusal}")
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
         arguments = (
             case.query,
@@ -158,7 +155,7 @@ class Ours(Adapter):
             "sinks": case.sinks,
         }
         problem = validate_attention(*arguments, **options, validate=False)
-        try:  # a family that cannot plan the batch has no row here
+        try:  # a family that cannot plan the batch (its scale kind too) has no row here
             registry.plan_batch(self.name, problem.batch)
         except RuntimeError as refusal:
             raise Unsupported(str(refusal)) from None

@@ -16,7 +16,7 @@ import torch
 
 from . import registry
 from .problem import AttentionProblem, Batch, CacheWrite
-from .scales import FP8_DTYPES, ScaleArg, finite_max
+from .scales import FP8_DTYPES, ScaleArg, finite_max, scale_mode_of
 from .validation import check_kv_tokens, validate_attention, validate_cache_write
 
 __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "available_backends"]
@@ -39,11 +39,12 @@ def new_lse(query: torch.Tensor) -> torch.Tensor:
     return torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
 
 
-def cache_writer(device: torch.device, per_token_head: bool = False):
-    """The cache-write kernel ``auto`` picks for ``device`` (the registry's order: the CUDA
+def cache_writer(device: torch.device, per_token_head: bool = False, backend: str = "auto"):
+    """The cache-write kernel of ``backend`` for ``device``: the named one's (RuntimeError with
+    the reason when it cannot), or the one ``auto`` picks (the registry's order: the CUDA
     extension's when it runs here, else Triton's on a GPU; PyTorch on the CPU). A write that
     computes per-token-head scales (``per_token_head``) skips the extension's, which does not."""
-    return registry.for_device("auto", device, per_token_head).reshape_and_cache
+    return registry.for_device(backend, device, per_token_head).reshape_and_cache
 
 
 @torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
@@ -73,6 +74,7 @@ def _paged_attention_op(
         block_table, cu_seqlens_q, seq_lens, causal, causal_per_seq, softmax_scale, max_seqlen_q,
         max_seqlen_k, (window_left, window_right), num_tokens, num_q_heads, key_cache.shape[2],
         head_dim, key_cache.shape[1], query.dtype, key_cache.dtype, query.device,
+        scale_mode_of(k_scale, v_scale, key_cache.dtype), lse is not None,
     )  # fmt: skip
     problem = AttentionProblem(batch, query, key_cache, value_cache, k_scale, v_scale, sinks)
     run_one_shot(problem, out, backend, lse)
@@ -96,9 +98,10 @@ def _reshape_and_cache_op(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
+    backend: str = "auto",
 ) -> None:
     write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    cache_writer(key.device, k_scale.dim() == 3)(write)
+    cache_writer(key.device, k_scale.dim() == 3, backend)(write)
 
 
 @_reshape_and_cache_op.register_fake
@@ -150,8 +153,9 @@ def paged_attention(
             with any strides (real K = stored K * k_scale[block, slot, kv_head]; FP8 and int8
             caches), as :func:`reshape_and_cache` writes them. Passed through with no copy.
             Their values are read on the host only with ``validate=True`` (then every key's
-            scale must be > 0 or NaN and pass the score-overflow rule); the backends that do
-            not read them refuse such a call (``available_backends()[name]["per_token_head"]``).
+            scale must be > 0 or NaN and pass the score-overflow rule); the backends whose
+            ``plan()`` refuses them are in docs/backends.md
+            (``available_backends()[name]["per_token_head"]``).
         softmax_scale: defaults to ``head_dim ** -0.5``.
         max_seqlen_q, max_seqlen_k: upper bounds of q_len / kv_len; give both to avoid any
             device-to-host sync (needed for CUDA-graph capture).
@@ -171,7 +175,8 @@ def paged_attention(
             conventions in docs/api.md): float32 ``[num_tokens, num_q_heads]``, natural log of
             the softmax denominator, ``log(e^(sink_h) + sum_j e^(s_j))`` with
             ``s_j = softmax_scale * q . K_real[j]``; -inf for rows past ``cu_seqlens_q[-1]``.
-            Every backend and kernel family returns it; see
+            A backend whose ``plan()`` cannot return it refuses the call (docs/backends.md:
+            the CUTLASS-DSL families' unsplit plans); see
             :func:`fp8_noncausal_attn.merge_attention_states` to merge such states.
     Returns:
         ``[num_tokens, num_q_heads, head_dim]`` in ``query``'s dtype (``out`` when given), or
@@ -182,7 +187,7 @@ def paged_attention(
         query, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens,
         causal=causal, k_scale=k_scale, v_scale=v_scale, softmax_scale=softmax_scale,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, out=out, validate=validate,
-        window=window, sinks=sinks,
+        window=window, sinks=sinks, return_lse=return_lse,
     )  # fmt: skip
     if out is None:
         out = torch.empty_like(query)
@@ -213,6 +218,7 @@ def reshape_and_cache(
     *,
     k_scale: ScaleArg = None,
     v_scale: ScaleArg = None,
+    backend: str = "auto",
     validate: bool = False,
 ) -> None:
     """Write new K/V rows into the paged caches, quantising to the cache dtype.
@@ -230,7 +236,12 @@ def reshape_and_cache(
             quantize_per_token_head`: amax / the format's max, at least 1e-6; int8 rounds half
             away from zero as vLLM does). On CUDA that write is Triton's (the extension's takes
             per-head scales only).
+        backend: ``"auto"`` or a backend name, as in :func:`paged_attention`: whose cache write
+            runs (the CUDA kernel families share the extension's). A named one that cannot write
+            these tensors (their device, per-token-head scales) raises with the reason.
+        validate: also run the checks that need device values on the host (a sync).
     """
+    registry.check_name(backend)
     k_scale_t, v_scale_t = validate_cache_write(
         key, value, key_cache, value_cache, slot_mapping,
         k_scale=k_scale, v_scale=v_scale, validate=validate,
@@ -239,11 +250,11 @@ def reshape_and_cache(
         return
     if torch.compiler.is_compiling():
         _reshape_and_cache_op(
-            key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t
+            key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t, backend
         )
     else:
         write = CacheWrite(key, value, key_cache, value_cache, slot_mapping, k_scale_t, v_scale_t)
-        cache_writer(key.device, k_scale_t.dim() == 3)(write)
+        cache_writer(key.device, k_scale_t.dim() == 3, backend)(write)
 
 
 def compute_kv_scales(

@@ -255,9 +255,16 @@ def given(family: str) -> tuple[Field, ...]:
 
 
 def record_hash(family: str) -> str:
-    """12 hex digits of SHA-256 over ``family``'s fields (name, kind, element, source, in
-    order): what a library built from this record exports."""
-    text = ";".join(f"{f.name}:{f.kind}:{f.element}:{f.source}" for f in fields(family))
+    """12 hex digits of SHA-256 over ``family``'s fields (name, kind, element, source and, for
+    mma.sync, the struct that holds it, in order) and, when it takes ``scale_mode``, that
+    field's values (:data:`SCALE_MODES`): what a library built from this record exports."""
+    taken = fields(family)
+    text = ";".join(
+        f"{f.name}:{f.kind}:{f.element}:{f.source}" + (f":{f.params}" if family == MMA_SYNC else "")
+        for f in taken
+    )
+    if any(f.name == "scale_mode" for f in taken):
+        text += "|" + ";".join(f"{mode}={value}" for mode, value in sorted(SCALE_MODES.items()))
     return hashlib.sha256(f"{family}|{text}".encode()).hexdigest()[:12]
 
 

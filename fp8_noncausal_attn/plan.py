@@ -17,6 +17,8 @@ launches when the graph runs, so nothing about backends or pointers is ever trac
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import registry
@@ -30,6 +32,7 @@ from .scales import (
     check_score_scale,
     is_per_token_head,
     normalize_scale,
+    scale_mode_of,
 )
 from .validation import (
     check_cache_sizes,
@@ -37,6 +40,7 @@ from .validation import (
     check_out,
     check_per_token_head_values,
     check_query,
+    check_scale_mode,
     check_sinks,
     optional_host_int,
     validate_batch,
@@ -95,13 +99,15 @@ class BatchPlan:
     ``batch``: the checked :class:`~fp8_noncausal_attn.problem.Batch`; ``requested``: the
     ``backend`` asked for; ``backend``: the one that runs (``"meta"`` for meta tensors, the
     request while a traced plan defers the choice to the op); ``chain``: the backends' plans a
-    run tries in order (``registry.plan_batch``: one for a named backend; for ``auto``, the
-    next ones take a layer whose tensors the first cannot); ``passed_over``: why ``auto`` did
-    not take the backends before it."""
+    run tries in order (``registry.Chain``: one for a named backend; for ``auto``, the next
+    one is planned for a layer whose tensors the first cannot take); ``passed_over``: why
+    ``auto`` did not take the backends before it; ``variants``: ``(scale_mode, return_lse) ->
+    (batch, chain)`` planned by a run whose needs the plan did not state (see
+    :meth:`PagedAttention.run`)."""
 
     __slots__ = (
         "batch", "requested", "backend", "chain", "passed_over", "causal_arg", "max_page",
-        "check_values", "validate", "traced",
+        "check_values", "validate", "traced", "variants",
     )  # fmt: skip
 
     @property
@@ -130,6 +136,12 @@ class PagedAttention:
             [8, 256]).
         query_dtype: bf16 or fp16. cache_dtype: float8_e4m3fn, float8_e5m2, bf16, fp16, or int8
             (whose runs take per-token-head scales only).
+        scale_mode: the layers' scale kind, ``"per_head"`` (float32 ``[num_kv_heads]``) or
+            ``"per_token_head"`` (float32 ``[num_blocks, block_size, num_kv_heads]``; FP8 and
+            int8 caches): every plan is made for it, and a run with the other kind raises
+            (vLLM knows it from ``kv_cache_dtype``). None (default): per-token-head for an int8
+            cache, else per-head, and a run with per-token-head scales plans its batch for them
+            on its first run (host only).
         device: where every tensor lives.
         max_num_seqs, max_num_tokens: the largest batch :meth:`plan` accepts.
         workspace_rows: split-KV partial rows to allocate (default
@@ -154,6 +166,7 @@ class PagedAttention:
         max_num_tokens: int,
         workspace_rows: int | None = None,
         backend: str = "auto",
+        scale_mode: str | None = None,
     ) -> None:
         sizes = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads,
                  "max_num_seqs": max_num_seqs, "max_num_tokens": max_num_tokens}  # fmt: skip
@@ -175,6 +188,7 @@ class PagedAttention:
         else:
             optional_host_int(workspace_rows, "workspace_rows")
         check_cache_sizes(head_dim, block_size)
+        self.scale_mode = check_scale_mode(scale_mode, cache_dtype)
         self.backend = registry.check_name(backend)
         self.num_q_heads, self.num_kv_heads = num_q_heads, num_kv_heads
         self.head_dim, self.block_size = head_dim, block_size
@@ -183,6 +197,8 @@ class PagedAttention:
         self._unit_scale = torch.ones(num_kv_heads, dtype=torch.float32, device=device)
         # An int8 cache has per-token-head scales only.
         self._per_token_head_cache = cache_dtype == torch.int8
+        # The scale kind plans are made for.
+        self._planned_mode = scale_mode or scale_mode_of(None, None, cache_dtype)
         # The device with its index resolved ("cuda" -> "cuda:0"), as tensors report it.
         self.device = self._unit_scale.device
         self.workspace = Workspace(workspace_rows, num_q_heads, head_dim, self.device)
@@ -208,6 +224,7 @@ class PagedAttention:
         validate: bool = False,
         window: tuple[int, int] = (-1, -1),
         key_shard: bool = False,
+        return_lse: bool = False,
     ) -> BatchPlan:
         """Plan one batch: backend, tiles, splits. Once per batch, before :meth:`run`.
 
@@ -239,6 +256,10 @@ class PagedAttention:
                 below a sequence's query rows, or 0, whose rows get the empty state (zeros, LSE
                 -inf). Needs ``causal=False`` and no window (shard positions are not the
                 sequence's).
+            return_lse: the runs ask for each row's LSE (``run(return_lse=True)``), so the
+                backend is chosen and planned for it now (a named one that cannot return it
+                raises here). A run that asks for it under a plan made without plans the
+                batch for it on its first run (host only).
 
         Returns:
             The plan, also kept as the current one that :meth:`run` uses by default.
@@ -254,7 +275,7 @@ class PagedAttention:
             head_dim=self.head_dim, block_size=self.block_size, query_dtype=self.query_dtype,
             cache_dtype=self.cache_dtype, device=self.device, validate=validate,
             max_num_seqs=self.max_num_seqs, max_num_tokens=self.max_num_tokens,
-            key_shard=key_shard,
+            key_shard=key_shard, scale_mode=self._planned_mode, return_lse=return_lse,
         )  # fmt: skip
         plan = BatchPlan()
         plan.batch, plan.causal_arg, plan.max_page = batch, causal, max_page
@@ -262,7 +283,7 @@ class PagedAttention:
         plan.validate = validate and not torch.compiler.is_compiling()
         plan.traced = torch.compiler.is_compiling()
         plan.requested = plan.backend = requested
-        plan.chain, plan.passed_over = (), ()
+        plan.chain, plan.passed_over, plan.variants = (), (), {}
         if self.device.type == "meta":
             # Meta tensors carry shapes only: runs check them and launch nothing.
             plan.backend = "meta"
@@ -341,7 +362,13 @@ class PagedAttention:
                 f"block_table entries for used pages must be in [0, {seen[2]}), got "
                 f"a page id of {plan.max_page}"
             )
-        if self._per_token_head_cache or is_per_token_head(k_scale) or is_per_token_head(v_scale):
+        per_token_head = (
+            self._per_token_head_cache or is_per_token_head(k_scale) or is_per_token_head(v_scale)
+        )
+        chain = plan.chain
+        if per_token_head != batch.per_token_head_scales or (return_lse and not batch.return_lse):
+            batch, chain = self._variant(plan, per_token_head, return_lse)
+        if per_token_head:
             # A layer's own scales, rewritten by every cache write: checked on every run.
             check_per_token_head_scales(k_scale, v_scale, key_cache, self.device)
             check_per_token_head_values(k_scale, v_scale, batch, plan.validate)
@@ -360,12 +387,33 @@ class PagedAttention:
         if sinks is not None:
             sinks = check_sinks(sinks, self.num_q_heads, self.device, plan.check_values)
         lse = new_lse(query) if return_lse else None
-        if plan.chain:  # empty for meta tensors: nothing to launch
+        if chain:  # empty for meta tensors: nothing to launch
             problem = AttentionProblem(
                 batch, query, key_cache, value_cache, k_scale, v_scale, sinks
             )
-            registry.run(plan.chain, problem, out, lse)
+            registry.run(chain, problem, out, lse)
         return (out, lse) if return_lse else out
+
+    def _variant(self, plan: BatchPlan, per_token_head: bool, return_lse: bool):
+        """``(batch, chain)`` of ``plan``'s batch for a run whose needs it did not state: its
+        scale kind (refused when this object's ``scale_mode`` states the other) and the LSE.
+        Planned on the first such run, kept in ``plan.variants``."""
+        scale_mode = "per_token_head" if per_token_head else "per_head"
+        if self.scale_mode is not None and scale_mode != self.scale_mode:
+            raise ValueError(
+                f"this PagedAttention was built with scale_mode={self.scale_mode!r}, got "
+                f"{scale_mode.replace('_', '-')} scales (k_scale of rank "
+                f"{3 if per_token_head else 1})"
+            )
+        key = (scale_mode, return_lse or plan.batch.return_lse)
+        known = plan.variants.get(key)
+        if known is None:
+            batch = dataclasses.replace(plan.batch, scale_mode=key[0], return_lse=key[1])
+            chain = ()
+            if plan.chain:
+                chain, _ = registry.plan_batch(plan.requested, batch, self.workspace)
+            known = plan.variants[key] = (batch, chain)
+        return known
 
     def _query_error(self, query: object, plan: BatchPlan) -> None:
         """Raise the named error for a query the hot path refused."""

@@ -39,6 +39,11 @@ class Batch:
       num_tokens:    the most query rows a run of this batch brings (the plan's bound).
       num_q_heads, num_kv_heads, head_dim, block_size, query_dtype, cache_dtype, device: the
                      layer tensors' sizes, dtypes and device, the same for every layer.
+    What its runs need (a backend's ``plan()`` refuses what its kernels cannot do):
+      scale_mode:    the layers' scale kind, a key of ``launch_record.SCALE_MODES``:
+                     ``"per_head"`` (float32 [num_kv_heads]) or ``"per_token_head"`` (float32
+                     [num_blocks, block_size, num_kv_heads]; an int8 cache has no other).
+      return_lse:    whether its runs write each row's LSE.
     """
 
     block_table: torch.Tensor
@@ -58,6 +63,13 @@ class Batch:
     query_dtype: torch.dtype
     cache_dtype: torch.dtype
     device: torch.device
+    scale_mode: str = "per_head"
+    return_lse: bool = False
+
+    @property
+    def per_token_head_scales(self) -> bool:
+        """Whether the layers' scales are per token and head (:attr:`scale_mode`)."""
+        return self.scale_mode == "per_token_head"
 
     @property
     def has_window(self) -> bool:
@@ -110,8 +122,9 @@ class AttentionProblem:
     @property
     def per_token_head_scales(self) -> bool:
         """Whether ``k_scale`` / ``v_scale`` hold one scale per key and KV head (3-D) rather
-        than one per KV head (validation gives both scales the same kind)."""
-        return self.k_scale.dim() == 3
+        than one per KV head: the batch's :attr:`Batch.scale_mode`, which validation makes
+        the scales' own."""
+        return self.batch.scale_mode == "per_token_head"
 
     # The batch's fields, read through (plain properties: the launch path reads them per layer).
     @property

@@ -43,8 +43,9 @@ def _triton_cache_write(write: CacheWrite) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """One backend: its kernels (attention), its cache write and merge, what it is, and the
-    tensors' device types ``auto`` may pick it for (``()``: never), and why not for others;
+    """One backend: its kernels (attention), its cache write and merge and why they cannot take
+    tensors on a device (``device_reason``, None: they can), what it is, and the tensors' device
+    types ``auto`` may pick it for (``()``: never), and why not for others;
     ``writes_per_token_head``: whether its cache write computes per-token-head scales."""
 
     name: str
@@ -54,14 +55,25 @@ class Entry:
     auto_note: str
     reshape_and_cache: Callable[[CacheWrite], None]
     merge_states: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    device_reason: Callable[[torch.device], str | None]
     writes_per_token_head: bool
+
+
+def _any_device(device: torch.device) -> None:
+    return None
+
+
+def _c_device_reason(device: torch.device) -> str | None:
+    # Looked up per call: tests stand in for the extension's entry points.
+    return extension.device_reason(device)
 
 
 # Every CUDA kernel family writes the cache and merges split or partial states with _C's kernels:
 # the CUTLASS-DSL families launch only their attention from their own libraries. _C's write
 # takes per-head scales only: a per-token-head write goes to the next backend that computes them.
 _C_KERNELS = {"reshape_and_cache": extension.reshape_and_cache,
-              "merge_states": extension.merge_states, "writes_per_token_head": False}  # fmt: skip
+              "merge_states": extension.merge_states, "device_reason": _c_device_reason,
+              "writes_per_token_head": False}  # fmt: skip
 # In auto's order (fastest first); the families never run on a GPU come last and auto skips them.
 REGISTRY: dict[str, Entry] = {
     entry.name: entry
@@ -70,10 +82,11 @@ REGISTRY: dict[str, Entry] = {
               ("cuda",), "auto picks it for CUDA tensors only", **_C_KERNELS),
         Entry("triton", triton_attention, "Triton kernels (GPUs from sm_89; a CPU interpreter)",
               ("cuda",), "auto does not pick Triton's CPU interpreter (a test tool, far slower "
-              "than PyTorch)", _triton_cache_write, triton_attention.merge_states, True),
+              "than PyTorch)", _triton_cache_write, triton_attention.merge_states,
+              triton_attention.device_reason, True),
         Entry("reference", reference, "plain PyTorch, fp32 math: the oracle",
               ("cpu", "cuda", "meta"), "", reference.reshape_and_cache, reference.merge_states,
-              True),
+              _any_device, True),
         Entry("wgmma", dsl.FAMILIES["wgmma"], f"Hopper CUTLASS-DSL kernels (sm_90a); {NEVER_RUN}",
               (), "never run on a GPU", **_C_KERNELS),
         Entry("tcgen05", dsl.FAMILIES["tcgen05"],
@@ -116,37 +129,9 @@ def max_splits() -> int:
     return max(getattr(entry.kernels, "MAX_SPLITS", 1) for entry in REGISTRY.values())
 
 
-def _refusal(name: str, device: torch.device, batch: Batch | None) -> str | None:
-    """Why backend ``name`` cannot take ``batch`` (or, without one, tensors on ``device``)."""
+def _not_available(name: str) -> RuntimeError | None:
     runs, why = availability(name)
-    if not runs:
-        return why
-    kernels = REGISTRY[name].kernels
-    if batch is None:
-        return kernels.device_reason(device)
-    if batch.cache_dtype == torch.int8 and kernels.PER_TOKEN_HEAD_REFUSAL:
-        return f"an int8 cache has per-token-head scales: {kernels.PER_TOKEN_HEAD_REFUSAL}"
-    return kernels.unsupported_reason(batch)
-
-
-def _refuse(name: str, device: torch.device, batch: Batch | None) -> None:
-    """RuntimeError with the reason when the named backend cannot serve the call."""
-    runs, why = availability(name)
-    if not runs:
-        raise RuntimeError(f"backend {name!r} is not available here: {why}")
-    why = _refusal(name, device, batch)
-    if why is not None:
-        raise RuntimeError(f"backend {name!r} does not support this call: {why}")
-
-
-def _auto_walk(device: torch.device, batch: Batch | None):
-    """``(name, None)`` for each backend ``auto`` may take for ``batch`` (or ``device``) in
-    order, and ``(name, why)`` for each it passes over."""
-    for name in AUTO_ORDER:
-        why = _refusal(name, device, batch)
-        if why is None and device.type not in REGISTRY[name].auto_devices:
-            why = REGISTRY[name].auto_note
-        yield name, why
+    return None if runs else RuntimeError(f"backend {name!r} is not available here: {why}")
 
 
 def for_device(backend: str, device: torch.device, per_token_head: bool = False) -> Entry:
@@ -155,16 +140,25 @@ def for_device(backend: str, device: torch.device, per_token_head: bool = False)
     ``per_token_head``: a cache write that computes per-token-head scales (``auto`` passes over
     the backends whose write does not: _C's)."""
     if check_name(backend) != "auto":
-        _refuse(backend, device, None)
-        if per_token_head and not REGISTRY[backend].writes_per_token_head:
-            raise RuntimeError(
-                f"backend {backend!r} does not support this call: its cache write does not "
-                "compute per-token-head scales"
-            )
-        return REGISTRY[backend]
-    for name, why in _auto_walk(device, None):
-        if why is None and (REGISTRY[name].writes_per_token_head or not per_token_head):
-            return REGISTRY[name]
+        error = _not_available(backend)
+        if error is not None:
+            raise error
+        entry = REGISTRY[backend]
+        why = entry.device_reason(device)
+        if why is None and per_token_head and not entry.writes_per_token_head:
+            why = "its cache write does not compute per-token-head scales"
+        if why is not None:
+            raise RuntimeError(f"backend {backend!r} does not support this call: {why}")
+        return entry
+    for name in AUTO_ORDER:
+        entry = REGISTRY[name]
+        if (
+            availability(name)[0]
+            and device.type in entry.auto_devices
+            and entry.device_reason(device) is None
+            and (entry.writes_per_token_head or not per_token_head)
+        ):
+            return entry
     raise AssertionError("the reference backend takes every device")
 
 
@@ -176,62 +170,115 @@ class Planned(NamedTuple):
     plan: Any
 
 
+def _auto_plan(
+    names: tuple[str, ...], batch: Batch, workspace: Any, num_splits: int | None,
+    passed_over: list[tuple[str, str]],
+) -> Planned | None:  # fmt: skip
+    """The plan of the first backend of ``names`` that ``auto`` may take for ``batch``'s device
+    and whose ``plan()`` accepts it; each one passed over is appended to ``passed_over`` with
+    why. ``plan()`` is asked only of a backend that runs here and is picked for the device."""
+    for name in names:
+        entry = REGISTRY[name]
+        runs, why = availability(name)
+        if runs and batch.device.type not in entry.auto_devices:
+            why = entry.auto_note
+        elif runs:
+            try:
+                return Planned(
+                    name, entry.kernels, entry.kernels.plan(batch, workspace, num_splits)
+                )
+            except Refused as refusal:
+                why = str(refusal)
+        passed_over.append((name, why))
+    return None
+
+
+class Chain:
+    """A batch's plans in the order :func:`run` tries them (iterable of :class:`Planned`): one
+    for a named backend; for ``auto``, the first backend of :data:`AUTO_ORDER` whose ``plan()``
+    accepts the batch, and the next one planned only when a layer's own tensors (pointers,
+    strides) are refused by every plan so far (kept for the batch's later layers).
+    ``passed_over``: why ``auto`` did not take the backends before the first."""
+
+    __slots__ = ("requested", "batch", "workspace", "num_splits", "planned", "passed_over")
+
+    def __init__(self, requested: str, batch: Batch, workspace: Any, num_splits: int | None):
+        self.requested, self.batch = requested, batch
+        self.workspace, self.num_splits = workspace, num_splits
+        self.planned: list[Planned] = []
+        self.passed_over: list[tuple[str, str]] = []
+
+    def __iter__(self):
+        return iter(self.planned)
+
+    def __len__(self) -> int:
+        return len(self.planned)
+
+    def __getitem__(self, index: int) -> Planned:
+        return self.planned[index]
+
+    def plan_next(self) -> Planned | None:
+        """``auto`` only: plan the next backend of its order after the last planned one (the
+        backends it passes over are not recorded); None when no later one plans the batch."""
+        if self.requested != "auto":
+            return None
+        later = AUTO_ORDER[AUTO_ORDER.index(self.planned[-1].name) + 1 :]
+        planned = _auto_plan(later, self.batch, self.workspace, self.num_splits, [])
+        if planned is not None:
+            self.planned.append(planned)
+        return planned
+
+
 def plan_batch(
     backend: str, batch: Batch, workspace: Any = None, num_splits: int | None = None
-) -> tuple[tuple[Planned, ...], tuple[tuple[str, str], ...]]:
-    """Plan ``batch`` on ``backend``: the plans :func:`run` tries in order, and why ``auto``
-    passed over the backends before the first (``(name, reason)`` pairs).
+) -> tuple[Chain, tuple[tuple[str, str], ...]]:
+    """Plan ``batch`` on ``backend``: the :class:`Chain` :func:`run` tries, and why ``auto``
+    passed over the backends before its first plan (``(name, reason)`` pairs).
 
-    A named backend gives one plan, or RuntimeError with the reason it cannot serve the batch.
-    ``auto`` gives the first backend of :data:`AUTO_ORDER` that plans the batch, followed by
-    every later one that does: a layer whose own tensors (pointers, strides) the first cannot
-    take runs on the next that can, decided here (the reference takes every layer).
+    A named backend gives one plan, or RuntimeError with the reason it cannot serve the batch
+    (its ``plan()``'s refusal). ``auto`` gives the first backend of :data:`AUTO_ORDER` whose
+    ``plan()`` accepts the batch (the reference accepts every valid batch).
     """
-    if check_name(backend) != "auto":
-        _refuse(backend, batch.device, batch)
+    chain = Chain(check_name(backend), batch, workspace, num_splits)
+    if backend != "auto":
+        error = _not_available(backend)
+        if error is not None:
+            raise error
         kernels = REGISTRY[backend].kernels
         try:
-            return (Planned(backend, kernels, kernels.plan(batch, workspace, num_splits)),), ()
+            chain.planned.append(
+                Planned(backend, kernels, kernels.plan(batch, workspace, num_splits))
+            )
         except Refused as refusal:
             raise RuntimeError(
                 f"backend {backend!r} does not support this call: {refusal}"
             ) from None
-    chain: list[Planned] = []
-    passed_over: list[tuple[str, str]] = []
-    for name, why in _auto_walk(batch.device, batch):
-        if why is None:
-            try:
-                kernels = REGISTRY[name].kernels
-                chain.append(Planned(name, kernels, kernels.plan(batch, workspace, num_splits)))
-                continue
-            except Refused as refusal:
-                why = str(refusal)
-        if not chain:
-            passed_over.append((name, why))
-    if not chain:
+        return chain, ()
+    planned = _auto_plan(AUTO_ORDER, batch, workspace, num_splits, chain.passed_over)
+    if planned is None:
         raise AssertionError("the reference backend plans every valid batch")
-    return tuple(chain), tuple(passed_over)
+    chain.planned.append(planned)
+    return chain, tuple(chain.passed_over)
 
 
 def run(
-    chain: tuple[Planned, ...],
+    chain: Chain,
     problem: AttentionProblem,
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
     """Launch the first plan of ``chain`` (from :func:`plan_batch`) whose backend takes this
-    layer's tensors; RuntimeError with the reasons when none does. A layer with no query rows
-    launches nothing (``out`` and ``lse`` are empty)."""
+    layer's tensors (``auto`` plans the next backend when none does); RuntimeError with the
+    reasons when none can. A layer with no query rows launches nothing (``out`` and ``lse`` are
+    empty)."""
     if problem.num_tokens == 0:
         return
     refusals = []
-    per_token_head = problem.per_token_head_scales
-    for planned in chain:
-        why = planned.kernels.PER_TOKEN_HEAD_REFUSAL if per_token_head else None
-        if why is not None:
-            why = f"per-token-head scales: {why}"
-        else:
-            why = planned.kernels.run_unsupported_reason(problem, out)
+    index = 0
+    while index < len(chain.planned) or chain.plan_next() is not None:
+        planned = chain.planned[index]
+        index += 1
+        why = planned.kernels.run_unsupported_reason(problem, out)
         if why is None:
             if lse is None:
                 planned.kernels.run(problem, planned.plan, out)
@@ -242,38 +289,74 @@ def run(
     raise RuntimeError(f"no planned backend can run this layer's tensors: {'; '.join(refusals)}")
 
 
+def probe_batch(
+    device: torch.device, scale_mode: str = "per_head", return_lse: bool = False
+) -> Batch:
+    """A small batch on ``device`` (one sequence of 4 query rows over 40 keys, 8 query and 2 KV
+    heads, head_dim 128, 16-key pages, a bf16 query over an e4m3 cache, bidirectional): what
+    :func:`available_backends` asks each backend's ``plan()`` with."""
+    index = {"dtype": torch.int32, "device": device}
+    return Batch(
+        torch.arange(3, **index).view(1, 3), torch.tensor([0, 4], **index),
+        torch.tensor([40], **index), False, None, 128**-0.5, 4, 40, (-1, -1), 4, 8, 2, 128, 16,
+        torch.bfloat16, torch.float8_e4m3fn, device, scale_mode, return_lse,
+    )  # fmt: skip
+
+
 def auto_choice(device: torch.device) -> tuple[str, str]:
-    """The backend ``auto`` takes for tensors on ``device`` (before any batch), and why."""
-    passed_over = []
-    for name, why in _auto_walk(device, None):
-        if why is None:
-            because = f"fastest available for {device.type} tensors"
-            if passed_over:
-                because += " (" + "; ".join(passed_over) + ")"
-            return name, because
-        passed_over.append(f"{name}: {why}")
-    raise AssertionError("the reference backend takes every device")
+    """The backend ``auto`` takes for a batch on ``device`` (:func:`probe_batch`), and why."""
+    passed_over: list[tuple[str, str]] = []
+    planned = _auto_plan(AUTO_ORDER, probe_batch(device), None, None, passed_over)
+    if planned is None:
+        raise AssertionError("the reference backend plans every valid batch")
+    because = f"fastest available for {device.type} tensors"
+    if passed_over:
+        because += " (" + "; ".join(f"{name}: {why}" for name, why in passed_over) + ")"
+    return planned.name, because
+
+
+def plan_refusal(name: str, batch: Batch) -> str | None:
+    """None when backend ``name`` runs here and its ``plan()`` accepts ``batch`` (a forced
+    unsplit plan), else why not."""
+    runs, why = availability(name)
+    if not runs:
+        return f"not available here: {why}"
+    try:
+        REGISTRY[name].kernels.plan(batch, None, 1)
+    except Refused as refusal:
+        return str(refusal)
+    return None
 
 
 def available_backends() -> dict[str, dict[str, object]]:
-    """What runs here and why not the rest.
+    """What runs here and why not the rest, each answer derived from the backend's ``plan()``.
 
     Returns ``{name: {"available": bool, "reason": str, "status": str, "auto": bool,
-    "per_token_head": str}}`` for every name of :data:`BACKEND_NAMES` (``"per_token_head"``:
-    ``"reads"`` when its kernels read per-token-head scales, else why not; ``"auto"``: whether
-    ``auto`` may pick it at all;
-    ``wgmma`` and ``tcgen05`` are compiled and SASS-checked, NEVER RUN ON HARDWARE, never
-    picked), plus ``"auto": {"choice": name, "reason": str, "order": [...]}`` for the current
-    default device (CUDA when a GPU is visible, else CPU). Asks every backend afresh and updates
-    the answers that calls use.
+    "per_head": str, "per_token_head": str, "unsplit_lse": str}}`` for every name of
+    :data:`BACKEND_NAMES`: ``"available"`` whether it runs on this machine, and ``"reason"``
+    what it runs on or why not; ``"per_head"``, ``"per_token_head"`` and ``"unsplit_lse"``,
+    ``"yes"`` when its ``plan()`` accepts a :func:`probe_batch` on the default device (CUDA
+    when a GPU is visible, else CPU) with per-KV-head scales, with per-token-head scales, or
+    asking for the LSE of an unsplit launch, else the refusal;
+    ``"auto"`` whether ``auto`` may pick it at all (``wgmma`` and ``tcgen05`` are compiled and
+    SASS-checked, NEVER RUN ON HARDWARE, never picked); plus ``"auto": {"choice": name,
+    "reason": str, "order": [...]}`` for the default device. Asks every backend afresh and
+    updates the answers that calls use; the probes are real plans (on a GPU a CUTLASS-DSL
+    family's loads the probe's variant, as any plan of it does).
     """
     report: dict[str, dict[str, object]] = {}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    probes = {
+        "per_head": probe_batch(device),
+        "per_token_head": probe_batch(device, scale_mode="per_token_head"),
+        "unsplit_lse": probe_batch(device, return_lse=True),
+    }
     for name, entry in REGISTRY.items():
         runs, why = _availability[name] = entry.kernels.availability()
-        reads = entry.kernels.PER_TOKEN_HEAD_REFUSAL or "reads"
         report[name] = {"available": runs, "reason": why, "status": entry.status,
-                        "auto": bool(entry.auto_devices), "per_token_head": reads}  # fmt: skip
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                        "auto": bool(entry.auto_devices)}  # fmt: skip
+        for need, batch in probes.items():
+            report[name][need] = plan_refusal(name, batch) or "yes"
     choice, why = auto_choice(device)
     report["auto"] = {"choice": choice, "reason": why, "order": list(AUTO_ORDER)}
     return report

@@ -137,6 +137,15 @@ def check_per_token_head_scales(
             )
 
 
+def scale_mode_of(k_scale: ScaleArg, v_scale: ScaleArg, cache_dtype: torch.dtype) -> str:
+    """The scale kind a call's scales mean (a key of ``launch_record.SCALE_MODES``):
+    ``"per_token_head"`` when either scale has rank 3 or the cache is int8 (which has no
+    other), else ``"per_head"``. :func:`normalize_scales` checks that both are of it."""
+    if cache_dtype == torch.int8 or is_per_token_head(k_scale) or is_per_token_head(v_scale):
+        return "per_token_head"
+    return "per_head"
+
+
 def normalize_scales(
     k_scale: ScaleArg,
     v_scale: ScaleArg,
@@ -147,7 +156,7 @@ def normalize_scales(
     """Both scales in the kernels' form: per-token-head tensors (either scale of rank 3, or an
     int8 cache) checked by :func:`check_per_token_head_scales` and returned as they are; else
     each through :func:`normalize_scale`."""
-    if key_cache.dtype == torch.int8 or is_per_token_head(k_scale) or is_per_token_head(v_scale):
+    if scale_mode_of(k_scale, v_scale, key_cache.dtype) == "per_token_head":
         check_per_token_head_scales(k_scale, v_scale, key_cache, device)
         return k_scale, v_scale  # type: ignore[return-value]
     num_kv_heads = key_cache.shape[2]

@@ -14,6 +14,7 @@ import operator
 import numpy
 import torch
 
+from .launch_record import SCALE_MODES
 from .masking import normalize_causal
 from .problem import AttentionProblem, Batch
 from .scales import (
@@ -26,6 +27,7 @@ from .scales import (
     check_score_scale,
     is_per_token_head,
     normalize_scales,
+    scale_mode_of,
 )
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -292,6 +294,27 @@ def check_window(window: object) -> tuple[int, int]:
     return int(window[0]), int(window[1])
 
 
+def check_scale_mode(scale_mode: object, cache_dtype: torch.dtype) -> str | None:
+    """``scale_mode``: None (not stated), or a key of ``launch_record.SCALE_MODES`` that the
+    cache dtype has: an int8 cache has per-token-head scales only, a 16-bit one per-head only."""
+    if scale_mode is None:
+        return None
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(
+            f"scale_mode must be None or one of {tuple(SCALE_MODES)}, got {scale_mode!r}"
+        )
+    if scale_mode == "per_head" and cache_dtype == torch.int8:
+        raise ValueError(
+            "scale_mode='per_head' needs an FP8 or 16-bit cache: int8 has per-token-head "
+            "scales only"
+        )
+    if scale_mode == "per_token_head" and cache_dtype.itemsize == 2:
+        raise ValueError(
+            f"scale_mode='per_token_head' needs an FP8 or int8 cache, got {cache_dtype}"
+        )
+    return scale_mode
+
+
 def check_sinks(
     sinks: object, num_q_heads: int, device: torch.device, check_values: bool
 ) -> torch.Tensor | None:
@@ -337,6 +360,8 @@ def validate_batch(
     max_num_seqs: int | None = None,
     max_num_tokens: int | None = None,
     key_shard: bool = False,
+    scale_mode: str = "per_head",
+    return_lse: bool = False,
 ) -> tuple[Batch, int, bool]:
     """Check one batch (the index tensors and host values every layer of it shares) and return
     its :class:`Batch`, the largest used page id (-1 when not read) and whether device values
@@ -347,7 +372,8 @@ def validate_batch(
     before its queries exist). ``num_blocks``: the caches' page count when known (a one-shot
     call), else page ids are checked against the caches at run time. ``max_num_seqs`` /
     ``max_num_tokens``: the bounds of a :class:`fp8_noncausal_attn.PagedAttention`. ``key_shard``:
-    the keys are a shard of each sequence's (see ``PagedAttention.plan``).
+    the keys are a shard of each sequence's (see ``PagedAttention.plan``). ``scale_mode``,
+    ``return_lse``: what the runs need (:class:`Batch`), already checked.
 
     Lengths and page ids are read on the host (a sync) only when ``max_seqlen_q/k`` are not
     both given or values are checked; under ``torch.compile`` tracing they must be given.
@@ -393,7 +419,7 @@ def validate_batch(
     batch = Batch(
         block_table, cu_seqlens_q, seq_lens, causal_flag, causal_per_seq, float(softmax_scale),
         max_seqlen_q, max_seqlen_k, window, num_tokens, num_q_heads, num_kv_heads, head_dim,
-        block_size, query_dtype, cache_dtype, device,
+        block_size, query_dtype, cache_dtype, device, scale_mode, return_lse,
     )  # fmt: skip
     return batch, max_page, check_values
 
@@ -461,9 +487,11 @@ def validate_attention(
     validate: bool,
     window: object = (-1, -1),
     sinks: object = None,
+    return_lse: bool = False,
 ) -> AttentionProblem:
     """Check a ``paged_attention`` call: its layer tensors here, its batch by
-    :func:`validate_batch`; return the :class:`AttentionProblem` (``problem.batch`` its batch)."""
+    :func:`validate_batch`; return the :class:`AttentionProblem` (``problem.batch`` its batch,
+    whose scale mode is the scales' kind)."""
     query = check_query(query)
     device = query.device
     check_caches(key_cache, value_cache, device)
@@ -487,6 +515,8 @@ def validate_attention(
         num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, block_size=block_size, query_dtype=query.dtype,
         cache_dtype=key_cache.dtype, device=device, validate=validate, num_blocks=num_blocks,
+        scale_mode=scale_mode_of(k_scale, v_scale, key_cache.dtype),
+        return_lse=return_lse,
     )  # fmt: skip
     k_scale_t, v_scale_t = normalize_scales(k_scale, v_scale, key_cache, device, check_values)
     if is_per_token_head(k_scale_t):

@@ -48,6 +48,8 @@ def test_a_bad_backend_name_fails_with_the_one_text_everywhere():
     with pytest.raises(ValueError, match=expected):
         fna.paged_attention(*case.args(), **case.kwargs(), backend="cuda")
     with pytest.raises(ValueError, match=expected):
+        fna.reshape_and_cache(*cache_write_case()[:5], backend="cuda")
+    with pytest.raises(ValueError, match=expected):
         fna.merge_attention_states([case.query], [torch.zeros(case.query.shape[:2])], backend="x")
     with pytest.raises(ValueError, match=expected):
         fna.PagedAttention(
@@ -60,6 +62,48 @@ def test_a_bad_backend_name_fails_with_the_one_text_everywhere():
             max_num_tokens=8,
             backend="fa3",
         )
+
+
+def cache_write_case(per_token_head: bool = False, seed: int = 5):
+    """``(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)`` of a cache write:
+    random rows, e4m3 caches holding random bytes, per-head or per-token-head scales."""
+    gen = torch.Generator().manual_seed(seed)
+    key, value = (torch.randn(6, 2, 64, generator=gen).bfloat16() for _ in "kv")
+    key_cache, value_cache = (
+        torch.randint(0, 120, (4, 16, 2, 64), dtype=torch.uint8, generator=gen).view(
+            torch.float8_e4m3fn
+        )
+        for _ in "kv"
+    )
+    slots = torch.tensor([0, 17, 33, -1, 63, 40])
+    if per_token_head:
+        k_scale, v_scale = (torch.rand(4, 16, 2, generator=gen) + 0.5 for _ in "kv")
+    else:
+        k_scale, v_scale = (torch.rand(2, generator=gen) + 0.5 for _ in "kv")
+    return key, value, key_cache, value_cache, slots, k_scale, v_scale
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+@pytest.mark.parametrize("per_token_head", [False, True])
+def test_reshape_and_cache_runs_the_named_backends_write(per_token_head):
+    """``backend=`` names whose cache write runs: the reference's and Triton's (its CPU
+    interpreter) write the same bytes and scales as ``auto``; a CUDA family's, on CPU tensors,
+    raises with the reason."""
+    written = {}
+    for backend in ("auto", "reference", "triton"):
+        *tensors, k_scale, v_scale = (t.clone() for t in cache_write_case(per_token_head))
+        fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend=backend)
+        written[backend] = [t.view(torch.uint8) for t in tensors[2:4]]
+        if per_token_head:
+            written[backend] += [k_scale, v_scale]
+    before = cache_write_case(per_token_head)
+    assert not torch.equal(written["auto"][0], before[2].view(torch.uint8))
+    for backend in ("reference", "triton"):
+        for got, expected in zip(written[backend], written["auto"], strict=True):
+            assert torch.equal(got, expected), backend
+    *tensors, k_scale, v_scale = cache_write_case(per_token_head)
+    with pytest.raises(RuntimeError, match="backend 'mma_sync' is not available here: "):
+        fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend="mma_sync")
 
 
 def test_ops_are_registered_with_torch_library():
@@ -192,7 +236,7 @@ def test_torch_compile_fullgraph_with_auto_backend(monkeypatch, extension):
         (registry, "plan_batch"),
         (registry, "for_device"),
         (registry, "auto_choice"),
-        (mma_sync, "unsupported_reason"),
+        (mma_sync, "plan"),
         (mma_sync, "run_unsupported_reason"),
     ]:
         refuse_while_tracing(monkeypatch, module, name)  # fmt: skip
@@ -244,7 +288,7 @@ def test_opcheck_both_ops_with_bf16_caches():
     slots = torch.tensor([0, 17, 33, -1, 63])
     scales = torch.tensor([0.5, 2.0])
     write_op = torch.ops.fp8_noncausal_attn.reshape_and_cache.default
-    args = (key, value, key_cache, value_cache, slots, scales, scales)
+    args = (key, value, key_cache, value_cache, slots, scales, scales, "reference")
     torch.library.opcheck(write_op, args)
     write_op(*args)
     assert torch.equal(key_cache[1, 1], (key[1].float() / scales[:, None]).to(torch.bfloat16))
@@ -277,7 +321,7 @@ def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
         "from fp8_noncausal_attn.backends.cuda import extension, mma_sync\n"
         "from fp8_noncausal_attn.backends.triton import attention\n"
         "mma_sync.availability = lambda: (True, 'mocked')\n"
-        "mma_sync.device_reason = lambda device: None\n"
+        "extension.device_reason = lambda device: None\n"
         "attention.availability = lambda: (True, 'mocked')\n"
         "registry.available_backends()\n"
         "assert api.cache_writer(torch.device('cuda')) is extension.reshape_and_cache\n"

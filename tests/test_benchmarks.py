@@ -539,7 +539,7 @@ def test_peers_that_take_no_per_token_head_scales_say_why():
     from benchmarks import peers
 
     case = make_case(per_token_head_shapes()[0], torch.device("cpu"))
-    for adapter in (peers.Fa3Fp8Query(), peers.FlashInfer(), peers.Ours("mma_sync")):
+    for adapter in (peers.Fa3Fp8Query(), peers.FlashInfer()):
         with pytest.raises(peers.Unsupported, match="per-token-head"):
             adapter.prepare(case)
 

@@ -27,6 +27,7 @@ from helpers.backends import gpu_stand_in
 
 from fp8_noncausal_attn import launch_record
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+from fp8_noncausal_attn.backends.protocol import Refused
 
 DEFAULT_ARCHS = ("89", "90", "100f", "120")
 DEFAULT_PTX = "120"
@@ -401,13 +402,13 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
 
     def plan(**kwargs):
         calls["plan"] = kwargs
-        return {"num_splits": 1, "launch": cxx_plan}
+        return {"num_splits": 1, "launch": cxx_plan, "kernel_name": "paged_attention_kernel"}
 
     def paged_attention(**kwargs):
         assert kwargs["plan"] is cxx_plan
         calls.setdefault("launch", kwargs["fields"])
 
-    ext = types.SimpleNamespace(plan=plan, paged_attention=paged_attention)
+    ext = types.SimpleNamespace(plan=plan, paged_attention=paged_attention, MAX_SEQS=1 << 20)
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     gpu_stand_in(monkeypatch, ext)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
@@ -490,12 +491,12 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
 
 
 def test_backend_passes_token_scale_strides_and_refuses_what_is_not_compiled(monkeypatch):
-    """A layer with per-token-head scales: run() passes scale_mode per_token_head and each
-    scale's (block, slot, head) strides; per-head scales pass per_head and zero strides. Layers
-    no kernel is compiled for are refused at run time, with the reason (the scale kind is the
-    layer's, not the batch's): one scale per head and the other per token, per-token-head
-    scales over a 16-bit cache, an int8 cache with per-head scales, and vLLM's own inline pages,
-    whose rows are not 16-byte aligned."""
+    """A batch planned per token and head: run() passes scale_mode per_token_head and each
+    scale's (block, slot, head) strides; per-head scales pass per_head and zero strides.
+    Batches no kernel is compiled for are refused by plan(), with the reason (the scale kind is
+    the batch's): per-token-head scales over a 16-bit cache, an int8 cache with per-head
+    scales; and a layer's own tensors at run time: vLLM's inline pages, whose rows are not
+    16-byte aligned."""
     import contextlib
 
     from helpers.token_heads import token_head_problem
@@ -505,7 +506,8 @@ def test_backend_passes_token_scale_strides_and_refuses_what_is_not_compiled(mon
     from fp8_noncausal_attn.validation import validate_attention
 
     calls = []
-    ext = types.SimpleNamespace(paged_attention=lambda **kwargs: calls.append(kwargs["fields"]))
+    ext = types.SimpleNamespace(paged_attention=lambda **kwargs: calls.append(kwargs["fields"]),
+                                MAX_SEQS=1 << 20)  # fmt: skip
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
     gpu_stand_in(monkeypatch, ext)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(
@@ -530,20 +532,25 @@ def test_backend_passes_token_scale_strides_and_refuses_what_is_not_compiled(mon
     assert plain["scale_mode"] == launch_record.SCALE_MODES["per_head"]
     assert all(plain[f"{name}_stride_{d}"] == 0 for name in ("ks", "vs") for d in "bsh")
 
-    heads = torch.ones(problem.num_kv_heads)
-    head_scales = {"k_scale": heads, "v_scale": heads}
+    assert mma_sync.plan_refusal(problem.batch) is None
+    assert mma_sync.plan_refusal(per_head.batch) is None
+    refused = {
+        "compiled for e4m3, e5m2 and int8": dataclasses.replace(
+            per_head.batch, scale_mode="per_token_head"
+        ),
+        "int8 cache is compiled with per-token-head": dataclasses.replace(
+            problem.batch, scale_mode="per_head"
+        ),
+    }
+    for why, batch in refused.items():
+        assert why in mma_sync.plan_refusal(batch)
+        with pytest.raises(Refused, match=why):
+            mma_sync.plan(batch)
     vllm_page = torch.zeros(3, 2, 16, 2 * (64 + 4), dtype=torch.uint8)
     names = ("key_cache", "value_cache", "k_scale", "v_scale")
     vllm_caches = dict(zip(names, split_per_token_head_cache(vllm_page, torch.int8), strict=True))
-    token_scales = {"k_scale": problem.k_scale, "v_scale": problem.v_scale}
-    refused = {
-        "must both be per token and KV head": replaced(problem, v_scale=heads),
-        "compiled for e4m3, e5m2 and int8": replaced(per_head, **token_scales),
-        "int8 cache is compiled with per-token-head": replaced(problem, **head_scales),
-        "multiples of 16 bytes": replaced(problem, **vllm_caches),
-    }
-    for why, layer in refused.items():
-        assert why in mma_sync.run_unsupported_reason(layer, None)
+    why = mma_sync.run_unsupported_reason(replaced(problem, **vllm_caches), None)
+    assert "multiples of 16 bytes" in why
 
 
 def test_merge_entry_passes_the_partials_and_refuses_other_layouts(monkeypatch):

@@ -319,17 +319,22 @@ def test_layer_tensors_the_kernels_cannot_take_are_refused_by_reason():
 
 
 def test_batches_the_families_cannot_take_are_refused_by_reason(monkeypatch):
-    """A batch's device, index tensors and sizes (sinks are a layer's: no plan refuses them)."""
+    """A batch's device, index tensors, sizes and scale kind (sinks are a layer's: no plan
+    refuses them)."""
     monkeypatch.setattr(extension, "device_reason", lambda device: None)
     monkeypatch.setattr(dsl_families, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(dsl_families, "load_library",
+                        lambda family: (FakeLibrary(DEFAULT_TABLES[family]), ""))  # fmt: skip
     wgmma, tcgen05 = dsl_families.FAMILIES["wgmma"], dsl_families.FAMILIES["tcgen05"]
     case = make_case([3, 5], [40, 21], seed=2)
 
     def reason(family, of=case, **overrides):
-        return dsl_families.plan_unsupported_reason(family, problem_of(of, **overrides).batch)
+        return dsl_families.plan_refusal(family, problem_of(of, **overrides).batch)
 
     assert reason(wgmma) is None
     assert reason(wgmma, window=(8, 0)) is None
+    per_token = torch.rand(case.key_cache.shape[:3]) + 0.5
+    assert reason(wgmma, k_scale=per_token, v_scale=per_token) == dsl_families.PER_HEAD_ONLY
     # Every index tensor is read through its strides (the launch passes them).
     assert reason(wgmma, make_case([3, 5], [40, 21], index_step=2, seed=2)) is None
     assert reason(tcgen05) == "needs an sm_100/sm_103 (B200, B300) GPU, this one is sm_90"
@@ -351,11 +356,12 @@ def test_auto_never_picks_a_dsl_family(monkeypatch):
     case = make_case([3, 5], [40, 21], seed=3)
     auto_takes_cpu_tensors(monkeypatch, "mma_sync")
     assert fna.available_backends()["wgmma"]["available"]
+    wgmma.loads.clear()  # available_backends() planned its probe batches
     attn = attention(case)
     plan = plan_case(attn, case, backend="auto")
     assert plan.backend == "mma_sync"
-    # the layers mma_sync cannot take run on the next auto would pick (Triton: CUDA tensors only)
-    assert [planned.name for planned in plan.chain] == ["mma_sync", "reference"]
+    # only the first is planned (a layer mma_sync cannot take plans the next: not a family)
+    assert [planned.name for planned in plan.chain] == ["mma_sync"]
     attn.run(*layer_args(case), plan=plan)
     assert not wgmma.calls and not wgmma.loads
 

@@ -177,7 +177,7 @@ def compiled_mma_kernels() -> set[tuple]:
     kernels = set()
     for head_dim, q, kv in itertools.product(SUPPORTED_HEAD_DIMS, SIXTEEN_BIT_DTYPES, CACHE_DTYPES):
         _, problem, _ = build(head_dim, q, kv, 1, "bidirectional", "full", 16, 0, "cpu")
-        if mma_sync.sizes_reason(problem.batch) is not None:
+        if mma_sync.plan_refusal(problem.batch) is not None:
             continue
         for q_len in range(1, 65):
             kernels.add(mma_kernel_of(replaced(problem, max_seqlen_q=q_len)))

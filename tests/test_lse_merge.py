@@ -430,8 +430,8 @@ def test_cuda_families_write_the_lse_in_the_launchs_own_passes(monkeypatch):
     """With the GPU mocked (helpers.gpu_mock): an unsplit mma_sync plan asked for the LSE
     launches once, unsplit, with the LSE output's pointer (the kernel's epilogue writes it): no
     partials, no merge pass; a split plan hands it to the same launch (its merge). A DSL
-    family's split plan hands the LSE to its merge; its unsplit plan cannot return it and says
-    so."""
+    family's split plan hands the LSE to its merge; its plan() refuses a batch that wants the
+    LSE unsplit, at plan time when the plan states it, else on the run that asks."""
     mma_calls, merges = [], []
     library = FakeLibrary(DEFAULT_TABLES["wgmma"])
     mock_gpu(monkeypatch, libraries={"wgmma": library}, mma_calls=mma_calls)
@@ -455,8 +455,11 @@ def test_cuda_families_write_the_lse_in_the_launchs_own_passes(monkeypatch):
 
     mma_calls.clear()
     unsplit = plan_case(attn, case, backend="wgmma")
-    with pytest.raises(ValueError, match="wgmma: an unsplit plan has no LSE output"):
+    refused = "'wgmma' does not support this call: wgmma: an unsplit plan has no LSE output"
+    with pytest.raises(RuntimeError, match=refused):
         attn.run(*layer_args(case), plan=unsplit, return_lse=True)
+    with pytest.raises(RuntimeError, match=refused):
+        plan_case(attn, case, backend="wgmma", return_lse=True)
     assert not library.calls and not mma_calls and not merges
 
     wgmma = dsl.FAMILIES["wgmma"]
@@ -584,5 +587,5 @@ def test_lse_at_the_batch_limit_is_written_by_the_unsplit_epilogue(monkeypatch):
         assert calls[-1]["lse"] == lse.data_ptr() and calls[-1]["plan"] is plan.launch
         assert calls[-1]["fields"]["num_splits"] == 1 and not calls[-1]["fields"]["ws_lse"]
     over = with_seqs(most + 1)
-    refusal = mma_sync.sizes_reason(over.batch)
+    refusal = mma_sync.plan_refusal(over.batch)
     assert refusal == f"at most {most} sequences per launch, got {most + 1}"

@@ -2,6 +2,8 @@
 ``reshape_and_cache`` take float32 ``[num_blocks, block_size, num_kv_heads]`` scales (any
 strides, no copy), name bad ones, and the backends that do not read them refuse (auto moves on)."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import TOLERANCE
@@ -13,6 +15,7 @@ from fp8_noncausal_attn.backends.cuda import extension, mma_sync
 from fp8_noncausal_attn.layouts import split_per_token_head_cache
 from fp8_noncausal_attn.scales import PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import relative_error, shuffled_block_table, slot_mapping
+from fp8_noncausal_attn.validation import validate_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 64, 16, 6
 Q_LENS, KV_LENS = [5, 2], [37, 20]
@@ -189,22 +192,25 @@ def test_validate_reads_the_scales_of_the_keys_read():
 
 
 def refusing_backend(monkeypatch, name="mma_sync"):
-    """Backend ``name`` stood in for by a recorder that reads per-head scales only and that
-    ``auto`` may pick for CPU tensors, ahead of the reference."""
-    recorder = RecordingBackend()
-    recorder.PER_TOKEN_HEAD_REFUSAL = "reads per-head scales only (test)"
+    """Backend ``name`` stood in for by a recorder whose ``plan()`` refuses per-token-head
+    scales and that ``auto`` may pick for CPU tensors, ahead of the reference."""
+    recorder = RecordingBackend(
+        refuse=lambda batch: (
+            "reads per-head scales only (test)" if batch.per_token_head_scales else None
+        )
+    )
     replace_kernels(monkeypatch, name, recorder)
     auto_takes_cpu_tensors(monkeypatch, name)
     return recorder
 
 
-def test_a_backend_without_per_token_head_reads_refuses_and_auto_moves_on(monkeypatch):
+def test_a_backend_whose_plan_refuses_per_token_head_raises_and_auto_moves_on(monkeypatch):
     recorder = refusing_backend(monkeypatch)
     args, kwargs, *_ = make_case()
     expected = fna.paged_attention(*args, **kwargs, backend="reference")
     for call in (lambda b: fna.paged_attention(*args, **kwargs, backend=b),
                  lambda b: run_planned(args, kwargs, backend=b)):  # fmt: skip
-        with pytest.raises(RuntimeError, match=r"mma_sync: per-token-head scales: reads per-head"):
+        with pytest.raises(RuntimeError, match=r"'mma_sync' does not support this call: reads"):
             call("mma_sync")
         assert torch.equal(call("auto"), expected)
     assert recorder.plans and not recorder.runs
@@ -217,26 +223,61 @@ def test_an_int8_cache_is_refused_at_plan_time(monkeypatch):
     recorder = refusing_backend(monkeypatch)
     args, kwargs, *_ = make_case(torch.int8)
     cu, seq_lens, block_table = args[4], args[5], args[3]
-    with pytest.raises(RuntimeError, match="an int8 cache has per-token-head scales: reads per-h"):
+    recorder.plans.clear()  # available_backends() asked it too
+    with pytest.raises(RuntimeError, match="does not support this call: reads per-head scales"):
         paged_attention_object(torch.int8, "mma_sync").plan(cu, seq_lens, block_table)
     plan = paged_attention_object(torch.int8).plan(cu, seq_lens, block_table)
     assert plan.backend == "reference" and plan.passed_over[0][0] == "mma_sync"
-    assert not recorder.plans
+    assert len(recorder.plans) == 2 and not recorder.runs
+    assert all(batch.per_token_head_scales for batch in recorder.plans)
 
 
-def test_each_backend_says_whether_it_reads_per_token_head_scales():
+def test_a_stated_scale_mode_plans_it_and_refuses_the_other_kind(monkeypatch):
+    """``PagedAttention(scale_mode=)`` is what every plan is made for: a backend whose plan
+    refuses it is refused at plan time (auto moves on), and a layer of the other kind raises.
+    Unstated on an FP8 cache, a per-token-head layer plans its batch on its first run."""
+    recorder = refusing_backend(monkeypatch)
+    args, kwargs, *_ = make_case()
+    query, key_cache, value_cache, block_table, cu, seq_lens = args
+    expected = fna.paged_attention(*args, **kwargs, backend="reference")
+    stated = fna.PagedAttention(
+        num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE, cache_dtype=key_cache.dtype, device="cpu", max_num_seqs=4,
+        max_num_tokens=16, scale_mode="per_token_head",
+    )  # fmt: skip
+    plan = stated.plan(cu, seq_lens, block_table, causal=kwargs["causal"])
+    assert plan.backend == "reference" and plan.passed_over[0][0] == "mma_sync"
+    layer = (query, key_cache, value_cache, kwargs["k_scale"], kwargs["v_scale"])
+    assert torch.equal(stated.run(*layer), expected)
+    with pytest.raises(ValueError, match="built with scale_mode='per_token_head', got per-head"):
+        stated.run(query, key_cache, value_cache, 1.0, 1.0)
+    unstated = paged_attention_object(key_cache.dtype)
+    plan = unstated.plan(cu, seq_lens, block_table, causal=kwargs["causal"])
+    assert plan.backend == "mma_sync"  # planned for per-head scales
+    assert torch.equal(unstated.run(*layer), expected)
+    batch, chain = plan.variants[("per_token_head", False)]
+    assert batch.per_token_head_scales and [p.name for p in chain] == ["reference"]
+    assert not recorder.runs
+    with pytest.raises(ValueError, match="scale_mode='per_head' needs an FP8 or 16-bit cache"):
+        fna.PagedAttention(
+            num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, cache_dtype=torch.int8,
+            device="cpu", max_num_seqs=1, max_num_tokens=1, scale_mode="per_head",
+        )  # fmt: skip
+
+
+def test_each_backend_says_whether_its_plan_takes_per_token_head_scales():
     report = fna.available_backends()
-    for name in ("reference", "triton", "mma_sync"):
-        assert report[name]["per_token_head"] == "reads"
+    for name in ("reference", "triton", "mma_sync"):  # mma_sync: on the SIMT executor
+        assert report[name]["per_token_head"] == "yes"
     for name in ("wgmma", "tcgen05"):
-        assert "per-KV-head scales only" in report[name]["per_token_head"]
+        assert report[name]["per_token_head"] != "yes"  # not available on this machine
 
 
 def test_the_extensions_write_is_passed_over_for_per_token_head_scales(monkeypatch):
     """_C's cache write takes per-head scales only: a per-token-head write on a GPU goes to the
     next backend's (Triton's), and naming the CUDA family's write for it raises."""
     monkeypatch.setattr(mma_sync, "availability", lambda: (True, "mocked GPU"))
-    monkeypatch.setattr(mma_sync, "device_reason", lambda device: None)
+    monkeypatch.setattr(extension, "device_reason", lambda device: None)
     fna.available_backends()
     cuda = torch.device("cuda")
     assert api.cache_writer(cuda) is extension.reshape_and_cache
@@ -257,3 +298,64 @@ def test_the_write_op_declares_the_scales_it_writes():
     torch.library.opcheck(write_op, (key, key * 2, *caches, slots, *scales))
     write_op(key, key * 2, *caches, slots, *scales)
     assert (scales[0].flatten(0, 1)[slots[slots >= 0]] > 0).all()
+
+
+def test_mma_sync_runs_per_token_head_layers_on_aligned_caches_and_refuses_vllm_pages(
+    monkeypatch,
+):
+    """With the GPU mocked: ``backend="mma_sync"`` and ``auto`` plan a per-token-head batch on
+    mma_sync and launch its per-token-head kernels (scale_mode) where the caches are 16-byte
+    aligned; an int8 cache plans there too. vLLM's inline page (rows of d + 4 bytes) is
+    refused with one stated reason by a named mma_sync, and ``auto`` runs it on Triton."""
+    from helpers.gpu_mock import mock_gpu
+
+    from fp8_noncausal_attn.launch_record import SCALE_MODES
+
+    calls = []
+    mock_gpu(monkeypatch, mma_calls=calls)
+    for name in ("mma_sync", "triton"):
+        auto_takes_cpu_tensors(monkeypatch, name)
+    args, kwargs, *_ = make_case()
+    query, key_cache, value_cache, block_table, cu, seq_lens = args
+    aligned = (query, key_cache.contiguous(), value_cache.contiguous(), block_table, cu, seq_lens)
+    scales = {"k_scale": kwargs["k_scale"].contiguous(), "v_scale": kwargs["v_scale"].contiguous()}
+    for backend in ("mma_sync", "auto"):
+        fna.paged_attention(*aligned, causal=False, **scales, backend=backend)
+    assert [call["fields"]["scale_mode"] for call in calls] == [SCALE_MODES["per_token_head"]] * 2
+    assert calls[0]["fields"]["k_scale"] == scales["k_scale"].data_ptr()
+    calls.clear()
+    with pytest.raises(RuntimeError, match=r"tensors: mma_sync: key_cache pointer and strides "
+                       r"must be multiples of 16 bytes$"):  # fmt: skip
+        fna.paged_attention(*args, **kwargs, backend="mma_sync")
+    attn = paged_attention_object(key_cache.dtype)
+    plan = attn.plan(cu, seq_lens, block_table, causal=False)
+    assert plan.backend == "mma_sync" and not plan.variants
+    out = attn.run(query, key_cache, value_cache, kwargs["k_scale"], kwargs["v_scale"])
+    _, chain = plan.variants[("per_token_head", False)]
+    assert [planned.name for planned in chain] == ["mma_sync", "triton"] and not calls
+    expected = fna.paged_attention(*args, **kwargs, backend="reference")
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    int8 = paged_attention_object(torch.int8, "mma_sync").plan(cu, seq_lens, block_table)
+    assert int8.chain[0].name == "mma_sync" and int8.batch.per_token_head_scales
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_the_mma_sync_plan_names_the_kernel_that_runs(monkeypatch, cache_dtype):
+    """The C++ plan names the tile's kernel; the launch runs its per-token-head twin for
+    per-token-head scales (every int8 cache) and its LSE twin for an unsplit launch that writes
+    the LSE (csrc/mma_sync/kernel.cuh kernel_of): the plan's report says which."""
+    from helpers.gpu_mock import mock_gpu
+
+    mock_gpu(monkeypatch)
+    args, kwargs, *_ = make_case(cache_dtype)
+    problem = validate_attention(*args, **kwargs, softmax_scale=None, max_seqlen_q=None,
+                                 max_seqlen_k=None, out=None, validate=False)  # fmt: skip
+    batch = problem.batch
+    assert mma_sync.kernel_plan(batch, 132)["kernel_name"] == "paged_attention_kernel_pth"
+    per_head = dataclasses.replace(batch, scale_mode="per_head", return_lse=True)
+    if cache_dtype == torch.int8:
+        return
+    assert mma_sync.kernel_plan(per_head, 132)["kernel_name"] == "paged_attention_kernel_lse"
+    assert mma_sync.kernel_plan(per_head, 132, 3)["kernel_name"] == "paged_attention_kernel"
+    plain = dataclasses.replace(per_head, return_lse=False)
+    assert mma_sync.kernel_plan(plain, 132)["kernel_name"] == "paged_attention_kernel"

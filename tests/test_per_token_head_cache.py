@@ -229,3 +229,25 @@ def test_fp8_write_gives_vllms_page_but_for_the_interpreters_cast(vllm_written, 
     for mine, theirs in zip(ours[:2], expected_views[:2], strict=True):
         theirs.view(torch.uint8)[blocks, offsets] = mine.view(torch.uint8)[blocks, offsets]
     assert torch.equal(raw, expected)
+
+
+@pytest.mark.parametrize("cache_dtype", PER_TOKEN_HEAD_DTYPES)
+def test_a_row_holding_nan_is_written_as_the_reference_writes_it(cache_dtype):
+    """A row with a NaN gets a NaN scale, and its int8 codes are 0 (NaN has no int8 code), not
+    the clamp's -128: Triton tests for NaN before it clamps (min / max drop a NaN on a GPU)."""
+    gen = torch.Generator().manual_seed(4)
+    key, value, slots = drafter_rows(gen)
+    key[5, 1, 7] = float("nan")
+    value[9, 0, 0] = float("nan")
+    pages = []
+    for module in WRITERS:
+        kv_cache = vllm_page(cache_dtype, DEVICE)
+        written = write(module, key.to(DEVICE), value.to(DEVICE), slots.to(DEVICE), kv_cache,
+                        cache_dtype)  # fmt: skip
+        pages.append(kv_cache.cpu())
+    key_cache, _, k_scale, _ = (t.cpu() for t in written)
+    block, slot = divmod(int(slots[5]), BLOCK_SIZE)
+    assert k_scale[block, slot, 1].isnan()
+    if cache_dtype == torch.int8:
+        assert (key_cache[block, slot, 1] == 0).all()
+    assert torch.equal(pages[0], pages[1])

@@ -334,17 +334,18 @@ class RefusesMisalignedQueries(RecordingBackend):
         return None if problem.query.data_ptr() % 16 == 0 else "query needs a 16-byte aligned base"
 
 
-def test_auto_plans_where_a_layer_its_backend_cannot_take_runs(monkeypatch):
-    """auto decides at plan time where a layer the first backend cannot take runs (the next
-    backend of its order that plans the batch): run() never re-plans. A named backend raises
-    with the reason instead."""
+def test_auto_plans_the_next_backend_for_a_layer_its_first_cannot_take(monkeypatch):
+    """auto plans only its first backend; the next one of its order is planned when a layer's
+    tensors are refused by the first (once: later layers reuse it). A named backend raises with
+    the reason instead."""
     case = mixed_case(5, device="cpu")  # where auto's next backend is the reference
     fussy = RefusesMisalignedQueries()
     replace_kernels(monkeypatch, "mma_sync", fussy)
     auto_takes_cpu_tensors(monkeypatch, "mma_sync")
     attn = wrapper_for(case, device="cpu")
+    fussy.plans.clear()  # available_backends() asked it too
     plan = plan_for(attn, case)
-    assert [planned.name for planned in plan.chain] == ["mma_sync", "reference"]
+    assert [planned.name for planned in plan.chain] == ["mma_sync"]
     layer = (case.key_cache, case.value_cache, case.k_scale, case.v_scale)
     attn.run(case.query, *layer)
     assert len(fussy.runs) == 1 and len(fussy.plans) == 1
@@ -353,6 +354,9 @@ def test_auto_plans_where_a_layer_its_backend_cannot_take_runs(monkeypatch):
     query = shifted.view(case.query.shape).copy_(case.query)  # 8-byte aligned
     out = attn.run(query, *layer)
     assert len(fussy.runs) == 1 and len(fussy.plans) == 1  # neither run nor planned again
+    assert [planned.name for planned in plan.chain] == ["mma_sync", "reference"]
+    assert torch.equal(attn.run(query, *layer), out)
+    assert len(plan.chain) == 2
     expected = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
     assert torch.equal(out, expected)
     named = plan_for(attn, case, backend="mma_sync")

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from helpers import DEVICE, TOLERANCE
+from helpers.far_offsets import far_apart_views
 from helpers.lse import LSE_TOLERANCE, check_state, lse_error
 from helpers.oracle import float64_attention
 from helpers.per_token_head_cases import make_token_head_case, token_head_problem
@@ -65,7 +66,7 @@ def run(problem, splits, plan=None):
     out = torch.full_like(problem.query, math.nan)
     lse = torch.full(problem.query.shape[:2], math.nan, device=DEVICE)
     if plan is None:
-        plan = triton_attention.launch_plan(problem.batch, splits, per_token_head=True)
+        plan = triton_attention.launch_plan(problem.batch, splits)
         assert plan.num_splits == splits
     triton_attention.launch(problem, plan, out, lse=lse)
     return out, lse
@@ -112,7 +113,7 @@ def test_production_tile_configuration(cache_dtype, query_dtype, head_dim, split
     problem = problem_of(case, flags)
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
-        plan = triton_attention.launch_plan(problem.batch, splits, per_token_head=True)
+        plan = triton_attention.launch_plan(problem.batch, splits)
     assert plan.block_n == {64: 64, 128: 16, 256: 32}[head_dim] and plan.num_splits == splits
     out, lse = run(problem, splits, dataclasses.replace(plan, dot_fp32=True))
     expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)
@@ -169,3 +170,56 @@ def test_a_nan_key_scale_reaches_the_rows_that_read_it(splits):
     reads[4:8, 4:] = True
     assert torch.isnan(out[reads]).all() and torch.isnan(lse[reads]).all()
     assert not torch.isnan(out[~reads]).any() and not torch.isnan(lse[~reads]).any()
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_tile_whose_value_scales_are_all_zero_gives_zeros(splits):
+    """Every value of KV head 0 scaled by 0 (its tiles' largest V scale is 0): its query heads'
+    outputs are 0 as in the reference, not 0 / 0; the other heads and the LSE are untouched."""
+    flags = Flags(False, splits=splits)
+    case = token_head_case(torch.float8_e4m3fn, torch.bfloat16, flags, seed=3)
+    problem = problem_of(case, flags)
+    v_scale = problem.v_scale.clone()
+    v_scale[..., 0] = 0.0
+    problem = dataclasses.replace(problem, v_scale=v_scale)
+    out, lse = run(problem, splits)
+    expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)
+    reference.paged_attention(problem, expected, expected_lse)
+    group = problem.group_size
+    assert (expected[:NUM_TOKENS, :group] == 0).all() and (out[:NUM_TOKENS, :group] == 0).all()
+    assert relative_error(out, expected) <= TOLERANCE[torch.bfloat16]
+    assert lse_error(lse, expected_lse) < LSE_TOLERANCE
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_scale_offsets_past_int32_reach_the_right_scales(splits):
+    """Per-token-head scales whose KV heads lie 2^30 elements apart (KV head 2 at 2^31) give
+    the bits of a compact launch: kv_head x its stride is a 64-bit product (an int32 one
+    wraps to another scale)."""
+    flags = Flags(False, splits=splits, heads=(3, 3))
+    case = token_head_case(torch.float8_e4m3fn, torch.bfloat16, flags, seed=6)
+    problem = problem_of(case, flags)
+    out, lse = run(problem, splits)
+    far_k, far_v = far_apart_views([problem.k_scale, problem.v_scale], 2)
+    far_out, far_lse = run(dataclasses.replace(problem, k_scale=far_k, v_scale=far_v), splits)
+    assert torch.equal(far_out, out) and torch.equal(far_lse, lse)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_value_scales_spread_a_million_fold_under_an_fp16_query(splits):
+    """P's columns times each V scale over the tile's largest is the 16-bit dot's operand: with
+    V scales 1e6 apart in a tile (one slot per page scaled 100, its values 0, the others 1e-4)
+    and an fp16 query, the other keys' products lie below fp16's normal range (2^-14) unless
+    lifted first."""
+    flags = Flags(False, splits=splits)
+    case = token_head_case(torch.float8_e4m3fn, torch.float16, flags, seed=8)
+    problem = problem_of(case, flags)
+    v_scale = torch.full_like(problem.v_scale, 1e-4)
+    v_scale[:, 0] = 100.0
+    value_cache = problem.value_cache.clone()
+    value_cache.view(torch.uint8)[:, 0] = 0
+    problem = dataclasses.replace(problem, v_scale=v_scale, value_cache=value_cache)
+    out, lse = run(problem, splits)
+    expected = torch.empty_like(out)
+    reference.paged_attention(problem, expected)
+    assert relative_error(out, expected) <= TOLERANCE[torch.float16]

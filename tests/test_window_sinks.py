@@ -207,9 +207,8 @@ def test_cuda_backend_takes_window_and_sinks_like_a_plain_call():
             window=window,
         )  # fmt: skip
         for name in ("mma_sync", "wgmma", "tcgen05"):
-            kernels = registry.REGISTRY[name].kernels
-            assert kernels.unsupported_reason(problem.batch) == kernels.unsupported_reason(
-                plain.batch
+            assert registry.plan_refusal(name, problem.batch) == registry.plan_refusal(
+                name, plain.batch
             )
 
 

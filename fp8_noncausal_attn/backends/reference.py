@@ -12,20 +12,12 @@ from ..masking import visible_range
 from ..problem import AttentionProblem, Batch, CacheWrite
 from ..scales import dequantize, quantize, quantize_per_token_head
 
-# backends.protocol.Backend: gather_sequence_kv reads per-token-head scales.
-PER_TOKEN_HEAD_REFUSAL = None
+# The backend contract (backends/protocol.py): it runs every valid batch and layer, on every
+# device, both scale kinds (gather_sequence_kv), and returns the LSE.
 
 
 def availability() -> tuple[bool, str]:
     return True, "plain PyTorch: runs on every device, fp32 math, reads lengths on the host"
-
-
-def device_reason(device: torch.device) -> str | None:
-    return None
-
-
-def unsupported_reason(batch: Batch) -> str | None:
-    return None
 
 
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
@@ -158,8 +150,8 @@ def reshape_and_cache(write: CacheWrite) -> None:
 
 
 def plan(batch: Batch, workspace: object = None, num_splits: int | None = None) -> None:
-    """Backend contract (``backends.protocol.Backend``): nothing to plan, no workspace used, no
-    splits."""
+    """Backend contract (``backends.protocol.Backend``): every valid batch, nothing to plan, no
+    workspace used, no splits."""
     return None
 
 

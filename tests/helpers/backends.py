@@ -12,6 +12,7 @@ import torch
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn import registry
 from fp8_noncausal_attn.backends.cuda import extension, simt
+from fp8_noncausal_attn.backends.protocol import Refused
 
 
 def replace_kernels(monkeypatch, name: str, kernels) -> None:
@@ -25,25 +26,22 @@ def replace_kernels(monkeypatch, name: str, kernels) -> None:
 
 class RecordingBackend:
     """A backend that takes every batch and layer on any device, and records what it is asked
-    to plan (``plans``: batches) and run (``runs``: ``(problem, plan, out, lse)``)."""
+    to plan (``plans``: batches) and run (``runs``: ``(problem, plan, out, lse)``).
+    ``refuse(batch)`` (None: none) gives the reason its ``plan()`` refuses a batch."""
 
-    PER_TOKEN_HEAD_REFUSAL = None
-
-    def __init__(self) -> None:
+    def __init__(self, refuse=None) -> None:
         self.plans: list = []
         self.runs: list = []
+        self._refuse = refuse
 
     def availability(self) -> tuple[bool, str]:
         return True, "a recording test backend"
 
-    def device_reason(self, device) -> None:
-        return None
-
-    def unsupported_reason(self, batch) -> None:
-        return None
-
     def plan(self, batch, workspace=None, num_splits=None) -> int:
         self.plans.append(batch)
+        why = None if self._refuse is None else self._refuse(batch)
+        if why is not None:
+            raise Refused(why)
         return len(self.plans)
 
     def run_unsupported_reason(self, problem, out) -> None:

@@ -34,7 +34,6 @@ from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.scales import CACHE_DTYPES, PER_TOKEN_HEAD_DTYPES
 from fp8_noncausal_attn.synthetic import make_case
 from fp8_noncausal_attn.validation import validate_attention
-from helpers.backends import plan_and_run
 from helpers.per_token_head_cases import make_token_head_case, token_head_problem
 from tools.sass_model.triton_kernels import captured_launches, compile_launch
 
@@ -126,7 +125,9 @@ def attention_launches():
         out = torch.empty_like(problem.query)
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
-            plan_and_run(triton_attention, problem, out, num_splits=4 if split else 1)
+            # The launch plan itself: plan() refuses CPU tensors outside the interpreter.
+            plan = triton_attention.launch_plan(problem.batch, 4 if split else 1)
+            triton_attention.launch(problem, plan, out)
         assert len(launches) == (2 if split else 1), launches
         label = (
             f"{cache_dtype} {query_dtype} d{head_dim} causal={causal} split={split} "
@@ -148,7 +149,8 @@ def lse_launches():
         lse = torch.empty(problem.query.shape[:2])
         names = ("_paged_attention_kernel", "_merge_splits_kernel")
         with captured_launches(triton_attention, *names) as launches:
-            plan_and_run(triton_attention, problem, out, num_splits=4 if split else 1, lse=lse)
+            plan = triton_attention.launch_plan(problem.batch, 4 if split else 1)
+            triton_attention.launch(problem, plan, out, lse=lse)
         for launch in launches:
             yield f"lse {launch.fn.__name__} split={split} {kernel_flags(launch)}", launch
     for dtype, head_dim in ((torch.float32, 80), (torch.bfloat16, 128)):

@@ -85,7 +85,11 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
 
     ext = SimpleNamespace(
         MAX_SEQS=1 << 20,
-        plan=lambda num_splits=0, **kwargs: {"num_splits": max(num_splits, 1), "launch": "plan"},
+        plan=lambda num_splits=0, **kwargs: {
+            "num_splits": max(num_splits, 1),
+            "launch": "plan",
+            "kernel_name": "paged_attention_kernel",
+        },
         plan_splits=plan_splits,
         paged_attention=lambda **kwargs: (mma_calls if mma_calls is not None else []).append(
             kwargs
@@ -106,6 +110,11 @@ def mock_gpu(monkeypatch, capability=(9, 0), libraries=None, mma_calls=None, spl
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
         cuda_stream=0))  # fmt: skip
     mock_extension(monkeypatch, ext)  # last: the backends' availability is asked then
+    # available_backends() planned its probe batches: the records start after it.
+    for library in libraries.values():
+        library.loads.clear()
+    if split_calls is not None:
+        split_calls.clear()
 
 
 def problem_of(case, **overrides):

@@ -237,8 +237,9 @@ def triton_rows(
             window=window, sinks=torch.zeros(8 * GROUP) if sinks else None,
         )  # fmt: skip
         with captured_launches(triton_attention, "_paged_attention_kernel") as launches:
-            plan = triton_attention.plan(problem.batch, None, 1)
-            triton_attention.run(problem, plan, torch.empty_like(problem.query))
+            # The launch plan itself: plan() refuses CPU tensors outside the interpreter.
+            plan = triton_attention.launch_plan(problem.batch, 1)
+            triton_attention.launch(problem, plan, torch.empty_like(problem.query))
         (launch,) = launches
         for cc, gpu in TRITON_TARGETS.items():
             compiled = compile_launch(launch, cc)

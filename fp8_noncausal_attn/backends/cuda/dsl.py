@@ -41,7 +41,6 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
@@ -61,10 +60,6 @@ class Family:
     name: str
     archs: dict[tuple[int, int], str]  # compute capability -> the arch of its cubins
     gpus: str  # the GPUs that capability means, for messages
-    # Kernels never run on hardware get no new code: per-KV-head scales only.
-    PER_TOKEN_HEAD_REFUSAL: ClassVar[str] = (
-        f"the CUTLASS-DSL kernels ({STATUS}) read per-KV-head scales only"
-    )
 
     def key_tile(self, head_dim: int) -> int:
         """Keys per main-loop tile (dsl/<family>/traits.py; a test ties them): split-KV ranges
@@ -86,6 +81,7 @@ class Family:
         return True, f"{found}; {why}"
 
     def device_reason(self, device: torch.device) -> str | None:
+        """None when the family's kernels run on ``device`` (its GPU and ``_C``)."""
         capability = device_capability(device)
         if capability is None:
             return "the DSL families need CUDA tensors"
@@ -93,10 +89,6 @@ class Family:
             major, minor = capability
             return f"needs an {self.gpus} GPU, this one is sm_{major}{minor}"
         return extension.device_reason(device)
-
-    def unsupported_reason(self, batch: Batch) -> str | None:
-        library, why = load_library(self.name)
-        return why if library is None else plan_unsupported_reason(self, batch)
 
     def plan(self, batch: Batch, workspace=None, num_splits: int | None = None) -> DslPlan:
         return plan(self, batch, workspace, num_splits)
@@ -336,13 +328,24 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor) -> str 
     return None
 
 
-def plan_unsupported_reason(family: Family, batch: Batch) -> str | None:
-    """None when the batch's sizes, index tensors and device suit ``family``, else why not."""
+# Kernels never run on hardware get no new code: per-KV-head scales only.
+PER_HEAD_ONLY = f"the CUTLASS-DSL kernels ({STATUS}) read per-KV-head scales only"
+UNSPLIT_LSE = "an unsplit plan has no LSE output (the DSL kernels' epilogue writes none)"
+
+
+def plan_refusal(family: Family, batch: Batch) -> str | None:
+    """None when ``family``'s library loads and the batch's device, sequences and scale kind
+    suit it, else why not (the variant and the LSE are decided by :func:`plan`)."""
+    library, why = load_library(family.name)
+    if library is None:
+        return why
     why_not = family.device_reason(batch.device)
     if why_not is not None:
         return why_not
     if batch.num_seqs > MAX_GRID_Z:
         return f"at most {MAX_GRID_Z} sequences per launch, got {batch.num_seqs}"
+    if batch.per_token_head_scales:
+        return PER_HEAD_ONLY
     return None
 
 
@@ -364,8 +367,9 @@ def plan(family: Family, batch: Batch, workspace, num_splits: int | None) -> Dsl
     planner (``num_splits`` forces it; ``workspace``, ``fp8_noncausal_attn.plan.Workspace`` or
     None, bounds it and holds the partials). The variant's cubin is loaded here, so that a
     failure refuses the family now and the first launch may be inside a CUDA-graph capture.
-    Raises :class:`Refused` with why not."""
-    why = family.unsupported_reason(batch)
+    Raises :class:`Refused` with why not (:func:`plan_refusal`; no built variant; a batch that
+    wants the LSE from a plan that does not split, whose epilogue writes none)."""
+    why = plan_refusal(family, batch)
     if why is not None:
         raise Refused(why)
     library, _ = load_library(family.name)
@@ -392,16 +396,9 @@ def plan(family: Family, batch: Batch, workspace, num_splits: int | None) -> Dsl
         num_splits = min(num_splits, workspace.max_splits(batch.num_tokens))
         if num_splits > 1:
             ws_o, ws_lse = workspace.partials(num_splits, batch.num_tokens)
+    if batch.return_lse and num_splits == 1:
+        raise Refused(f"{family.name}: {UNSPLIT_LSE}")
     return DslPlan(family.name, library, variant, row_tiles, num_splits, ws_o, ws_lse)
-
-
-def lse_unsupported_reason(plan: DslPlan) -> str | None:
-    """None when ``plan`` can return each row's LSE, else why not: the DSL kernels' epilogue
-    writes LSEs only as split partials (their merge writes the LSE), so an unsplit plan has
-    none."""
-    if plan.num_splits == 1:
-        return f"{plan.family}: an unsplit plan has no LSE output (its epilogue writes none)"
-    return None
 
 
 def run(
@@ -409,12 +406,11 @@ def run(
 ) -> None:
     """Launch the planned variant, writing ``out`` [num_tokens, num_q_heads, head_dim] in place
     (rows past ``cu_seqlens_q[-1]`` as zeros); with splits, then the merge, which also writes
-    ``lse`` (float32 [num_tokens, num_q_heads], natural log) when given: a plan that does not
-    split cannot return it (:func:`lse_unsupported_reason`). Asynchronous on the current
-    stream; :func:`run_unsupported_reason` must have accepted the tensors."""
-    why = None if lse is None else lse_unsupported_reason(plan)
-    if why is not None:
-        raise ValueError(why)
+    ``lse`` (float32 [num_tokens, num_q_heads], natural log) when given (:func:`plan` refuses a
+    batch that wants it unsplit). Asynchronous on the current stream;
+    :func:`run_unsupported_reason` must have accepted the tensors."""
+    if lse is not None and plan.num_splits == 1:
+        raise ValueError(f"{plan.family}: {UNSPLIT_LSE}")
     device = problem.query.device
     ws_o, ws_lse = plan.ws_o, plan.ws_lse
     if plan.num_splits > 1:

@@ -153,9 +153,13 @@ def availability() -> tuple[bool, str]:
 
 
 def device_reason(device: torch.device) -> str | None:
-    """None when ``_C``'s kernels take tensors on ``device``, else why not."""
+    """None when ``_C``'s kernels take tensors on ``device`` (CPU ones through the SIMT
+    executor, :func:`launching`), else why not."""
+    if device.type == "cpu":
+        builds, why = simt.availability()
+        return None if builds else why
     if device.type != "cuda":
-        return "the CUDA kernels need CUDA tensors"
+        return "the CUDA kernels need CUDA tensors (or CPU tensors, on the SIMT executor)"
     ext, why = load()
     if ext is None:
         return why

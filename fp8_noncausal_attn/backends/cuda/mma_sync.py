@@ -3,9 +3,9 @@ into ``_C`` for sm_89, sm_90, the sm_100 family (100f) and sm_120 with PTX for t
 ``backend="mma_sync"``, ``auto``'s first choice on a GPU. Its plan comes from the C++ plan
 function (csrc/common/plan.h); the split-KV workspace is the kept one or comes from torch's caching
 allocator (graph-safe). Per-token-head scales (e4m3, e5m2 and int8 caches) run on kernels of
-their own, chosen per layer by the launch's ``scale_mode``. Nothing here synchronises with the
-host. On CPU tensors the same kernels run through the SIMT executor (simt.py: a test tool,
-slow, never ``auto``'s choice).
+their own, chosen by the batch's ``scale_mode`` when it is planned. Nothing here synchronises
+with the host. On CPU tensors the same kernels run through the SIMT executor (simt.py: a test
+tool, slow, never ``auto``'s choice).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 
 from ...launch_record import MMA_SYNC, LaunchInputs, launch_values
 from ...problem import AttentionProblem, Batch
+from ..protocol import Refused
 from . import extension, simt
 
-# This module is a backend (backends/protocol.py): whether it runs here and on which tensors is
-# whether _C does (CUDA tensors) or the SIMT executor builds (CPU tensors).
-
-PER_TOKEN_HEAD_REFUSAL = None
+# This module is a backend (backends/protocol.py): it runs on this machine when _C does (CUDA
+# tensors) or the SIMT executor builds (CPU tensors), and its plan() refuses what no compiled
+# kernel takes.
 
 
 def availability() -> tuple[bool, str]:
@@ -36,15 +36,6 @@ def availability() -> tuple[bool, str]:
     return (True, f"{simt_why}; CUDA tensors: {why}") if builds else (False, why)
 
 
-def device_reason(device: torch.device) -> str | None:
-    """None when the kernels take tensors on ``device`` (``_C`` runs on it, or for CPU tensors
-    the SIMT executor builds)."""
-    if device.type == "cpu":
-        builds, why = simt.availability()
-        return None if builds else why
-    return extension.device_reason(device)
-
-
 def _module(device: torch.device) -> ModuleType:
     """The compiled kernels for tensors on ``device``: the SIMT executor's for CPU ones."""
     return simt.loaded() if device.type == "cpu" else extension.loaded()
@@ -55,20 +46,24 @@ def _aligned(t: torch.Tensor, strides: tuple[int, ...], nbytes: int) -> bool:
     return t.data_ptr() % nbytes == 0 and all((s * size) % nbytes == 0 for s in strides)
 
 
-def unsupported_reason(batch: Batch) -> str | None:
-    """None when the kernels can run ``batch`` (``_C`` must be loaded and run on its device)."""
-    return device_reason(batch.device) or sizes_reason(batch)
-
-
-def sizes_reason(batch: Batch) -> str | None:
-    """None when the kernels compiled into ``_C`` take the batch's dtypes and sizes, whatever
-    its device (nothing is loaded or built to answer)."""
+def plan_refusal(batch: Batch) -> str | None:
+    """None when a kernel compiled into ``_C`` runs ``batch`` on its device (``_C`` loads and
+    runs there, or the SIMT executor builds for CPU tensors): its dtypes, sizes and scale kind.
+    Per-token-head kernels exist for 1-byte caches (e4m3, e5m2, int8), and an int8 cache has no
+    other; every kernel writes the LSE."""
+    why = extension.device_reason(batch.device)
+    if why is not None:
+        return why
     # validation.py already limits head_dim (64/128/256) and the dtypes to the compiled set.
     if batch.cache_dtype.itemsize == 2 and batch.cache_dtype != batch.query_dtype:
         return (
             f"a {batch.cache_dtype} cache under a {batch.query_dtype} query runs on Triton (fp32 "
             "dots): converting bf16 keys to fp16 could overflow"
         )
+    if batch.per_token_head_scales and batch.cache_dtype.itemsize != 1:
+        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
+    if not batch.per_token_head_scales and batch.cache_dtype == torch.int8:
+        return "an int8 cache is compiled with per-token-head scales only"
     most = extension.MAX_SEQS
     if batch.num_seqs > most:
         return f"at most {most} sequences per launch, got {batch.num_seqs}"
@@ -76,20 +71,9 @@ def sizes_reason(batch: Batch) -> str | None:
 
 
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
-    """None when the layer's own tensors suit the kernels (checked on every run: pointers and
-    scales differ per layer). ``out`` is never a reason: the kernels pick their store width from
-    its alignment and write it in place.
-
-    The scale kind is the layer's (a batch plans without it), so the kernels that are not
-    compiled for it are refused here: per-token-head kernels exist for 1-byte caches (e4m3,
-    e5m2, int8) only, with both scales per token and head, and an int8 cache has no other."""
-    per_token = problem.per_token_head_scales
-    if per_token != (problem.v_scale.dim() == 3):
-        return "k_scale and v_scale must both be per token and KV head, or both per KV head"
-    if per_token and problem.key_cache.element_size() != 1:
-        return "per-token-head scales are compiled for e4m3, e5m2 and int8 caches only"
-    if not per_token and problem.key_cache.dtype == torch.int8:
-        return "an int8 cache is compiled with per-token-head scales only"
+    """None when the layer's own tensors suit the planned kernel (checked on every run:
+    pointers and strides differ per layer). ``out`` is never a reason: the kernels pick their
+    store width from its alignment and write it in place."""
     # The kernels read K/V rows with 16-byte copies and Q with 8-byte loads.
     for name, cache in (("key_cache", problem.key_cache), ("value_cache", problem.value_cache)):
         if not _aligned(cache, cache.stride()[:3], 16):
@@ -126,7 +110,8 @@ def resident_ctas(batch: Batch) -> int:
 
 
 def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> dict[str, object]:
-    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name``, ``block_m`` (64, or 128
+    """The C++ plan (csrc/common/plan.h, host only): ``kernel_name`` (the kernel the launch
+    runs: :func:`kernel_name`), ``block_m`` (64, or 128
     for more than 64 rows per KV head on a 1-byte cache at head_dim 128), ``block_n``,
     ``threads``, ``smem_bytes``, ``m_tiles``, ``num_splits``, ``grid``, ``key_groups`` and the
     split-KV workspace sizes ``ws_o_elems`` / ``ws_lse_elems`` (float32 elements; 0 when
@@ -138,7 +123,7 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
     ``seq_lens``. A window bounded on both sides (the right one by causality or by the window)
     sizes the splits from the keys one query tile's window spans, not from the context.
     """
-    return _module(batch.device).plan(
+    report = _module(batch.device).plan(
         **extension.plan_sizes(batch),
         num_tokens=batch.num_tokens,
         head_dim=batch.head_dim,
@@ -146,6 +131,20 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
         resident_ctas=resident,
         num_splits=num_splits or 0,
     )
+    report["kernel_name"] = kernel_name(report["kernel_name"], batch, int(report["num_splits"]))
+    return report
+
+
+def kernel_name(tile_kernel: str, batch: Batch, num_splits: int) -> str:
+    """The kernel a launch of ``batch`` runs (csrc/mma_sync/kernel.cuh ``kernel_of``): the C++
+    plan's tile kernel (``paged_attention_kernel`` or ``paged_attention_kernel_m128``), its
+    ``_pth`` twin for per-token-head scales (every int8 cache), its ``_lse`` twin for an
+    unsplit launch that writes the LSE."""
+    if batch.per_token_head_scales:
+        return f"{tile_kernel}_pth"
+    if batch.return_lse and num_splits == 1:
+        return f"{tile_kernel}_lse"
+    return tile_kernel
 
 
 def num_splits_for(batch: Batch, resident: int) -> int:
@@ -168,8 +167,12 @@ class MmaSyncPlan:
 
 
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> MmaSyncPlan:
-    """By default :func:`num_splits_for` chooses the split count, capped by what ``workspace``
-    (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
+    """The plan of the kernel that runs ``batch`` (:func:`plan_refusal`'s reason raised as
+    :class:`Refused`). By default :func:`num_splits_for` chooses the split count, capped by what
+    ``workspace`` (``fp8_noncausal_attn.plan.Workspace``) holds; ``num_splits`` forces it."""
+    why = plan_refusal(batch)
+    if why is not None:
+        raise Refused(why)
     resident = resident_ctas(batch)
     report = kernel_plan(batch, resident, num_splits)
     if workspace is not None and report["num_splits"] > 1:

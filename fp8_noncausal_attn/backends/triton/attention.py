@@ -39,6 +39,7 @@ import torch
 
 from ...problem import AttentionProblem, Batch
 from ...scales import LOG2E
+from ..protocol import Refused
 
 try:
     import triton
@@ -50,8 +51,6 @@ MAX_SPLITS = 64
 # An unbounded window side as the kernel gets it: past any position, so the window's clamps
 # reduce to the plain mask, and p + WINDOW_UNBOUNDED + 1 stays within int32 for p < 2^30.
 WINDOW_UNBOUNDED = 1 << 30
-# backends.protocol.Backend: None, the kernels read per-token-head scales (PER_TOKEN_SCALES).
-PER_TOKEN_HEAD_REFUSAL = None
 
 
 def interpreting() -> bool:
@@ -72,13 +71,10 @@ def availability() -> tuple[bool, str]:
 
 
 def device_reason(device: torch.device) -> str | None:
+    """None when the kernels (attention, cache write, merge) take tensors on ``device``."""
     if device.type == "cpu" and not interpreting():
         return "CPU tensors need TRITON_INTERPRET=1"
     return None
-
-
-def unsupported_reason(batch: Batch) -> str | None:
-    return device_reason(batch.device)
 
 
 def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) -> str | None:
@@ -119,6 +115,9 @@ if triton is not None:
         PER_TOKEN_SCALES: tl.constexpr,  # k/v_scale per key: [num_blocks, block_size, kv_heads]
     ):  # fmt: skip
         kv_head = tl.program_id(1)
+        # Its offsets (kv_head x a cache's or a scale's head stride) are 64-bit products: a
+        # head-major view's pass 2^31 elements.
+        kv_head_offset = kv_head.to(tl.int64)
         split = tl.program_id(2)
         dims = tl.arange(0, HEAD_DIM)
         tile = tl.program_id(0)
@@ -215,7 +214,7 @@ if triton is not None:
             slot = keys % BLOCK_SIZE
             k = tl.load(
                 k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks
-                + kv_head * stride_kh + dims[:, None],
+                + kv_head_offset * stride_kh + dims[:, None],
                 mask=key_valid[None, :], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             if DOT_FP32:
@@ -225,7 +224,8 @@ if triton is not None:
             if PER_TOKEN_SCALES:
                 # Each key's scale, read with its page id, multiplies its score column in fp32.
                 k_key_scale = tl.load(
-                    k_scale_ptr + page * stride_ksb + slot * stride_kss + kv_head * stride_ksh,
+                    k_scale_ptr + page * stride_ksb + slot * stride_kss
+                    + kv_head_offset * stride_ksh,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 scores = scores * (qk_scale * k_key_scale)[None, :]
@@ -243,7 +243,7 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
                 v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs
-                + kv_head * stride_vh + dims[None, :],
+                + kv_head_offset * stride_vh + dims[None, :],
                 mask=key_valid[:, None], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             p_v = p
@@ -252,12 +252,25 @@ if triton is not None:
                 # the tile's product in fp32: P stays in [0, 1] (fp16's normal range; a value
                 # scale of 1e-4 times P would be subnormal there). The row sum l keeps plain P.
                 v_key_scale = tl.load(
-                    v_scale_ptr + page * stride_vsb + slot * stride_vss + kv_head * stride_vsh,
+                    v_scale_ptr + page * stride_vsb + slot * stride_vss
+                    + kv_head_offset * stride_vsh,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 v_tile_scale = tl.max(v_key_scale, 0)
-                p_v = p * (v_key_scale / v_tile_scale)[None, :]
+                # A tile whose value scales are all 0 contributes 0, not 0 / 0.
+                v_divisor = tl.where(v_tile_scale > 0, v_tile_scale, 1.0)
+                p_v = p * (v_key_scale / v_divisor)[None, :]
+                if q_ptr.dtype.element_ty == tl.float16:
+                    # fp16's normal range ends at 2^-14: a key whose V scale is 1e-4 of the
+                    # tile's largest would be subnormal there. P x ratio <= 1, so 2^15 lifts it
+                    # (exactly) while keeping it below fp16's max; the product drops it again.
+                    p_v = p_v * 32768.0
+                    v_tile_scale = v_tile_scale * (1.0 / 32768.0)
             if DOT_FP32:
+                if PER_TOKEN_SCALES and q_ptr.dtype.element_ty == tl.float16:
+                    # fp32 dots stand in for the 16-bit ones here (a per-token-head cache is
+                    # 1-byte): round P's operand to fp16 as the GPU's dot takes it.
+                    p_v = p_v.to(tl.float16).to(tl.float32)
                 pv = tl.dot(p_v, v, input_precision="ieee")
             else:
                 pv = tl.dot(p_v.to(dot_dtype), v)
@@ -409,9 +422,7 @@ def workspace_shapes(
     return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
 
 
-def _tiles_for_dots(
-    batch: Batch, block_m: int, block_n: int, per_token_head: bool
-) -> tuple[int, int, int, int]:
+def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) of a launch.
 
     The IEEE fp32 dots (``needs_fp32_dots``) are FMA loops whose operands each thread holds over
@@ -435,7 +446,7 @@ def _tiles_for_dots(
     """
     if needs_fp32_dots(batch) and not interpreting():
         return 16, 16, 4, 1
-    if per_token_head:
+    if batch.per_token_head_scales:
         if batch.head_dim == 128:
             # Triton 3.6 (the H200's) spilled on sm_90 with every larger tile tried at d128.
             return 16, 16, 4, 2
@@ -450,9 +461,9 @@ def launch_plan(
     num_splits: int | None = None,
     *,
     max_splits: int = MAX_SPLITS,
-    per_token_head: bool = False,
 ) -> TritonLaunchPlan:
-    """Tile sizes, grid and split count for a call; host arithmetic only (no device sync).
+    """Tile sizes, grid and split count for a call (its scale kind's tiles); host arithmetic
+    only (no device sync).
 
     Splits keys when (sequences x KV heads x query tiles) would leave the GPU's multiprocessors
     idle; ``num_splits`` forces a count (tests use it to cover the merge on the CPU). Either way
@@ -465,9 +476,7 @@ def launch_plan(
     if batch.head_dim == 256:
         block_m = min(block_m, 64)
     block_n = 128 if interpreting() else (64 if batch.head_dim <= 128 else 32)
-    block_m, block_n, num_warps, num_stages = _tiles_for_dots(
-        batch, block_m, block_n, per_token_head
-    )
+    block_m, block_n, num_warps, num_stages = _tiles_for_dots(batch, block_m, block_n)
     num_q_tiles = triton.cdiv(rows, block_m)
     key_span = batch.max_seqlen_k
     left, right = batch.window
@@ -661,37 +670,33 @@ def merge_states(
 
 @dataclass(frozen=True)
 class TritonPlan:
-    """A batch's launch plans and, when they split keys, their views of the kept workspace.
-
-    The scales' kind is a layer's (its ``k_scale`` tensor), and per-token-head scales take their
-    own tiles (:func:`_tiles_for_dots`), so both launches are planned here, once per batch, with
-    one split count: ``launch`` for per-KV-head scales, ``per_token_head_launch`` for
-    per-token-head ones."""
+    """A batch's launch plan (for its scale kind) and, when it splits keys, its views of the
+    kept workspace."""
 
     launch: TritonLaunchPlan
-    per_token_head_launch: TritonLaunchPlan
     part_out: torch.Tensor | None
     part_lse: torch.Tensor | None
 
 
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> TritonPlan:
     """Host-only plan; with a workspace (``fp8_noncausal_attn.plan.Workspace``) the split count
-    is capped by what it holds and the partials are its views. ``num_splits`` forces a count."""
+    is capped by what it holds and the partials are its views. ``num_splits`` forces a count.
+    Refuses CPU tensors outside Triton's interpreter; every size, scale kind and the LSE run."""
+    why = device_reason(batch.device)
+    if why is not None:
+        raise Refused(why)
     max_splits = MAX_SPLITS
     if workspace is not None:
         max_splits = min(MAX_SPLITS, workspace.max_splits(batch.num_tokens))
     decided = launch_plan(batch, num_splits, max_splits=max_splits)
-    per_token = launch_plan(batch, decided.num_splits, max_splits=max_splits, per_token_head=True)
     if workspace is None or decided.num_splits == 1:
-        return TritonPlan(decided, per_token, None, None)
+        return TritonPlan(decided, None, None)
     part_out, part_lse = workspace.partials(decided.num_splits, batch.num_tokens)
-    return TritonPlan(decided, per_token, part_out, part_lse)
+    return TritonPlan(decided, part_out, part_lse)
 
 
 def run(
     problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor, lse: torch.Tensor | None = None
 ) -> None:
-    """Launch a planned batch for one layer (``lse``: see :func:`launch`), on the plan for its
-    scales' kind."""
-    decided = plan.per_token_head_launch if problem.per_token_head_scales else plan.launch
-    launch(problem, decided, out, plan.part_out, plan.part_lse, lse)
+    """Launch a planned batch for one layer (``lse``: see :func:`launch`)."""
+    launch(problem, plan.launch, out, plan.part_out, plan.part_lse, lse)

@@ -88,9 +88,11 @@ def _quantize_per_token_head(x, FORMAT: tl.constexpr, FMAX: tl.constexpr,
     scale = tl.where(is_nan, float("nan"), scale)
     y = x * tl.math.div_rn(tl.full([], 1.0, tl.float32), scale)
     if FORMAT == 4:  # int8, range [-128, 127]: round half away from zero, then truncate.
+        # NaN is tested before the clamp: a GPU's min / max return the other operand.
+        is_nan_code = y != y
         y = tl.where(y >= 0, y + 0.5, y - 0.5)
         y = tl.minimum(tl.maximum(y, -FMAX - 1.0), FMAX)
-        codes = tl.where(y != y, 0.0, y).to(tl.int8)
+        codes = tl.where(is_nan_code, 0.0, y).to(tl.int8)
     else:
         codes = _encode(y, FORMAT, FMAX)
     return codes, scale
