@@ -279,7 +279,10 @@ def triton_launches(problem, num_splits, monkeypatch, return_lse=False) -> dict[
         patch.setattr(triton_attention, "_merge_splits_kernel", _Recorder("merge", calls))
         out = torch.empty_like(problem.query)
         lse = torch.empty(problem.query.shape[:2]) if return_lse else None
-        plan = triton_attention.plan(problem.batch, None, num_splits)
+        # plan() refuses CPU tensors outside the interpreter: the launch plan the GPU would get.
+        plan = triton_attention.TritonPlan(
+            triton_attention.launch_plan(problem.batch, num_splits), None, None
+        )
         triton_attention.run(problem, plan, out, lse)
     return dict(calls)
 
