@@ -1,6 +1,7 @@
 """Shared test setup: Triton runs in its CPU interpreter unless a GPU is present."""
 
 import os
+from types import ModuleType
 
 import torch
 
@@ -11,6 +12,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import fp8_noncausal_attn as fna  # noqa: E402
+from fp8_noncausal_attn.backends.cuda import extension, simt  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +21,23 @@ def fresh_backend_answers():
     is asked afresh: a test that stood in for a GPU leaves no answer behind."""
     yield
     fna.available_backends()
+
+
+@pytest.fixture(params=["simt", "_C"])
+def host_code(request, monkeypatch) -> ModuleType:
+    """``_C``'s host code (its plan, tiles, dtype codes, limits and the bindings' checks), from
+    each build present: the SIMT executor's (the same source compiled here by the host C++
+    compiler, without the attention kernels, which are no host code) and ``_C`` where one is in
+    the tree (CI places the release wheel's). CPU tensors' plans go to it for the test."""
+    if request.param == "_C":
+        module, why = extension.load()
+    else:
+        builds, why = simt.availability()
+        module = simt.load_file(simt.build(units=())) if builds else None
+    if module is None:
+        pytest.skip(why)
+    monkeypatch.setattr(simt, "loaded", lambda: module)
+    return module
 
 
 # The static SASS model (tools/sass_model) is a tool, not part of the package: its tests run only

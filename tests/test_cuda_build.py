@@ -7,7 +7,9 @@ and PTX for the newest, that every kernel family's attention kernels run on tens
 (HMMA, from mma.sync) on every arch, and that no hot kernel touches local memory (register
 spills or stack arrays), which would cost far more than their arithmetic. Also the C++ plan
 (split-KV, tiles, workspace sizes) and the availability rules (arch families, PTX JIT, driver
-version), which need no GPU.
+version), which need no GPU: the host code is read from every build present (the
+``host_code`` fixture: the SIMT executor's, and ``_C`` where one is in the tree), the machine
+code from ``_C`` alone, skipped without it.
 """
 
 import dataclasses
@@ -283,17 +285,14 @@ def drafter_problem(batch: int, kv_len: int, q_len: int = 8):
         (1, 8192, 396, 32),
     ],
 )
-def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
+def test_split_kv_fills_whole_waves(host_code, batch, kv_len, resident, expected):
     """The C++ plan's split count for drafter shapes (batch x 8 tokens x 32/8 heads, d128)."""
-    _extension_path()
-    from fp8_noncausal_attn import _C
-
     splits = mma_sync.num_splits_for(drafter_problem(batch, kv_len).batch, resident)
     assert splits == expected
     ctas = batch * 8 * splits
-    if 1 < splits < _C.MAX_SPLITS:
-        assert ctas / (-(-ctas // resident) * resident) >= _C.WAVE_FILL
-    assert extension.MAX_SPLITS == _C.MAX_SPLITS
+    if 1 < splits < host_code.MAX_SPLITS:
+        assert ctas / (-(-ctas // resident) * resident) >= host_code.WAVE_FILL
+    assert extension.MAX_SPLITS == host_code.MAX_SPLITS
 
 
 @pytest.mark.parametrize(
@@ -310,21 +309,17 @@ def test_split_kv_fills_whole_waves(batch, kv_len, resident, expected):
         (1, (1023, 0), True, 4),
     ],
 )
-def test_windowed_plan_sizes_splits_from_the_window(batch, window, causal, expected):
+def test_windowed_plan_sizes_splits_from_the_window(host_code, batch, window, causal, expected):
     """The C++ plan sizes split-KV from the key tiles one CTA's window spans over a 128k
     context (batch x 8 tokens x 32/8 heads, d128), not from the context."""
-    _extension_path()
     batch = dataclasses.replace(drafter_problem(batch, 131072).batch, window=window, causal=causal)
     assert mma_sync.num_splits_for(batch, 396) == expected
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_split_planner_is_the_plans_rule_for_any_tiles(seed):
+def test_split_planner_is_the_plans_rule_for_any_tiles(host_code, seed):
     """_C.plan_splits (the DSL families' planner) with the mma.sync plan's own tiles gives the
     plan's split count, and a longer key tile never gives more splits than a shorter one."""
-    _extension_path()
-    from fp8_noncausal_attn import _C
-
     rng = torch.Generator().manual_seed(seed)
     for _ in range(50):
         pick = lambda *options: options[int(torch.randint(len(options), (1,), generator=rng))]  # noqa: E731
@@ -334,34 +329,30 @@ def test_split_planner_is_the_plans_rule_for_any_tiles(seed):
             window_left=pick(-1, 127, 2000), window_right=pick(-1, 0, 64), causal=pick(False, True),
         )  # fmt: skip
         resident = pick(132, 396)
-        plan = _C.plan(**sizes, num_tokens=sizes["num_seqs"] * sizes["max_seqlen_q"],
-                       head_dim=128, kv_dtype=2, resident_ctas=resident)  # fmt: skip
-        tiles = {"block_m": plan["block_m"], "resident_ctas": resident}
-        assert _C.plan_splits(**sizes, **tiles, block_n=plan["block_n"]) == plan["num_splits"]
-        wide = _C.plan_splits(**sizes, **tiles, block_n=4 * plan["block_n"])
+        plan = host_code.plan(**sizes, num_tokens=sizes["num_seqs"] * sizes["max_seqlen_q"],
+                              head_dim=128, kv_dtype=2, resident_ctas=resident)  # fmt: skip
+        splits_of = functools.partial(
+            host_code.plan_splits, **sizes, block_m=plan["block_m"], resident_ctas=resident
+        )
+        assert splits_of(block_n=plan["block_n"]) == plan["num_splits"]
+        wide = splits_of(block_n=4 * plan["block_n"])
         assert 1 <= wide <= plan["num_splits"], sizes
-        assert _C.plan_splits(**sizes, **tiles, block_n=64, num_splits=5) == 5
+        assert splits_of(block_n=64, num_splits=5) == 5
 
 
-def test_dtype_codes_are_the_extensions():
-    _extension_path()
-    from fp8_noncausal_attn import _C
-
+def test_dtype_codes_are_the_extensions(host_code):
     assert {str(k).removeprefix("torch."): v for k, v in extension.DTYPE_CODES.items()} == (
-        _C.DTYPE_CODES
+        host_code.DTYPE_CODES
     )
-    assert launch_record.SCALE_MODES == _C.SCALE_MODES
+    assert launch_record.SCALE_MODES == host_code.SCALE_MODES
 
 
-def test_cache_write_refuses_an_int8_cache_before_any_cuda_call():
+def test_cache_write_refuses_an_int8_cache_before_any_cuda_call(host_code):
     """int8 has a dtype code for the attention kernels, but the cache write has no int8 path
     (per-token-head caches are written elsewhere): the binding refuses it, never launches."""
-    _extension_path()
-    from fp8_noncausal_attn import _C
-
-    codes = _C.DTYPE_CODES
+    codes = host_code.DTYPE_CODES
     with pytest.raises(ValueError, match="writes no int8 cache"):
-        _C.reshape_and_cache(
+        host_code.reshape_and_cache(
             device=0, stream=0, key=0, value=0, key_cache=0, value_cache=0, slot_mapping=0,
             k_scale=0, v_scale=0, key_strides=(0, 0), value_strides=(0, 0),
             kc_strides=(0, 0, 0), vc_strides=(0, 0, 0), slot_stride=1, num_tokens=1,
@@ -371,10 +362,9 @@ def test_cache_write_refuses_an_int8_cache_before_any_cuda_call():
 
 
 @pytest.mark.parametrize("forced", [None, 1, 5])
-def test_plan_reports_grid_and_workspace(forced):
+def test_plan_reports_grid_and_workspace(host_code, forced):
     """Grid (M tiles, KV heads, seqs x splits [+ the padded-rows slice when unsplit]) and the
     split-KV workspace (fp32 partial O and LSE) that run() needs."""
-    _extension_path()
     problem = drafter_problem(batch=3, kv_len=9000, q_len=24)
     plan = mma_sync.kernel_plan(problem.batch, resident=396, num_splits=forced)
     splits = plan["num_splits"]
@@ -435,7 +425,7 @@ def test_backend_passes_window_and_sinks_to_the_kernels(monkeypatch):
     assert (calls["launch"]["sinks"], calls["launch"]["window_left"]) == (0, -1)
 
 
-def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch):
+def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monkeypatch, host_code):
     """mma_sync.run passes _C.paged_attention one value for each Given field of AttnParams
     (the launch record's mma.sync fields, csrc/common/launch_record.h, exported as
     _C.ATTN_FIELDS with the record's hash), read from the problem, and the plan's _C.Plan as
@@ -443,8 +433,6 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     log2(block_size), and a plan made for other sizes, before any CUDA call."""
     import contextlib
 
-    _extension_path()  # skips where _C was not built
-    from fp8_noncausal_attn import _C
     from fp8_noncausal_attn import launch_record as R
     from fp8_noncausal_attn.synthetic import make_case
     from fp8_noncausal_attn.validation import validate_attention
@@ -460,21 +448,21 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     problem = validate_attention(
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
-    report = _C.plan(**extension.plan_sizes(problem), num_tokens=problem.num_tokens,
-                     head_dim=problem.head_dim, kv_dtype=2, resident_ctas=1)  # fmt: skip
+    report = host_code.plan(**extension.plan_sizes(problem), num_tokens=problem.num_tokens,
+                            head_dim=problem.head_dim, kv_dtype=2, resident_ctas=1)  # fmt: skip
     mma_sync.run(problem, mma_sync.MmaSyncPlan(1, None, None, report["launch"]),
                  torch.empty_like(case.query))  # fmt: skip
     assert calls["plan"] is report["launch"] and calls["plan"].num_splits == 1
     fields = calls["fields"]
-    assert tuple(fields) == _C.ATTN_FIELDS == tuple(f.name for f in R.given(R.MMA_SYNC))
-    assert _C.LAUNCH_RECORD_HASH == R.record_hash(R.MMA_SYNC)
+    assert tuple(fields) == host_code.ATTN_FIELDS == tuple(f.name for f in R.given(R.MMA_SYNC))
+    assert host_code.LAUNCH_RECORD_HASH == R.record_hash(R.MMA_SYNC)
     assert fields["block_shift"] == 4 and fields["sl_stride"] == 2
     assert fields["bt_stride_b"] == problem.block_table.stride(1) == 2
     assert fields["causal_per_seq"] == problem.causal_per_seq.data_ptr()
     assert fields["causal_bytes"] == 1 and fields["causal_stride"] == 2
     assert fields["cu_stride"] == 2 and fields["num_splits"] == 1
     launch = functools.partial(
-        _C.paged_attention, device=0, stream=0, plan=report["launch"], q_dtype=0, kv_dtype=2
+        host_code.paged_attention, device=0, stream=0, plan=report["launch"], q_dtype=0, kv_dtype=2
     )
     empty = dict(fields, num_tokens=0)  # no row: the binding returns before any CUDA call
     assert launch(fields=empty) is None

@@ -18,6 +18,7 @@ fails on the CPU. The ``gpu`` tests skip without a GPU.
 import inspect
 import itertools
 import math
+from types import ModuleType
 from typing import NamedTuple
 
 import pytest
@@ -156,11 +157,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 # ---- mma.sync -------------------------------------------------------------------------------
 
 
-def mma_q_len(head_dim: int, cache_dtype: torch.dtype, block_m: int) -> int:
+def mma_q_len(plan_code: ModuleType, head_dim: int, cache_dtype: torch.dtype, block_m: int) -> int:
     """40 query tokens (160 rows per KV head: several 64-row tiles, or two 128-row ones) unless
-    the plan runs them on another tile than ``block_m``, else 16 (one 64-row tile)."""
+    the plan (``plan_code``'s, a build of _C's host code) runs them on another tile than
+    ``block_m``, else 16 (one 64-row tile)."""
     code = extension.DTYPE_CODES[cache_dtype]
-    return next(q for q in (40, 16) if extension.loaded().block_m_for(head_dim, code, q * GROUP)
+    return next(q for q in (40, 16) if plan_code.block_m_for(head_dim, code, q * GROUP)
                 == block_m)  # fmt: skip
 
 
@@ -184,23 +186,23 @@ def compiled_mma_kernels() -> set[tuple]:
     return kernels
 
 
-def mma_kernels_of_table(table) -> dict[tuple, tuple]:
-    """Table row -> the kernel the plan reports for its case."""
+def mma_kernels_of_table(plan_code: ModuleType, table) -> dict[tuple, tuple]:
+    """Table row -> the kernel the plan reports for its case (on the CPU: ``plan_code`` must be
+    the build that plans CPU tensors)."""
     found = {}
     for head_dim, q, kv, block_m in table:
-        q_len = mma_q_len(head_dim, kv, block_m)
+        q_len = mma_q_len(plan_code, head_dim, kv, block_m)
         _, problem, _ = build(head_dim, q, kv, q_len, "bidirectional", "full", 16, 0, "cpu")
         found[(head_dim, q, kv, block_m)] = mma_kernel_of(problem)
     return found
 
 
-def test_mma_table_holds_every_kernel_the_plan_reports():
+def test_mma_table_holds_every_kernel_the_plan_reports(host_code):
     """One row per compiled kernel (as many as _C holds, by cuobjdump in test_cuda_build), each
     planned on the tile it names; without any one row, that kernel is missing."""
-    pytest.importorskip("fp8_noncausal_attn._C")
     compiled = compiled_mma_kernels()
     assert len(compiled) == NUM_ATTENTION_KERNELS
-    found = mma_kernels_of_table(MMA_KERNELS)
+    found = mma_kernels_of_table(host_code, MMA_KERNELS)
     for (head_dim, q, kv, block_m), kernel in found.items():
         assert kernel[4] == block_m, (head_dim, q, kv, block_m, kernel)
     assert set(found.values()) == compiled
@@ -228,8 +230,8 @@ def test_every_mma_sync_kernel_matches_the_reference(kernel, mask, window, page_
         pytest.skip(why)
     head_dim, q, kv, block_m = kernel
     seed = head_dim + block_m + page_size
-    case, problem, extra = build(head_dim, q, kv, mma_q_len(head_dim, kv, block_m), mask, window,
-                                 page_size, seed, "cuda")  # fmt: skip
+    q_len = mma_q_len(extension.loaded(), head_dim, kv, block_m)
+    case, problem, extra = build(head_dim, q, kv, q_len, mask, window, page_size, seed, "cuda")
     expected = reference(case, extra)
     for num_splits in SPLITS:
         batch = problem.batch

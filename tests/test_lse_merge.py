@@ -549,20 +549,19 @@ def test_cuda_shard_states_merge_to_the_whole(layout):
     check_state(out, lse, exact_out, exact_lse, torch.bfloat16)
 
 
-def test_lse_at_the_batch_limit_is_written_by_the_unsplit_epilogue(monkeypatch):
+def test_lse_at_the_batch_limit_is_written_by_the_unsplit_epilogue(monkeypatch, host_code):
     """At MAX_SEQS sequences (the grid's z limit, 65,535 / num_seqs leaves one split) the plan
     asked for the LSE stays unsplit and its launch hands the kernel the LSE output (no forced
     split cut back to one over unwritten partials); one sequence more is refused by name."""
-    extension_module = pytest.importorskip("fp8_noncausal_attn._C")
-    from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+    from helpers.backends import gpu_stand_in
 
-    most = extension_module.MAX_SEQS
+    most = host_code.MAX_SEQS
     calls = []
     ext = SimpleNamespace(
-        plan=extension_module.plan, MAX_SEQS=most,
-        paged_attention=lambda **kwargs: calls.append(kwargs),
-    )  # fmt: skip
+        plan=host_code.plan, MAX_SEQS=most, paged_attention=lambda **kwargs: calls.append(kwargs)
+    )
     monkeypatch.setattr(extension, "load", lambda: (ext, ""))
+    gpu_stand_in(monkeypatch, ext)
     monkeypatch.setattr(mma_sync, "resident_ctas", lambda problem: 132)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
         cuda_stream=0))  # fmt: skip
