@@ -18,6 +18,7 @@ from helpers.token_heads import token_head_problem
 import fp8_noncausal_attn as fna
 from fp8_noncausal_attn.backends import reference
 from fp8_noncausal_attn.backends.cuda import extension, mma_sync
+from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.problem import CacheWrite
 from fp8_noncausal_attn.synthetic import make_case, relative_error
@@ -398,5 +399,92 @@ def test_the_api_runs_the_executor_on_cpu_tensors():
     out, lse = fna.paged_attention(*case.args(), **case.kwargs(), backend="mma_sync",
                                    return_lse=True)  # fmt: skip
     want, want_lse = float64_attention(case, return_lse=True)
+    assert relative_error(out, want.to(out.dtype)) <= TOLERANCE[out.dtype]
+    assert torch.allclose(lse.double(), want_lse, rtol=0, atol=LSE_ATOL)
+
+
+# A NaN in each 1-byte cache format (e4m3 has one exponent-and-mantissa NaN, 0x7f / 0xff; e5m2
+# 0xff is a NaN too). int8 data is never NaN: its slots hold 0x7f (127) under a NaN scale.
+NAN_BYTE = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0xFF, torch.int8: 0x7F}
+
+
+def poison_outside_windows(problem) -> int:
+    """What vLLM's sliding-window manager leaves in the cache, made NaN: block-table entries of
+    every page wholly before a sequence's first visible key point at one spare (null) page, and
+    that page, the slots of the window's first page before its first key and the slots past the
+    sequence's length hold NaN (NAN_BYTE in K and V, NaN per-token-head scales). Returns the
+    null page; the cases below also leave NaN in the key tile of each window's first key."""
+    batch = problem.batch
+    block_size = problem.key_cache.shape[1]
+    kv_lens = batch.seq_lens.tolist()
+    cu = batch.cu_seqlens_q.tolist()
+    pages_used = [-(-kv // block_size) for kv in kv_lens]
+    owned = {p for seq, n in enumerate(pages_used) for p in batch.block_table[seq, :n].tolist()}
+    null_page = min(set(range(problem.key_cache.shape[0])) - owned)
+    nan_byte = NAN_BYTE[problem.key_cache.dtype]
+    token_scales = (problem.k_scale, problem.v_scale) if problem.per_token_head_scales else ()
+
+    def poison(page, slots):
+        for cache in (problem.key_cache, problem.value_cache):
+            cache.view(torch.uint8)[page, slots] = nan_byte
+        for scale in token_scales:
+            scale[page, slots] = math.nan
+
+    poison(null_page, slice(None))
+    for seq, kv_len in enumerate(kv_lens):
+        q_len = cu[seq + 1] - cu[seq]
+        start, _ = visible_range(torch.arange(q_len), q_len, kv_len, batch.causal, batch.window)
+        first = int(start.min())
+        batch.block_table[seq, : first // block_size] = null_page
+        poison(int(batch.block_table[seq, first // block_size]), slice(0, first % block_size))
+        poison(
+            int(batch.block_table[seq, pages_used[seq] - 1]),
+            slice((kv_len - 1) % block_size + 1, None),
+        )
+    return null_page
+
+
+# Unwritten-slot cases: (cache dtype, per-token-head scales). Sequences [q 3 / kv 150, q 2 / kv
+# 100], causal, window (40, -1), 16-key pages: the first visible keys 107 and 58 lie 43 and 58
+# keys into their 64-key tiles (two and three whole null pages, then a partial page, before them).
+UNWRITTEN_CASES = [
+    (torch.float8_e4m3fn, False),
+    (torch.float8_e5m2, False),
+    (torch.float8_e4m3fn, True),
+    (torch.float8_e5m2, True),
+    (torch.int8, True),
+]
+UNWRITTEN_BACKENDS = {"mma_sync": mma_sync, "triton": triton_attention, "reference": reference}
+
+
+@pytest.mark.parametrize("backend", sorted(UNWRITTEN_BACKENDS))
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("cache,token_scales", UNWRITTEN_CASES, ids=str)
+def test_nan_before_the_window_in_its_first_tile_stays_out(cache, token_scales, splits, backend):
+    """SPEC §5: an unwritten slot holds anything and reaches no row's result. NaN pages and
+    slots before each window's first key, in the same key tile, and past each sequence's length:
+    a backend that loads them and masks only the scores gives 0 * NaN = NaN in P V."""
+    q_lens, kv_lens, window = [3, 2], [150, 100], (40, -1)
+    if token_scales:
+        problem = token_head_problem(cache, torch.bfloat16, q_lens, kv_lens, causal=True,
+                                     window=window, seed=8, num_q_heads=4)  # fmt: skip
+    else:
+        case = make_case(q_lens, kv_lens, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                         cache_dtype=cache, causal=True, seed=8)  # fmt: skip
+        problem = validate_attention(*case.args(), **case.kwargs(), softmax_scale=None,
+                                     out=None, validate=False, window=window)  # fmt: skip
+    block_n = mma_sync.kernel_plan(problem.batch, 1)["block_n"]
+    assert [(kv - q - 40) % block_n for q, kv in zip(q_lens, kv_lens, strict=True)] == [43, 58]
+    null_page = poison_outside_windows(problem)
+    # The poison is NaN as the kernels read it (data, or int8 data times its scale).
+    values = problem.value_cache[null_page].float()
+    if token_scales:
+        values = values * problem.v_scale[null_page][..., None]
+    assert values.isnan().all()
+    want, want_lse = oracle(problem)
+    out = torch.full_like(problem.query, math.nan)
+    lse = torch.full(problem.query.shape[:2], math.nan)
+    plan_and_run(UNWRITTEN_BACKENDS[backend], problem, out, num_splits=splits, lse=lse)
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
     assert relative_error(out, want.to(out.dtype)) <= TOLERANCE[out.dtype]
     assert torch.allclose(lse.double(), want_lse, rtol=0, atol=LSE_ATOL)

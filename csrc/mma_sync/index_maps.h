@@ -204,7 +204,8 @@ FP8NCA_HD constexpr bool key_visible(const RowKeys& r, int key) {
 
 struct KeyRange {
   int first;       // the first key any row of the CTA sees
-  int n_keys;      // one past the last such key: keys from here on are zero-filled, never read
+  int n_keys;      // one past the last such key; keys outside [first, n_keys) are
+                   // zero-filled, never read (key_in_range)
   int free_first;  // a key tile starting at n0 needs no mask when
   int free_count;  //   0 <= n0 - free_first < free_count: every row sees all of its keys
 };
@@ -219,6 +220,11 @@ FP8NCA_HD constexpr KeyRange cta_keys(const Window& win, bool causal, int kv_len
   const RowKeys last = row_keys(win, causal, kv_len, q_len, last_row, group);
   const int free_count = first.hi - last.lo - block_n + 2;
   return KeyRange{first.lo, last.hi + 1, last.lo, free_count > 0 ? free_count : 0};
+}
+
+// Whether `key` is one the CTA's tiles load: first <= key < n_keys (one unsigned comparison).
+FP8NCA_HD constexpr bool key_in_range(const KeyRange& k, int key) {
+  return static_cast<unsigned>(key - k.first) < static_cast<unsigned>(k.n_keys - k.first);
 }
 
 // Whether the key tile starting at key n0 needs the mask (one unsigned comparison per tile).

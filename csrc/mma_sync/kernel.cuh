@@ -61,8 +61,8 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
 #pragma unroll
   for (int stage = 0; stage < S.stages - 1; ++stage) {
     if (w.tiles.begin + stage < w.tiles.end) {
-      load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, w.tiles.begin + stage,
-                              kv_smem + stage * S.stage_bytes, tid, scales...);
+      load_kv_tile<D, QT, KV, BM>(p, src, w.keys, w.tiles.begin + stage,
+                                  kv_smem + stage * S.stage_bytes, tid, scales...);
     }
     hw::cp_async_fence();
   }
@@ -72,9 +72,9 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
     hw::cp_async_wait<S.stages - 2>();
     __syncthreads();
     if (tile + S.stages - 1 < w.tiles.end) {
-      load_kv_tile<D, QT, KV, BM>(p, src, w.keys.n_keys, tile + S.stages - 1,
-                              kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes, tid,
-                              scales...);
+      load_kv_tile<D, QT, KV, BM>(p, src, w.keys, tile + S.stages - 1,
+                                  kv_smem + ((it + S.stages - 1) % S.stages) * S.stage_bytes,
+                                  tid, scales...);
     }
     hw::cp_async_fence();
 

@@ -76,18 +76,18 @@ __device__ __forceinline__ ScaleSource scale_source(const AttnParams& p, int kvh
                      ts.ks_stride_b, ts.ks_stride_s, ts.vs_stride_b, ts.vs_stride_s};
 }
 
-// Copies key row `tid`'s K and V scale (zero past n_keys) of the key tile from key n0 into its
-// V row's pad (index_maps.h scale_smem_offset). Threads below block_n, whole warps (it
-// shuffles the page id from `my_page`, as load_kv_tile does).
+// Copies key row `tid`'s K and V scale (zero outside `keys`, as load_kv_tile's data) of the
+// key tile from key n0 into its V row's pad (index_maps.h scale_smem_offset). Threads below
+// block_n, whole warps (it shuffles the page id from `my_page`, as load_kv_tile does).
 template <int D, typename QT, int KV, int BM>
 __device__ __forceinline__ void load_scales(const AttnParams& p, const ScaleSource& scales,
-                                            int my_page, int n0, int n_keys, uint8_t* vs,
-                                            int tid) {
+                                            int my_page, int n0, const KeyRange& keys,
+                                            uint8_t* vs, int tid) {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   static_assert(S.block_n % 32 == 0 && S.block_n <= S.threads, "one scale row per thread");
   if (tid >= S.block_n) return;
   const int r = tid;
-  const bool ok = n0 + r < n_keys;
+  const bool ok = key_in_range(keys, n0 + r);
   const int64_t page = __shfl_sync(0xffffffffu, my_page, tile_page(r, p.block_shift));
   const float* kscale = scales.k_head;
   const float* vscale = scales.v_head;
@@ -100,13 +100,19 @@ __device__ __forceinline__ void load_scales(const AttnParams& p, const ScaleSour
   hw::cp_async_ca(reinterpret_cast<float*>(vs + scale_smem_offset(S, r, 1)), vscale, ok);
 }
 
-// Copies key tile `tile` (keys past n_keys zero-filled: they are masked, and zeros keep 0 * V
-// finite) into one K and one V stage, and with `scales` (the per-token-head kernels) each
-// key's K and V scale (load_scales). Every thread of the CTA calls it (it shuffles).
+// Copies key tile `tile` into one K and one V stage, and with `scales` (the per-token-head
+// kernels) each key's K and V scale (load_scales). Keys outside `keys` (past the CTA's last
+// visible key, or before a window's first key in the window's first tile) are zero-filled,
+// never read: their slots may never have been written (SPEC section 5; vLLM points the pages
+// before a window at a null page that may hold NaN), and their -inf scores give P = 0, which
+// only zeros keep from 0 * NaN = NaN in P V. The page ids of pages past the last key are not
+// read either (they may lie past the block table's row); those before the window are (the
+// row holds them), but no address is formed from them. Every thread of the CTA calls it (it
+// shuffles).
 template <int D, typename QT, int KV, int BM, typename... Scales>
 __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource& src,
-                                             int n_keys, int tile, uint8_t* ks, int tid,
-                                             const Scales&... scales) {
+                                             const KeyRange& keys, int tile, uint8_t* ks,
+                                             int tid, const Scales&... scales) {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   uint8_t* vs = ks + S.block_n * S.k_row;
   const int lane = tid & 31;
@@ -114,7 +120,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
   // A tile spans at most block_n / 8 pages: lane l reads the page id of the tile's l-th page.
   const int first_page = n0 >> p.block_shift;
   int my_page = 0;
-  if (lane < S.block_n / 8 && ((first_page + lane) << p.block_shift) < n_keys) {
+  if (lane < S.block_n / 8 && ((first_page + lane) << p.block_shift) < keys.n_keys) {
     my_page = src.bt_row[(first_page + lane) * p.bt_stride_b];
   }
   const int r0 = copy_row(S, tid);
@@ -123,7 +129,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
   for (int i = 0; i < copy_slots(S); ++i) {
     const int r = r0 + i * copy_row_step(S);  // copy_row(S, tid + i * S.threads)
     const int key = n0 + r;
-    const bool ok = key < n_keys;
+    const bool ok = key_in_range(keys, key);
     const int64_t page = __shfl_sync(0xffffffffu, my_page, tile_page(r, p.block_shift));
     const uint8_t* ksrc = src.k_head;
     const uint8_t* vsrc = src.v_head;
@@ -135,7 +141,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, const KVSource
     hw::cp_async_cg_16(ks + k_smem_offset(S, r, u), ksrc, ok);
     hw::cp_async_cg_16(vs + v_smem_offset(S, r, u), vsrc, ok);
   }
-  (load_scales<D, QT, KV, BM>(p, scales, my_page, n0, n_keys, vs, tid), ...);
+  (load_scales<D, QT, KV, BM>(p, scales, my_page, n0, keys, vs, tid), ...);
 }
 
 // Dequantises the 1-byte K and V tile of one stage, once for the whole CTA (every thread

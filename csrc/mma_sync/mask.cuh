@@ -1,8 +1,9 @@
 // The attention mask on one S tile (SPEC section 3): a key outside a row's visible range
 // [lo, hi] (the causal or bidirectional bound and the sliding window, index_maps.h row_keys)
-// gets -inf. Keys past the CTA's last visible key are zero-filled by the copy, and tiles outside
-// its window are never loaded, so only the tiles that some row sees in part pay (the partial last
-// tile of a bidirectional row; the diagonal of a causal one; a window's edges).
+// gets -inf. Keys outside the CTA's visible range (past its last visible key, before a window's
+// first) are zero-filled by the copy, and tiles outside its window are never loaded, so only the
+// tiles that some row sees in part pay (the partial last tile of a bidirectional row; the
+// diagonal of a causal one; a window's edges).
 #pragma once
 
 #include <cmath>
