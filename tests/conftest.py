@@ -1,4 +1,5 @@
-"""Shared test setup: Triton runs in its CPU interpreter unless a GPU is present."""
+"""Shared test setup: Triton runs in its CPU interpreter unless a GPU is present, and
+``backend="mma_sync"`` on CPU tensors runs csrc/'s kernels on the SIMT executor."""
 
 import os
 from types import ModuleType
@@ -13,6 +14,9 @@ import pytest  # noqa: E402
 
 import fp8_noncausal_attn as fna  # noqa: E402
 from fp8_noncausal_attn.backends.cuda import extension, simt  # noqa: E402
+
+# Read whenever a backend is asked, so it may be set after the imports, unlike Triton's.
+os.environ.setdefault(simt.ENABLE_ENV, "1")
 
 
 @pytest.fixture(autouse=True)

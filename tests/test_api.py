@@ -42,6 +42,28 @@ def test_cuda_backend_on_cpu_tensors_fails_with_the_reason(backend):
         fna.paged_attention(*case.args(), **case.kwargs(), backend=backend)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+def test_mma_sync_takes_cpu_tensors_only_when_the_executor_is_asked_for(monkeypatch):
+    """Without FP8NCA_SIMT=1 (the tests set it), mma_sync on CPU tensors is refused with how to
+    ask for the SIMT executor, and asking what runs here builds nothing."""
+    from fp8_noncausal_attn.backends.cuda import extension, mma_sync, simt
+
+    _, ext_why = extension.availability()
+    built = []
+    monkeypatch.setattr(simt, "build", lambda *args, **kwargs: built.append(args))
+    monkeypatch.delenv(simt.ENABLE_ENV)
+    report = fna.available_backends()
+    assert not report["mma_sync"]["available"]
+    assert f"{simt.ENABLE_ENV}=1" in report["mma_sync"]["reason"]
+    case = make_case([2], [10], seed=1)
+    with pytest.raises(RuntimeError, match=f"backend 'mma_sync' is not available here: .*"
+                       f"{simt.ENABLE_ENV}=1"):  # fmt: skip
+        fna.paged_attention(*case.args(), **case.kwargs(), backend="mma_sync")
+    assert not built
+    monkeypatch.setenv(simt.ENABLE_ENV, "1")
+    assert mma_sync.availability() == (True, f"{simt.STATUS}; CUDA tensors: {ext_why}")
+
+
 def test_a_bad_backend_name_fails_with_the_one_text_everywhere():
     case = make_case([2], [10], seed=1)
     expected = r"backend must be 'auto' or one of \('mma_sync', 'triton', 'reference', 'wgmma'"

@@ -33,7 +33,7 @@ def availability() -> tuple[bool, str]:
     if runs:
         return True, f"mma.sync kernels (cp.async) in {why}"
     builds, simt_why = simt.availability()
-    return (True, f"{simt_why}; CUDA tensors: {why}") if builds else (False, why)
+    return (True, f"{simt_why}; CUDA tensors: {why}") if builds else (False, f"{why}; {simt_why}")
 
 
 def _module(device: torch.device) -> ModuleType:

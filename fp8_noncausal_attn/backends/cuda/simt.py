@@ -8,6 +8,10 @@ is asynchronous. It is built on first use from a source checkout (csrc/ and pyth
 package) and cached by a hash of what each object is compiled from, so a kernel edit is
 rebuilt by the next call: ``build/simt/`` under the checkout, or ``$FP8NCA_SIMT_CACHE``.
 Needs pybind11 and no CUDA toolkit.
+
+It runs only where :data:`ENABLE_ENV` is ``1``, as Triton's kernels take CPU tensors only under
+``TRITON_INTERPRET=1``: asking what runs here (``available_backends()``, the demo) never starts
+a build of minutes, and a machine without a GPU compiles no kernel unless asked to.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ ATTENTION_UNITS = tuple(
     f"attention_d{d}{kind}" for d in (64, 128, 256) for kind in ("", "_lse", "_pth")
 )
 STATUS = "the SIMT executor: csrc/'s kernels run on CPU tensors (a test tool, slow)"
+ENABLE_ENV = "FP8NCA_SIMT"
 
 _COMMON = ["-std=c++17", "-O1", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden"]
 # The kernels' loads and stores call the executor's __tsan_* hooks (csrc/simt/runtime.h).
@@ -49,7 +54,10 @@ def _compiler() -> str:
 
 
 def availability() -> tuple[bool, str]:
-    """Whether the executor can be built here (a source checkout, a C++ compiler, pybind11)."""
+    """Whether the executor runs here: asked for (:data:`ENABLE_ENV`), and buildable (a source
+    checkout, a C++ compiler, pybind11)."""
+    if os.environ.get(ENABLE_ENV) != "1":
+        return False, f"CPU tensors run on the SIMT executor only with {ENABLE_ENV}=1 ({STATUS})"
     if not (CSRC / "simt" / "runtime.cpp").is_file() or not BINDINGS.is_file():
         return False, "the SIMT executor builds from a source checkout (csrc/, python/)"
     if shutil.which(_compiler()) is None:
