@@ -47,7 +47,8 @@ def load() -> tuple[ModuleType | None, str]:
     except ImportError as err:
         return None, (
             f"the CUDA extension fp8_noncausal_attn._C is not built ({err}); build it where nvcc "
-            "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e ."
+            "is: pip install nvidia-cutlass==4.2.0.0 pybind11, then pip install -e . (for the "
+            "visible GPU; FP8NCA_CUDA_ARCHS=90, say, where none is)"
         )
     why = refusal(_C.__file__, getattr(_C, "LAUNCH_RECORD_HASH", None), MMA_SYNC)
     return (None, why) if why else (_C, "")
