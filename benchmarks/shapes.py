@@ -59,7 +59,8 @@ class Shape:
     causal: bool
     kv_dtype: str  # a KV_DTYPES key
     query_dtype: str = "bfloat16"
-    block_size: int = 16
+    # vLLM's default page since 0.34 (16 before): what a drafter's cache has in the release.
+    block_size: int = 64
     # (left, right) sliding window, FlashAttention's convention (-1 = unbounded; SPEC §3).
     window: tuple[int, int] = (-1, -1)
     # gpt-oss-style attention sinks: one float32 logit per query head joins each softmax
@@ -198,7 +199,7 @@ def windowed_drafter(**overrides: object) -> Shape:
 def prefill(length: int, **overrides: object) -> Shape:
     """A non-causal prefill of ``length`` query tokens over as many keys, by default
     BF16 query over an e4m3 cache with the drafter's Qwen3-8B-style heads: 32 query / 8 KV heads
-    (GQA 4, the common Llama-3 / Qwen3 8B ratio), head_dim 128, page 16 (vLLM's default block
+    (GQA 4, the common Llama-3 / Qwen3 8B ratio), head_dim 128, page 64 (vLLM 0.34's default block
     size), one sequence. Compute-bound (4 x q x kv x head_dim x heads FLOPs over 2 x kv x
     head_dim x KV heads bytes: 2 x 4 x q FLOP per KV byte), so the report measures it against
     the GPU's dense 16-bit tensor peak, not HBM bandwidth (benchmarks.report.goals).

@@ -375,25 +375,26 @@ def test_spent_time_budget_skips_shapes_and_still_writes_everything(tmp_path):
 
 def test_windowed_bytes_scale_with_the_window_not_the_context():
     shape = shapes.windowed_drafter()
-    # Queries at 131064..131071 see keys from 131064 - 4095 = 126969 on; its page starts at
-    # 126960: 4112 keys (257 pages) of K and V per sequence and KV head, one byte each.
-    assert (shape.first_key, shape.keys_read, shape.pages_read) == (126960, 4112, 257)
+    # Queries at 131064..131071 see keys from 131064 - 4095 = 126969 on; its 64-key page starts
+    # at 126912: 4160 keys (65 pages) of K and V per sequence and KV head, one byte each.
+    assert shape.block_size == 64
+    assert (shape.first_key, shape.keys_read, shape.pages_read) == (126912, 4160, 65)
     q_and_out = 2 * (32 * 8) * 32 * 128 * 2
-    assert shape.bytes == 2 * 32 * 4112 * 8 * 128 + q_and_out
+    assert shape.bytes == 2 * 32 * 4160 * 8 * 128 + q_and_out
     # Twice the context: the same bytes and FLOPs; twice the window: about twice the KV bytes.
     longer = dataclasses.replace(shape, kv_len=2 * shape.kv_len)
     assert (longer.bytes, longer.flops) == (shape.bytes, shape.flops)
     wider = dataclasses.replace(shape, window=(8191, 8191))
     assert wider.kv_bytes() / shape.kv_bytes() == pytest.approx(2, rel=0.01)
     unwindowed = dataclasses.replace(shape, window=(-1, -1))
-    assert unwindowed.kv_bytes() / shape.kv_bytes() == pytest.approx(131072 / 4112)
+    assert unwindowed.kv_bytes() / shape.kv_bytes() == pytest.approx(131072 / 4160)
     # FLOPs count the keys each query sees: 4096 + token for query token 0..7.
     assert shape.flops == 4 * 32 * sum(4096 + t for t in range(8)) * 32 * 128
     # Bytes come from whole pages: a window ending inside a page still reads the page.
-    for left in (0, 5, 15, 16, 17, 100):
+    for left in (0, 5, 15, 16, 17, 63, 64, 65, 100):
         small = dataclasses.replace(shape, q_len=1, kv_len=1000, window=(left, left))
         start = 999 - left
-        assert small.first_key == start // 16 * 16 and small.keys_read >= left + 1
+        assert small.first_key == start // 64 * 64 and small.keys_read >= left + 1
 
 
 def test_the_presets_hold_the_windowed_drafter():
@@ -630,10 +631,10 @@ PREFILL_LENGTHS = (4096, 8192, 16384)
 
 def test_presets_hold_the_noncausal_prefill_shapes():
     """The prefill shapes: q = kv = 4k / 8k / 16k, BF16 query over e4m3 (and the BF16 and
-    per-token-head caches beside it), 32 query / 8 KV heads, head_dim 128, page 16, non-causal;
+    per-token-head caches beside it), 32 query / 8 KV heads, head_dim 128, page 64, non-causal;
     --quick holds the 4k one."""
     expected = {
-        shapes.Shape("prefill", 1, n, n, 32, 8, 128, False, kv, "bfloat16", 16)
+        shapes.Shape("prefill", 1, n, n, 32, 8, 128, False, kv, "bfloat16", 64)
         for n in PREFILL_LENGTHS
         for kv in ("fp8_e4m3", "bfloat16", *PER_TOKEN_HEAD)
     }
