@@ -219,7 +219,7 @@ def test_token_scale_kernels_add_only_the_scales_to_their_twins_main_loop(arch):
             assert not counts.keys() & {"I2F", "I2FP", "I2I"}, f"{name} on sm_{arch}"
             continue
         ident = pth_name.search(name).group(2)
-        twin = pth_name.sub(f"{len(ident)}{ident}I", name).replace("ENS_16TokenScaleParamsE", "E")
+        twin = pth_name.sub(f"{len(ident)}{ident}I", name)
         block_m = 128 if "_m128_" in name else 64
         value_pairs = host_hooks.load().mma_sync_tables(head_dim, 1, block_m)["copy_slots"] * 8
         plain = loop_counts(functions[twin])

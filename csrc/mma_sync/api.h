@@ -20,15 +20,13 @@ cudaError_t launch_d256(const AttnParams& p, dim3 grid, int block_m, int q_dtype
                         cudaStream_t stream, int* ctas_per_sm);
 
 // The launches of the per-token-head kernels (kv_dtype e4m3, e5m2 or int8; k_scale / v_scale
-// [num_blocks, block_size, num_kv_heads] through ts's strides), attention_d<D>_pth.cu.
-cudaError_t launch_d64_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                           int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                           int* ctas_per_sm);
-cudaError_t launch_d128_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                            int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                            int* ctas_per_sm);
-cudaError_t launch_d256_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                            int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                            int* ctas_per_sm);
+// [num_blocks, block_size, num_kv_heads] through p's ks_stride_* / vs_stride_*),
+// attention_d<D>_pth.cu.
+cudaError_t launch_d64_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                           int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d128_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d256_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
 
 }  // namespace fp8nca::mma_sync

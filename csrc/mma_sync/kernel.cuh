@@ -118,11 +118,10 @@ __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& 
 }
 
 // One CTA of either tile (BM query rows); the kernels below are its entry points. `ts`: the
-// per-token-head kernels' TokenScaleParams, an empty pack in the others (no argument, no
-// temporary: they compile exactly as they did before these kernels existed), likewise the
-// scale source handed down to stream_keys and load_kv_tile.
+// per-token-head kernels' PerTokenHeadScales mark, an empty pack in the others (which then
+// hold no scale code), likewise the scale source handed down to stream_keys and load_kv_tile.
 template <int D, typename QT, int KV, int BM, typename... TokenScales>
-__device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenScales&... ts) {
+__device__ __forceinline__ void attention_cta(const AttnParams& p, TokenScales... ts) {
   constexpr bool kTokenScales = sizeof...(TokenScales) > 0;
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
@@ -206,18 +205,18 @@ __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
 }
 
 // The per-token-head kernels (k_scale / v_scale [num_blocks, block_size, num_kv_heads] through
-// ts's strides).
+// p's ks_stride_* / vs_stride_*).
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
-    paged_attention_kernel_pth(const AttnParams p, const TokenScaleParams ts) {
-  attention_cta<D, QT, KV, kBlockM>(p, ts);
+    paged_attention_kernel_pth(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockM>(p, PerTokenHeadScales{});
 }
 
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
-    paged_attention_kernel_m128_pth(const AttnParams p, const TokenScaleParams ts) {
-  attention_cta<D, QT, KV, kBlockMWide>(p, ts);
+    paged_attention_kernel_m128_pth(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockMWide>(p, PerTokenHeadScales{});
 }
 
 // The kernel of tile BM: the per-head one or the per-token-head one.
@@ -256,8 +255,7 @@ cudaError_t prepare_kernel() {
 // Launches the kernel of tile BM on `grid` (from the plan, csrc/common/plan.h), or with
 // `ctas_per_sm` set only reports how many of its CTAs fit on one SM of the current device.
 template <int D, typename QT, int KV, int BM, bool kTokenScales>
-cudaError_t launch(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                   cudaStream_t stream, int* ctas_per_sm) {
+cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
   using T = Traits<D, QT, KV, BM>;
   constexpr auto kernel = kernel_of<D, QT, KV, BM, kTokenScales>();
   const cudaError_t err = prepare_kernel<D, QT, KV, BM, kTokenScales>();
@@ -266,25 +264,21 @@ cudaError_t launch(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, T::kThreads,
                                                          T::kS.smem);
   }
-  if constexpr (kTokenScales) {
-    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p, ts);
-  } else {
-    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p);
-  }
+  FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p);
   return cudaGetLastError();
 }
 
 // The launch for `block_m` (the plan's): the 128-row tile exists for 1-byte caches at head_dim
-// 128 only (plan.cpp block_m_for); kTokenScales: the per-token-head kernel, reading `ts`.
+// 128 only (plan.cpp block_m_for); kTokenScales: the per-token-head kernel.
 template <int D, typename QT, int KV, bool kTokenScales = false>
-cudaError_t launch_tile(const AttnParams& p, const TokenScaleParams& ts, dim3 grid, int block_m,
-                        cudaStream_t stream, int* ctas_per_sm) {
+cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
+                        int* ctas_per_sm) {
   if (block_m == kBlockM) {
-    return launch<D, QT, KV, kBlockM, kTokenScales>(p, ts, grid, stream, ctas_per_sm);
+    return launch<D, QT, KV, kBlockM, kTokenScales>(p, grid, stream, ctas_per_sm);
   }
   if constexpr (Traits<D, QT, KV>::kNarrow && D == 128) {
     if (block_m == kBlockMWide) {
-      return launch<D, QT, KV, kBlockMWide, kTokenScales>(p, ts, grid, stream, ctas_per_sm);
+      return launch<D, QT, KV, kBlockMWide, kTokenScales>(p, grid, stream, ctas_per_sm);
     }
   }
   return cudaErrorInvalidValue;
