@@ -74,9 +74,8 @@ class Field:
     entry fixes it per variant). DSL only: ``kernel_families`` names the families whose kernel
     reads it; ``launch_only`` fields size the grid or pick the stream and are not passed to the
     kernel; ``kernel_as`` names the kernel parameter of a value the entry transforms first (the
-    softmax scale in log2 units). mma.sync only: ``params`` names the C++ struct that holds it
-    (``AttnParams``, or ``TokenScaleParams``, which only the per-token-head kernels take, so that
-    the other kernels' code does not change)."""
+    softmax scale in log2 units). Every mma.sync field is a member of the one ``AttnParams``
+    that every mma.sync kernel takes."""
 
     name: str
     kind: str
@@ -90,7 +89,6 @@ class Field:
     kernel_families: tuple[str, ...] = DSL_FAMILIES
     launch_only: bool = False
     kernel_as: str = ""
-    params: str = "AttnParams"
 
     @property
     def parameter(self) -> str:
@@ -151,7 +149,6 @@ def _token_scale_strides(prefix: str, scale) -> tuple[Field, ...]:
             f"per-token-head {prefix[0]}_scale stride: {d}",
             lambda i, at=at: scale(i).stride(at) if scale(i).dim() == 3 else 0,
             families=(MMA_SYNC,),
-            params="TokenScaleParams",
         )  # fmt: skip
         for at, d in enumerate("bsh")
     )
@@ -177,7 +174,7 @@ FIELDS: tuple[Field, ...] = (
     _ptr("cu_seqlens_q", "int32", 4, "int32 [num_seqs + 1]; rows from [num_seqs] on: padding",
          lambda i: i.problem.cu_seqlens_q),
     _ptr("seq_lens", "int32", 4, "int32 [num_seqs]", lambda i: i.problem.seq_lens),
-    _ptr("k_scale", "float32", 4, "fp32 [num_kv_heads], or per token (TokenScaleParams)",
+    _ptr("k_scale", "float32", 4, "fp32 [num_kv_heads], or per token and head (scale_mode)",
          lambda i: i.problem.k_scale),
     _ptr("v_scale", "float32", 4, "likewise", lambda i: i.problem.v_scale),
     _ptr("causal_per_seq", "flags", 1, "[num_seqs] bool or int32 (nonzero: causal), or null",
@@ -224,13 +221,13 @@ FIELDS: tuple[Field, ...] = (
           lambda i: window_sides(i.problem)[1]),
     Field("softmax_scale", "f32", "the scale of q . k", lambda i: float(i.problem.softmax_scale),
           kernel_as="scale_log2"),
-    # mma.sync's TokenScaleParams: with per-token-head scales, k_scale / v_scale point at float32
+    # mma.sync's per-token-head scales: with them, k_scale / v_scale point at float32
     # [num_blocks, block_size, num_kv_heads] tensors read through these strides (any values:
     # vLLM's inline scales are a strided view of its page).
     Field("scale_mode", "i32", "ScaleMode: which kernels the launch runs",
           lambda i: SCALE_MODES["per_token_head" if i.problem.per_token_head_scales
                                 else "per_head"],
-          families=_MMA, params="TokenScaleParams"),
+          families=_MMA),
     *_token_scale_strides("ks", lambda i: i.problem.k_scale),
     *_token_scale_strides("vs", lambda i: i.problem.v_scale),
     Field("row_tiles", "i32", "ceil(max_seqlen_q x group / rows per CTA)", lambda i: i.row_tiles,
@@ -255,14 +252,11 @@ def given(family: str) -> tuple[Field, ...]:
 
 
 def record_hash(family: str) -> str:
-    """12 hex digits of SHA-256 over ``family``'s fields (name, kind, element, source and, for
-    mma.sync, the struct that holds it, in order) and, when it takes ``scale_mode``, that
-    field's values (:data:`SCALE_MODES`): what a library built from this record exports."""
+    """12 hex digits of SHA-256 over ``family``'s fields (name, kind, element, source, in
+    order) and, when it takes ``scale_mode``, that field's values (:data:`SCALE_MODES`): what a
+    library built from this record exports."""
     taken = fields(family)
-    text = ";".join(
-        f"{f.name}:{f.kind}:{f.element}:{f.source}" + (f":{f.params}" if family == MMA_SYNC else "")
-        for f in taken
-    )
+    text = ";".join(f"{f.name}:{f.kind}:{f.element}:{f.source}" for f in taken)
     if any(f.name == "scale_mode" for f in taken):
         text += "|" + ";".join(f"{mode}={value}" for mode, value in sorted(SCALE_MODES.items()))
     return hashlib.sha256(f"{family}|{text}".encode()).hexdigest()[:12]

@@ -157,8 +157,7 @@ T field(const py::dict& fields, const char* name) {
   }
 }
 
-// The names of the Given fields of AttnParams and TokenScaleParams (FP8NCA_ATTN_FIELDS), in
-// order.
+// The names of the Given fields of AttnParams (FP8NCA_ATTN_FIELDS), in order.
 std::vector<std::string> given_fields() {
   std::vector<std::string> names;
 #define FP8NCA_NAME_Given(name) names.emplace_back(#name);
@@ -179,15 +178,11 @@ std::vector<std::string> given_fields() {
 void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan, int q_dtype,
                      int kv_dtype, const py::dict& fields, std::uintptr_t lse) {
   fp8nca::AttnParams p{};
-  fp8nca::TokenScaleParams ts{};
-#define FP8NCA_FILL_Given(to, type, name) to.name = field<type>(fields, #name);
-#define FP8NCA_FILL_Derived(to, type, name)
-#define FP8NCA_FILL_P(type, name, source) FP8NCA_FILL_##source(p, type, name)
-#define FP8NCA_FILL_TS(type, name, source) FP8NCA_FILL_##source(ts, type, name)
-  FP8NCA_LAUNCH_FIELDS(FP8NCA_FILL_P)
-  FP8NCA_TOKEN_SCALE_FIELDS(FP8NCA_FILL_TS)
-#undef FP8NCA_FILL_TS
-#undef FP8NCA_FILL_P
+#define FP8NCA_FILL_Given(type, name) p.name = field<type>(fields, #name);
+#define FP8NCA_FILL_Derived(type, name)
+#define FP8NCA_FILL(type, name, source) FP8NCA_FILL_##source(type, name)
+  FP8NCA_ATTN_FIELDS(FP8NCA_FILL)
+#undef FP8NCA_FILL
 #undef FP8NCA_FILL_Derived
 #undef FP8NCA_FILL_Given
   const std::vector<std::string> names = given_fields();
@@ -212,7 +207,7 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
   if (p.window_left < -1 || p.window_right < -1) {
     throw std::invalid_argument("fp8_noncausal_attn._C: window sides must be -1 or >= 0");
   }
-  if (ts.scale_mode != fp8nca::kScalePerHead && ts.scale_mode != fp8nca::kScalePerTokenHead) {
+  if (p.scale_mode != fp8nca::kScalePerHead && p.scale_mode != fp8nca::kScalePerTokenHead) {
     throw std::invalid_argument(
         "fp8_noncausal_attn._C: scale_mode must be 0 (per KV head) or 1 (per token and head)");
   }
@@ -229,7 +224,7 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
   const DeviceGuard guard(device);
-  check(fp8nca::launch_attention(plan, p, ts, q_dtype, kv_dtype, ptr<float>(lse),
+  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype, ptr<float>(lse),
                                  reinterpret_cast<cudaStream_t>(stream)),
         "attention launch");
 }
@@ -393,7 +388,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_SEQS") = fp8nca::kMaxSeqs;
   m.attr("MAX_SPLITS") = fp8nca::kMaxSplits;
   m.attr("WAVE_FILL") = fp8nca::kWaveFill;
-  m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams', TokenScaleParams'
+  m.attr("ATTN_FIELDS") = py::tuple(py::cast(given_fields()));  // AttnParams' Given fields
   // The launch record this was built from (fp8_noncausal_attn/launch_record.py record_hash):
   // the package refuses another record's when it loads this module.
   m.attr("LAUNCH_RECORD_HASH") = FP8NCA_LAUNCH_RECORD_HASH;

@@ -131,8 +131,8 @@ def test_attention_kernels_use_tensor_cores(family, arch):
     kernel, mma, copy = FAMILIES[family]
     functions = sass_functions(arch)
     attention = {n: s for n, s in functions.items() if kernel in n}
-    # With the LSE twins and the per-token-head kernels.
-    assert len(attention) == 2 * NUM_ATTENTION_KERNELS + NUM_TOKEN_SCALE_KERNELS, sorted(functions)
+    # The per-head and the per-token-head kernels (the LSE has no kernel of its own).
+    assert len(attention) == NUM_ATTENTION_KERNELS + NUM_TOKEN_SCALE_KERNELS, sorted(functions)
     for name, sass in attention.items():
         assert re.search(mma, sass), f"{name} on sm_{arch} has no {mma}"
         assert copy in sass, f"{name} on sm_{arch} does not use {copy}"
@@ -184,48 +184,8 @@ def test_mask_runs_only_on_tiles_that_need_it(arch):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", DEFAULT_ARCHS)
-def test_lse_twins_differ_from_their_kernels_only_after_the_main_loop(arch):
-    """Each kernel that writes the unsplit LSE has a main loop as long as its twin's without it,
-    with the same count of every instruction but the integer moves and adds that register
-    allocation trades for one another (IMAD / MOV / IADD3 / VIADD / SHF / LEA): the LSE costs
-    the loop nothing. It stores more (the LSE rows) after the loop."""
-    require_arch(arch)
-    from collections import Counter
-
-    from tools.sass_model.cfg import ControlFlowGraph
-    from tools.sass_model.pipes import is_tensor
-    from tools.sass_model.sass import parse
-
-    interchangeable = {"IMAD", "MOV", "IADD3", "VIADD", "SHF", "LEA"}
-
-    def loop_and_stores(sass):
-        graph = ControlFlowGraph(parse(sass))
-        loop = graph.main_loop(is_tensor)
-        body = [ins.base for b in loop.body for ins in graph.block_instructions(b)]
-        stores = sum(ins.base in ("STG", "ST") for ins in graph.instructions)
-        fixed = Counter(base for base in body if base not in interchangeable)
-        return len(body), fixed, stores
-
-    functions = sass_functions(arch)
-    # Mangled names carry each identifier's length.
-    twin_names = {
-        "22paged_attention_kernelI": "26paged_attention_kernel_lseI",
-        "27paged_attention_kernel_m128I": "31paged_attention_kernel_m128_lseI",
-    }
-    twins = {name: name.replace(plain, lse) for name in functions
-             for plain, lse in twin_names.items() if plain in name}  # fmt: skip
-    assert len(twins) == NUM_ATTENTION_KERNELS and set(twins.values()) <= set(functions)
-    for plain, lse in twins.items():
-        *plain_loop, plain_stores = loop_and_stores(functions[plain])
-        *lse_loop, lse_stores = loop_and_stores(functions[lse])
-        assert plain_loop == lse_loop, f"{lse} on sm_{arch}: its main loop differs"
-        assert lse_stores > plain_stores, f"{lse} on sm_{arch} stores no more than {plain}"
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
 def test_token_scale_kernels_add_only_the_scales_to_their_twins_main_loop(arch):
-    """Each per-token-head kernel's main loop against its per-head LSE twin's (FP8 caches): the
+    """Each per-token-head kernel's main loop against its per-head twin's (FP8 caches): the
     same MMAs, two more async copies (each key row's K and V scale ride with its tile) and one
     more conversion per value pair a thread dequantises (value x scale rounded to 16 bits); the
     K scales are fp32 multiplies on the scores, no conversion. The int8 kernels (no twin) turn
@@ -249,15 +209,17 @@ def test_token_scale_kernels_add_only_the_scales_to_their_twins_main_loop(arch):
     functions = sass_functions(arch)
     token_scaled = {n: s for n, s in functions.items() if "_pthI" in n}
     assert len(token_scaled) == NUM_TOKEN_SCALE_KERNELS
-    # Mangled names carry each identifier's length: _pth and _lse are as long.
     variant = re.compile(r"_pthILi(\d+)E\w+?Li(\d)E")
+    # Mangled names carry each identifier's length: the per-head twin's is 4 shorter.
+    pth_name = re.compile(r"(\d+)(paged_attention_kernel\w*?)_pthI")
     for name, sass in token_scaled.items():
         head_dim, kv_dtype = (int(x) for x in variant.search(name).groups())
         counts = loop_counts(sass)
         if kv_dtype == extension.DTYPE_CODES[torch.int8]:
             assert not counts.keys() & {"I2F", "I2FP", "I2I"}, f"{name} on sm_{arch}"
             continue
-        twin = name.replace("_pthI", "_lseI").replace("ENS_16TokenScaleParamsE", "E")
+        ident = pth_name.search(name).group(2)
+        twin = pth_name.sub(f"{len(ident)}{ident}I", name)
         block_m = 128 if "_m128_" in name else 64
         value_pairs = host_hooks.load().mma_sync_tables(head_dim, 1, block_m)["copy_slots"] * 8
         plain = loop_counts(functions[twin])

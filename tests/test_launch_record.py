@@ -68,20 +68,14 @@ def test_the_hash_follows_the_fields_names_kinds_and_order(monkeypatch):
     assert R.record_hash("wgmma") != before["wgmma"]
 
 
-def test_the_hash_follows_the_scale_modes_and_the_struct_of_each_field(monkeypatch):
-    """What a library was built from includes the scale_mode values its kernels switch on and
-    the struct (AttnParams, TokenScaleParams) that holds each mma.sync field: changing either
-    changes the mma.sync hash."""
+def test_the_hash_follows_the_scale_modes(monkeypatch):
+    """What a library was built from includes the scale_mode values its kernels switch on:
+    changing them changes the mma.sync hash."""
     before = R.record_hash(R.MMA_SYNC)
     monkeypatch.setattr(R, "SCALE_MODES", {"per_head": 1, "per_token_head": 0})
     assert R.record_hash(R.MMA_SYNC) != before
     monkeypatch.undo()
     assert R.record_hash(R.MMA_SYNC) == before
-    fields = list(R.FIELDS)
-    at = next(i for i, f in enumerate(fields) if f.name == "ks_stride_b")
-    fields[at] = dataclasses.replace(fields[at], params="AttnParams")
-    monkeypatch.setattr(R, "FIELDS", tuple(fields))
-    assert R.record_hash(R.MMA_SYNC) != before
 
 
 # ---- a library from another record is refused when it is loaded ------------------------------

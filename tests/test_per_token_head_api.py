@@ -342,8 +342,8 @@ def test_mma_sync_runs_per_token_head_layers_on_aligned_caches_and_refuses_vllm_
 @pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
 def test_the_mma_sync_plan_names_the_kernel_that_runs(monkeypatch, cache_dtype):
     """The C++ plan names the tile's kernel; the launch runs its per-token-head twin for
-    per-token-head scales (every int8 cache) and its LSE twin for an unsplit launch that writes
-    the LSE (csrc/mma_sync/kernel.cuh kernel_of): the plan's report says which."""
+    per-token-head scales (every int8 cache), and the same kernel whether or not it writes the
+    LSE (csrc/mma_sync/kernel.cuh kernel_of): the plan's report says which."""
     from helpers.gpu_mock import mock_gpu
 
     mock_gpu(monkeypatch)
@@ -355,7 +355,7 @@ def test_the_mma_sync_plan_names_the_kernel_that_runs(monkeypatch, cache_dtype):
     per_head = dataclasses.replace(batch, scale_mode="per_head", return_lse=True)
     if cache_dtype == torch.int8:
         return
-    assert mma_sync.kernel_plan(per_head, 132)["kernel_name"] == "paged_attention_kernel_lse"
+    assert mma_sync.kernel_plan(per_head, 132)["kernel_name"] == "paged_attention_kernel"
     assert mma_sync.kernel_plan(per_head, 132, 3)["kernel_name"] == "paged_attention_kernel"
     plain = dataclasses.replace(per_head, return_lse=False)
     assert mma_sync.kernel_plan(plain, 132)["kernel_name"] == "paged_attention_kernel"

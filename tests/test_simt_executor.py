@@ -88,6 +88,12 @@ PLANTED = {
         "uint8_t* wide = kv_smem + (S.stages + 1) * S.stage_bytes;",
         r"write of \d+ bytes at shared memory offset \d+, outside the launch's \d+ bytes",
     ),
+    "lse_written_without_its_pointer": (
+        "mma_sync/epilogue.cuh",
+        "if (t == 0 && p.ws_lse != nullptr) {",
+        "if (t == 0) {",
+        r"global write of 4 bytes at 0x[0-9a-f]+, outside every tensor the launch may write",
+    ),
     "warps_leaving_before_a_barrier": (
         "mma_sync/softmax.cuh",
         "  __syncthreads();\n  if (role.ng > 0) return false;\n",

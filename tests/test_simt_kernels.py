@@ -1,8 +1,9 @@
 """csrc/'s kernels run on CPU tensors by the SIMT executor (``backend="mma_sync"``), against the
 float64 oracle: every attention kernel (head dims x query dtypes x caches, both row tiles, the
-LSE twins, the per-token-head kernels on e4m3 / e5m2 / int8), causal, bidirectional and mixed,
-sliding windows and sinks, split-KV with the merge kernel; the cache write and the merge entry
-against the reference. Sizes are small: every CTA runs as fibers with every access checked."""
+LSE from their epilogue, the per-token-head kernels on e4m3 / e5m2 / int8), causal,
+bidirectional and mixed, sliding windows and sinks, split-KV with the merge kernel; the cache
+write and the merge entry against the reference. Sizes are small: every CTA runs as fibers with
+every access checked."""
 
 import math
 from types import SimpleNamespace
@@ -88,7 +89,7 @@ def per_head_problem(cache_dtype, query_dtype, head_dim, q_lens, kv_lens, causal
 @pytest.mark.parametrize("cache_dtype,query_dtype", PER_HEAD_PAIRS, ids=str)
 def test_every_per_head_kernel_matches_the_oracle(cache_dtype, query_dtype, head_dim):
     """Mixed causal and bidirectional sequences (a decode row, a whole block with no context,
-    keys past one 64-key tile), GQA 2, padded rows; the LSE twin kernel."""
+    keys past one 64-key tile), GQA 2, padded rows; the LSE from the same kernel."""
     problem = per_head_problem(cache_dtype, query_dtype, head_dim, [3, 1, 5], [70, 33, 5],
                                [True, False, True], seed=head_dim, padded_rows=2)  # fmt: skip
     check(problem, padded_rows=2)

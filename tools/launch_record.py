@@ -18,14 +18,11 @@ HEADER = Path(__file__).resolve().parents[1] / "csrc" / "common" / "launch_recor
 def header() -> str:
     """The text of ``csrc/common/launch_record.h``."""
 
-    def x_macro(name: str, params: str) -> list[str]:
-        rows = [
-            f"  X({f.cpp_type}, {f.name}, {'Given' if f.source == 'given' else 'Derived'})"
-            f" /* {f.doc} */"
-            for f in R.fields(R.MMA_SYNC)
-            if f.params == params
-        ]
-        return [f"#define {name}(X) \\", *(f"{row} \\" for row in rows[:-1]), rows[-1], ""]
+    rows = [
+        f"  X({f.cpp_type}, {f.name}, {'Given' if f.source == 'given' else 'Derived'})"
+        f" /* {f.doc} */"
+        for f in R.fields(R.MMA_SYNC)
+    ]
 
     lines = [
         "// Generated from fp8_noncausal_attn/launch_record.py by `python -m tools.launch_record`:",
@@ -36,13 +33,12 @@ def header() -> str:
         "// refuses a _C built from another record when it loads it.",
         f'#define FP8NCA_LAUNCH_RECORD_HASH "{R.record_hash(R.MMA_SYNC)}"',
         "",
-        "// X(type, name, source) for each field of AttnParams and of TokenScaleParams (which",
-        "// only the per-token-head kernels take), in order (csrc/common/params.h); source: Given",
-        "// (the caller passes it by name, _C.ATTN_FIELDS) or Derived (python/bindings.cpp",
-        "// computes it).",
-        *x_macro("FP8NCA_LAUNCH_FIELDS", "AttnParams"),
-        *x_macro("FP8NCA_TOKEN_SCALE_FIELDS", "TokenScaleParams"),
-        "#define FP8NCA_ATTN_FIELDS(X) FP8NCA_LAUNCH_FIELDS(X) FP8NCA_TOKEN_SCALE_FIELDS(X)",
+        "// X(type, name, source) for each field of AttnParams, in order (csrc/common/params.h);",
+        "// source: Given (the caller passes it by name, _C.ATTN_FIELDS) or Derived",
+        "// (python/bindings.cpp computes it).",
+        "#define FP8NCA_ATTN_FIELDS(X) \\",
+        *(f"{row} \\" for row in rows[:-1]),
+        rows[-1],
         "",
     ]
     return "\n".join(lines)

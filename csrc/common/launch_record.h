@@ -4,13 +4,12 @@
 
 // The record's hash for mma.sync, exported as _C.LAUNCH_RECORD_HASH: the package
 // refuses a _C built from another record when it loads it.
-#define FP8NCA_LAUNCH_RECORD_HASH "7496a03bde12"
+#define FP8NCA_LAUNCH_RECORD_HASH "0f4373741411"
 
-// X(type, name, source) for each field of AttnParams and of TokenScaleParams (which
-// only the per-token-head kernels take), in order (csrc/common/params.h); source: Given
-// (the caller passes it by name, _C.ATTN_FIELDS) or Derived (python/bindings.cpp
-// computes it).
-#define FP8NCA_LAUNCH_FIELDS(X) \
+// X(type, name, source) for each field of AttnParams, in order (csrc/common/params.h);
+// source: Given (the caller passes it by name, _C.ATTN_FIELDS) or Derived
+// (python/bindings.cpp computes it).
+#define FP8NCA_ATTN_FIELDS(X) \
   X(const void*, q, Given) /* [num_tokens, num_q_heads, head_dim] 16-bit */ \
   X(const void*, k, Given) /* [num_blocks, block_size, num_kv_heads, head_dim] FP8 */ \
   X(const void*, v, Given) /* the shape of k, own strides */ \
@@ -18,7 +17,7 @@
   X(const int32_t*, block_table, Given) /* int32 [num_seqs, max_blocks] */ \
   X(const int32_t*, cu_seqlens_q, Given) /* int32 [num_seqs + 1]; rows from [num_seqs] on: padding */ \
   X(const int32_t*, seq_lens, Given) /* int32 [num_seqs] */ \
-  X(const float*, k_scale, Given) /* fp32 [num_kv_heads], or per token (TokenScaleParams) */ \
+  X(const float*, k_scale, Given) /* fp32 [num_kv_heads], or per token and head (scale_mode) */ \
   X(const float*, v_scale, Given) /* likewise */ \
   X(const void*, causal_per_seq, Given) /* [num_seqs] bool or int32 (nonzero: causal), or null */ \
   X(const float*, sinks, Given) /* fp32 [num_q_heads] natural-log sink logits, or null */ \
@@ -54,9 +53,7 @@
   X(int, causal, Given) /* the launch-wide causal flag when causal_per_seq is null */ \
   X(int, window_left, Given) /* -1: unbounded */ \
   X(int, window_right, Given) /* -1: unbounded; causal caps it at 0 */ \
-  X(float, softmax_scale, Given) /* the scale of q . k */
-
-#define FP8NCA_TOKEN_SCALE_FIELDS(X) \
+  X(float, softmax_scale, Given) /* the scale of q . k */ \
   X(int, scale_mode, Given) /* ScaleMode: which kernels the launch runs */ \
   X(int64_t, ks_stride_b, Given) /* per-token-head k_scale stride: b */ \
   X(int64_t, ks_stride_s, Given) /* per-token-head k_scale stride: s */ \
@@ -64,5 +61,3 @@
   X(int64_t, vs_stride_b, Given) /* per-token-head v_scale stride: b */ \
   X(int64_t, vs_stride_s, Given) /* per-token-head v_scale stride: s */ \
   X(int64_t, vs_stride_h, Given) /* per-token-head v_scale stride: h */
-
-#define FP8NCA_ATTN_FIELDS(X) FP8NCA_LAUNCH_FIELDS(X) FP8NCA_TOKEN_SCALE_FIELDS(X)

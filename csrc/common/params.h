@@ -18,7 +18,7 @@ constexpr int dtype_bytes(int dtype) { return dtype == kE4M3 || dtype == kE5M2 ?
 // Bytes per element of a cache the attention kernels read.
 constexpr int cache_bytes(int dtype) { return dtype == kI8 ? 1 : dtype_bytes(dtype); }
 
-// How k_scale / v_scale index the cache (TokenScaleParams::scale_mode): one scale per KV head,
+// How k_scale / v_scale index the cache (AttnParams::scale_mode): one scale per KV head,
 // [num_kv_heads], or one per token and KV head, [num_blocks, block_size, num_kv_heads] through
 // their strides (vLLM's fp8_per_token_head / int8_per_token_head pages keep them inline).
 enum ScaleMode : int { kScalePerHead = 0, kScalePerTokenHead = 1 };
@@ -34,20 +34,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 // vLLM passes slices of persistent buffers it updates in place between CUDA-graph replays.
 //
 // Its fields are the launch record's (fp8_noncausal_attn/launch_record.py, the one definition of
-// the launch arguments): FP8NCA_LAUNCH_FIELDS(X) of the generated launch_record.h lists them as
-// X(type, name, source), in the order of AttnParams; FP8NCA_TOKEN_SCALE_FIELDS(X) likewise those
-// of TokenScaleParams, which only the per-token-head kernels take as a second argument, so that
-// AttnParams, and with it every other kernel's code, is unchanged (with kScalePerTokenHead,
+// the launch arguments): FP8NCA_ATTN_FIELDS(X) of the generated launch_record.h lists them as
+// X(type, name, source), in the order of AttnParams. Every attention kernel takes this one
+// struct; with kScalePerTokenHead (the per-token-head kernels, which read scales differently),
 // k_scale / v_scale point at float32 [num_blocks, block_size, num_kv_heads] tensors read through
-// its strides). python/bindings.cpp takes each Given field by name from the dict the package
-// passes (FP8NCA_ATTN_FIELDS: both lists) and computes the Derived ones.
+// the ks_stride_* / vs_stride_* fields, which the other kernels never read. python/bindings.cpp
+// takes each Given field by name from the dict the package passes and computes the Derived ones.
 #define FP8NCA_DECLARE_FIELD(type, name, source) type name;
 struct AttnParams {
-  FP8NCA_LAUNCH_FIELDS(FP8NCA_DECLARE_FIELD)
-};
-
-struct TokenScaleParams {
-  FP8NCA_TOKEN_SCALE_FIELDS(FP8NCA_DECLARE_FIELD)
+  FP8NCA_ATTN_FIELDS(FP8NCA_DECLARE_FIELD)
 };
 #undef FP8NCA_DECLARE_FIELD
 

@@ -9,7 +9,8 @@ namespace fp8nca::mma_sync {
 
 // Launch the attention kernel for one head dim and tile of `block_m` query rows (64, or 128 for
 // FP8 caches at head_dim 128) on `grid` (plan.h), or with `ctas_per_sm` set launch nothing
-// and report the kernel's resident CTAs per SM on the current device.
+// and report the kernel's resident CTAs per SM on the current device. Unsplit, the kernel also
+// writes each row's natural-log LSE into p.ws_lse ([num_tokens, num_q_heads]) when it is set.
 // cudaErrorInvalidValue for a dtype pair that is not compiled. No host synchronisation.
 cudaError_t launch_d64(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,
                        cudaStream_t stream, int* ctas_per_sm);
@@ -18,27 +19,14 @@ cudaError_t launch_d128(const AttnParams& p, dim3 grid, int block_m, int q_dtype
 cudaError_t launch_d256(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,
                         cudaStream_t stream, int* ctas_per_sm);
 
-// The same launches of the kernels whose unsplit epilogue also writes each row's natural-log
-// LSE into p.ws_lse ([num_tokens, num_q_heads]), compiled in translation units of their own
-// (attention_d<D>_lse.cu) so that the kernels above build as they did without them.
-cudaError_t launch_d64_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
-                           int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
-cudaError_t launch_d128_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
-                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
-cudaError_t launch_d256_lse(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
-                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
-
 // The launches of the per-token-head kernels (kv_dtype e4m3, e5m2 or int8; k_scale / v_scale
-// [num_blocks, block_size, num_kv_heads] through ts's strides), which also write the LSE when
-// p.ws_lse is set and the launch unsplit (attention_d<D>_pth.cu).
-cudaError_t launch_d64_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                           int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                           int* ctas_per_sm);
-cudaError_t launch_d128_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                            int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                            int* ctas_per_sm);
-cudaError_t launch_d256_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                            int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                            int* ctas_per_sm);
+// [num_blocks, block_size, num_kv_heads] through p's ks_stride_* / vs_stride_*),
+// attention_d<D>_pth.cu.
+cudaError_t launch_d64_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                           int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d128_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
+cudaError_t launch_d256_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm);
 
 }  // namespace fp8nca::mma_sync

@@ -1,16 +1,15 @@
 // The head_dim 128 kernels over per-token-head caches (e4m3, e5m2, int8 with a scale per key and
-// KV head), in a translation unit of their own like the LSE twins.
+// KV head), in a translation unit of their own.
 #include "../common/dispatch.h"
 #include "api.h"
 #include "kernel.cuh"
 
 namespace fp8nca::mma_sync {
 
-cudaError_t launch_d128_pth(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                            int block_m, int q_dtype, int kv_dtype, cudaStream_t stream,
-                            int* ctas_per_sm) {
+cudaError_t launch_d128_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
+                            int kv_dtype, cudaStream_t stream, int* ctas_per_sm) {
   FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_TOKEN_SCALED_CACHE(kv_dtype, KV, {
-    return launch_tile<128, QT, KV, true, true>(p, ts, grid, block_m, stream, ctas_per_sm);
+    return launch_tile<128, QT, KV, true>(p, grid, block_m, stream, ctas_per_sm);
   }))
 }
 

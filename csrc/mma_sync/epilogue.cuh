@@ -1,10 +1,10 @@
 // Epilogue of the mma.sync family: normalises O by the row sum (plus the attention sink, when
 // given) and the per-head v_scale and writes it to `out` (one split) or to the split-KV
 // workspace with its log-sum-exp (several splits, merged with the sink by
-// csrc/cascade/merge.cu); and the padded rows past the last sequence, written as zeros. The
-// kernels built with kWriteLse also write each row's natural-log LSE when unsplit (FA3's
-// epilogue_fwd.hpp), into ws_lse read as [num_tokens, num_q_heads]: asking for the LSE then
-// costs no split and no second pass.
+// csrc/cascade/merge.cu); and the padded rows past the last sequence, written as zeros. Unsplit,
+// it also writes each row's natural-log LSE whenever ws_lse is set (FA3's epilogue_fwd.hpp: a
+// branch on a pointer uniform over the launch), into ws_lse read as [num_tokens, num_q_heads]:
+// asking for the LSE then costs no split, no second pass and no kernel of its own.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 namespace fp8nca::mma_sync {
 
 // kTokenScales: the values were scaled per key in the dequantised tile, so no v_scale here.
-template <int D, typename QT, bool kWriteLse, bool kTokenScales>
+template <int D, typename QT, bool kTokenScales>
 __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile& w,
                                              const WarpRole& role, const RowState& st,
                                              const float (&o)[compute_shape(D).ot][4],
@@ -64,16 +64,14 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
           reinterpret_cast<uint16_t*>(dst)[1] = static_cast<uint16_t>(packed >> 16);
         }
       }
-      if constexpr (kWriteLse) {
-        // FA3's convention: natural log, the sink inside, -inf where no key (and no sink) was
-        // seen; a NaN l passes on as NaN. l is relative to max(m, sink) when a sink joined it
-        // (recomputed here, so that the kernels without the LSE compile as before).
-        if (t == 0 && p.ws_lse != nullptr) {
-          const float m = st.m[h] * scale_log2;
-          const float top = p.sinks != nullptr ? fmaxf(m, p.sinks[head] * kLog2e) : m;
-          p.ws_lse[static_cast<int64_t>(tok) * p.num_q_heads + head] =
-              l != 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
-        }
+      // FA3's convention: natural log, the sink inside, -inf where no key (and no sink) was
+      // seen; a NaN l passes on as NaN. l is relative to max(m, sink) when a sink joined it
+      // (recomputed here, off the path of the launches that ask for no LSE).
+      if (t == 0 && p.ws_lse != nullptr) {
+        const float m = st.m[h] * scale_log2;
+        const float top = p.sinks != nullptr ? fmaxf(m, p.sinks[head] * kLog2e) : m;
+        p.ws_lse[static_cast<int64_t>(tok) * p.num_q_heads + head] =
+            l != 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
       }
     } else {
       const int64_t ws_row =
@@ -92,10 +90,10 @@ __device__ __forceinline__ void store_output(const AttnParams& p, const WorkTile
 }
 
 // Rows [cu_seqlens_q[num_seqs], num_tokens) belong to no sequence (vLLM pads the batch under
-// CUDA graphs): written as zeros (and, with kWriteLse, their LSE as -inf: an empty state), the
+// CUDA graphs): written as zeros (and, with ws_lse set, their LSE as -inf: an empty state), the
 // bound read on the device. The CTAs of the grid's last z slice share them; used when there is
 // one split (the merge kernel does it otherwise).
-template <typename QT, bool kWriteLse>
+template <typename QT>
 __device__ __forceinline__ void zero_padded_rows(const AttnParams& p) {
   const int first = cu_seqlens_at(p, p.num_seqs);
   const int64_t count = static_cast<int64_t>(p.num_tokens - first) * p.num_q_heads * p.head_dim;
@@ -108,9 +106,7 @@ __device__ __forceinline__ void zero_padded_rows(const AttnParams& p) {
     const int head = static_cast<int>(row % p.num_q_heads);
     const int64_t tok = first + row / p.num_q_heads;
     reinterpret_cast<uint16_t*>(p.out)[tok * p.o_stride_t + head * p.o_stride_h + d] = 0;
-    if constexpr (kWriteLse) {
-      if (d == 0 && p.ws_lse != nullptr) p.ws_lse[tok * p.num_q_heads + head] = -INFINITY;
-    }
+    if (d == 0 && p.ws_lse != nullptr) p.ws_lse[tok * p.num_q_heads + head] = -INFINITY;
   }
 }
 

@@ -13,14 +13,12 @@
 // drafter's 8 tokens x group 4 fill two of four) take a share of every key tile instead. Two
 // tiles of query rows (BM): 64 rows in 4 warps (paged_attention_kernel), and 128 rows in 8 warps
 // (paged_attention_kernel_m128, FP8 caches, head_dim 128) so that R = 65..128 rows of a KV
-// head stream and dequantise its KV once. Each has a twin (paged_attention_kernel_lse,
-// paged_attention_kernel_m128_lse) whose unsplit epilogue also writes each row's LSE; they live
-// in their own translation units, so the kernels without it compile exactly as before. The
-// per-token-head kernels (paged_attention_kernel_pth, paged_attention_kernel_m128_pth: e4m3,
-// e5m2 and int8 caches with a scale per key and KV head) are the same CTA with kTokenScales,
-// in translation units of their own too: each key's K scale multiplies its score column, each
-// value's V scale its row of the dequantised value tile. They always carry the LSE write
-// (skipped when ws_lse is null), so one kernel serves both.
+// head stream and dequantise its KV once. Every kernel's unsplit epilogue writes each row's LSE
+// when ws_lse is set (FA3's): no kernel of its own for it. The per-token-head kernels
+// (paged_attention_kernel_pth, paged_attention_kernel_m128_pth: e4m3, e5m2 and int8 caches with
+// a scale per key and KV head) are the same CTA with kTokenScales, in translation units of
+// their own: each key's K scale multiplies its score column, each value's V scale its row of
+// the dequantised value tile.
 #pragma once
 
 #include <atomic>
@@ -100,7 +98,7 @@ __device__ __forceinline__ void stream_keys(const AttnParams& p, const WorkTile&
 }
 
 // After the key loop: row sums, the merge of key groups (tiles that have them), the output.
-template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
+template <int D, typename QT, int KV, int BM, bool kTokenScales>
 __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& w,
                                            const WarpRole& role, uint8_t* smem, float scale_log2,
                                            float (&o)[compute_shape(D).ot][4], RowState& st,
@@ -116,22 +114,21 @@ __device__ __forceinline__ void finish_cta(const AttnParams& p, const WorkTile& 
     }
   }
   if (!role.active) return;
-  store_output<D, QT, kWriteLse, kTokenScales>(p, w, role, st, o, scale_log2, lane);
+  store_output<D, QT, kTokenScales>(p, w, role, st, o, scale_log2, lane);
 }
 
 // One CTA of either tile (BM query rows); the kernels below are its entry points. `ts`: the
-// per-token-head kernels' TokenScaleParams, an empty pack in the others (no argument, no
-// temporary: they compile exactly as they did before these kernels existed), likewise the
-// scale source handed down to stream_keys and load_kv_tile.
-template <int D, typename QT, int KV, int BM, bool kWriteLse, typename... TokenScales>
-__device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenScales&... ts) {
+// per-token-head kernels' PerTokenHeadScales mark, an empty pack in the others (which then
+// hold no scale code), likewise the scale source handed down to stream_keys and load_kv_tile.
+template <int D, typename QT, int KV, int BM, typename... TokenScales>
+__device__ __forceinline__ void attention_cta(const AttnParams& p, TokenScales... ts) {
   constexpr bool kTokenScales = sizeof...(TokenScales) > 0;
   using T = Traits<D, QT, KV, BM>;
   constexpr TileShape S = T::kS;  // tiles as copied (the cache's format)
   constexpr TileShape C = T::kC;  // 16-bit tiles the MMAs read
   uint8_t* smem = hw::dynamic_smem<uint8_t>();
   if (blockIdx.z == p.num_seqs * p.num_splits) {
-    zero_padded_rows<QT, kWriteLse>(p);
+    zero_padded_rows<QT>(p);
     return;
   }
   WorkTile w;
@@ -175,24 +172,20 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenSc
   if constexpr (C.max_key_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st, scale_source(p, w.kvh, ts)...);
-    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
-                                                       warp, lane);
+    finish_cta<D, QT, KV, BM, kTokenScales>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (role.n_groups == 1) {
     stream_keys<D, QT, KV, BM, 1>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st, scale_source(p, w.kvh, ts)...);
-    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
-                                                       warp, lane);
+    finish_cta<D, QT, KV, BM, kTokenScales>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else if (C.max_key_groups == 2 || role.n_groups == 2) {
     stream_keys<D, QT, KV, BM, 2>(p, w, role, src, row_range, q_frag, kv_smem, wide, tid,
                                   scale_log2, o, st, scale_source(p, w.kvh, ts)...);
-    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
-                                                       warp, lane);
+    finish_cta<D, QT, KV, BM, kTokenScales>(p, w, role, smem, scale_log2, o, st, warp, lane);
   } else {
     stream_keys<D, QT, KV, BM, C.max_key_groups>(p, w, role, src, row_range, q_frag, kv_smem,
                                                  wide, tid, scale_log2, o, st,
                                                  scale_source(p, w.kvh, ts)...);
-    finish_cta<D, QT, KV, BM, kWriteLse, kTokenScales>(p, w, role, smem, scale_log2, o, st,
-                                                       warp, lane);
+    finish_cta<D, QT, KV, BM, kTokenScales>(p, w, role, smem, scale_log2, o, st, warp, lane);
   }
 }
 
@@ -200,7 +193,7 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p, const TokenSc
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
     paged_attention_kernel(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockM, false>(p);
+  attention_cta<D, QT, KV, kBlockM>(p);
 }
 
 // The 128-row tile: 8 warps (1-byte caches, head_dim 128; plan.cpp block_m_for).
@@ -208,53 +201,34 @@ template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
     paged_attention_kernel_m128(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockMWide, false>(p);
-}
-
-// The twins that write the LSE of an unsplit launch (ws_lse: [num_tokens, num_q_heads]).
-template <int D, typename QT, int KV>
-__global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
-    paged_attention_kernel_lse(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockM, true>(p);
-}
-
-template <int D, typename QT, int KV>
-__global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
-                                  Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
-    paged_attention_kernel_m128_lse(const AttnParams p) {
-  attention_cta<D, QT, KV, kBlockMWide, true>(p);
+  attention_cta<D, QT, KV, kBlockMWide>(p);
 }
 
 // The per-token-head kernels (k_scale / v_scale [num_blocks, block_size, num_kv_heads] through
-// ts's strides), with the LSE write (none when ws_lse is null and the launch unsplit).
+// p's ks_stride_* / vs_stride_*).
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV>::kThreads, Traits<D, QT, KV>::kMinBlocks)
-    paged_attention_kernel_pth(const AttnParams p, const TokenScaleParams ts) {
-  attention_cta<D, QT, KV, kBlockM, true>(p, ts);
+    paged_attention_kernel_pth(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockM>(p, PerTokenHeadScales{});
 }
 
 template <int D, typename QT, int KV>
 __global__ void __launch_bounds__(Traits<D, QT, KV, kBlockMWide>::kThreads,
                                   Traits<D, QT, KV, kBlockMWide>::kMinBlocks)
-    paged_attention_kernel_m128_pth(const AttnParams p, const TokenScaleParams ts) {
-  attention_cta<D, QT, KV, kBlockMWide, true>(p, ts);
+    paged_attention_kernel_m128_pth(const AttnParams p) {
+  attention_cta<D, QT, KV, kBlockMWide>(p, PerTokenHeadScales{});
 }
 
-// The kernel of tile BM: with or without the LSE write, or the per-token-head one.
-template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
+// The kernel of tile BM: the per-head one or the per-token-head one.
+template <int D, typename QT, int KV, int BM, bool kTokenScales>
 constexpr auto kernel_of() {
-  static_assert(kWriteLse || !kTokenScales, "the per-token-head kernels write the LSE");
   // if constexpr throughout: a kernel named in a discarded branch is not instantiated.
   if constexpr (BM == kBlockM && kTokenScales) {
     return &paged_attention_kernel_pth<D, QT, KV>;
-  } else if constexpr (BM == kBlockM && kWriteLse) {
-    return &paged_attention_kernel_lse<D, QT, KV>;
   } else if constexpr (BM == kBlockM) {
     return &paged_attention_kernel<D, QT, KV>;
   } else if constexpr (kTokenScales) {
     return &paged_attention_kernel_m128_pth<D, QT, KV>;
-  } else if constexpr (kWriteLse) {
-    return &paged_attention_kernel_m128_lse<D, QT, KV>;
   } else {
     return &paged_attention_kernel_m128<D, QT, KV>;
   }
@@ -262,7 +236,7 @@ constexpr auto kernel_of() {
 
 // Raises the kernel's dynamic shared-memory limit, once per device (on the first, eager call,
 // so that graph capture sees only launches).
-template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
+template <int D, typename QT, int KV, int BM, bool kTokenScales>
 cudaError_t prepare_kernel() {
   constexpr TileShape S = Traits<D, QT, KV, BM>::kS;
   if (S.smem <= 48 * 1024) return cudaSuccess;
@@ -272,7 +246,7 @@ cudaError_t prepare_kernel() {
   if (err != cudaSuccess) return err;
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (raised.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM, kWriteLse, kTokenScales>(),
+  err = cudaFuncSetAttribute(kernel_of<D, QT, KV, BM, kTokenScales>(),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, S.smem);
   if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_acq_rel);
   return err;
@@ -280,38 +254,31 @@ cudaError_t prepare_kernel() {
 
 // Launches the kernel of tile BM on `grid` (from the plan, csrc/common/plan.h), or with
 // `ctas_per_sm` set only reports how many of its CTAs fit on one SM of the current device.
-template <int D, typename QT, int KV, int BM, bool kWriteLse, bool kTokenScales>
-cudaError_t launch(const AttnParams& p, const TokenScaleParams& ts, dim3 grid,
-                   cudaStream_t stream, int* ctas_per_sm) {
+template <int D, typename QT, int KV, int BM, bool kTokenScales>
+cudaError_t launch(const AttnParams& p, dim3 grid, cudaStream_t stream, int* ctas_per_sm) {
   using T = Traits<D, QT, KV, BM>;
-  constexpr auto kernel = kernel_of<D, QT, KV, BM, kWriteLse, kTokenScales>();
-  const cudaError_t err = prepare_kernel<D, QT, KV, BM, kWriteLse, kTokenScales>();
+  constexpr auto kernel = kernel_of<D, QT, KV, BM, kTokenScales>();
+  const cudaError_t err = prepare_kernel<D, QT, KV, BM, kTokenScales>();
   if (err != cudaSuccess) return err;
   if (ctas_per_sm != nullptr) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, T::kThreads,
                                                          T::kS.smem);
   }
-  if constexpr (kTokenScales) {
-    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p, ts);
-  } else {
-    FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p);
-  }
+  FP8NCA_LAUNCH(kernel, grid, T::kThreads, T::kS.smem, stream, p);
   return cudaGetLastError();
 }
 
 // The launch for `block_m` (the plan's): the 128-row tile exists for 1-byte caches at head_dim
-// 128 only (plan.cpp block_m_for); kWriteLse: the twin that writes the unsplit LSE;
-// kTokenScales: the per-token-head kernel (which writes it too), reading `ts`.
-template <int D, typename QT, int KV, bool kWriteLse = false, bool kTokenScales = false>
-cudaError_t launch_tile(const AttnParams& p, const TokenScaleParams& ts, dim3 grid, int block_m,
-                        cudaStream_t stream, int* ctas_per_sm) {
+// 128 only (plan.cpp block_m_for); kTokenScales: the per-token-head kernel.
+template <int D, typename QT, int KV, bool kTokenScales = false>
+cudaError_t launch_tile(const AttnParams& p, dim3 grid, int block_m, cudaStream_t stream,
+                        int* ctas_per_sm) {
   if (block_m == kBlockM) {
-    return launch<D, QT, KV, kBlockM, kWriteLse, kTokenScales>(p, ts, grid, stream, ctas_per_sm);
+    return launch<D, QT, KV, kBlockM, kTokenScales>(p, grid, stream, ctas_per_sm);
   }
   if constexpr (Traits<D, QT, KV>::kNarrow && D == 128) {
     if (block_m == kBlockMWide) {
-      return launch<D, QT, KV, kBlockMWide, kWriteLse, kTokenScales>(p, ts, grid, stream,
-                                                                     ctas_per_sm);
+      return launch<D, QT, KV, kBlockMWide, kTokenScales>(p, grid, stream, ctas_per_sm);
     }
   }
   return cudaErrorInvalidValue;

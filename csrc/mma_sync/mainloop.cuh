@@ -62,6 +62,10 @@ struct KVSource {
   const int32_t* bt_row;  // block_table row of the sequence
 };
 
+// The per-token-head kernels' mark: attention_cta, handed one, copies each key's K and V scale
+// with its tile (read through p's ks_stride_* / vs_stride_*).
+struct PerTokenHeadScales {};
+
 // Where one KV head's per-token-head scales lie (the per-token-head kernels): k_scale + kv_head
 // * ks_stride_h, and the block and slot strides (elements).
 struct ScaleSource {
@@ -71,9 +75,9 @@ struct ScaleSource {
 };
 
 __device__ __forceinline__ ScaleSource scale_source(const AttnParams& p, int kvh,
-                                                    const TokenScaleParams& ts) {
-  return ScaleSource{p.k_scale + kvh * ts.ks_stride_h, p.v_scale + kvh * ts.vs_stride_h,
-                     ts.ks_stride_b, ts.ks_stride_s, ts.vs_stride_b, ts.vs_stride_s};
+                                                    PerTokenHeadScales) {
+  return ScaleSource{p.k_scale + kvh * p.ks_stride_h, p.v_scale + kvh * p.vs_stride_h,
+                     p.ks_stride_b, p.ks_stride_s, p.vs_stride_b, p.vs_stride_s};
 }
 
 // Copies key row `tid`'s K and V scale (zero outside `keys`, as load_kv_tile's data) of the

@@ -22,10 +22,9 @@ GPU_BACKEND = os.environ.get("FP8NCA_BACKEND", "mma_sync")
 
 # The mma.sync attention kernels _C holds: 64-row tile: head dims x query dtypes x caches (e4m3,
 # e5m2, the query's own 16-bit dtype); 128-row tile (paged_attention_kernel_m128): head_dim 128 x
-# query dtypes x FP8 caches. Each also has a twin that writes the unsplit LSE (the name's "_lse"
-# suffix), which the plan picks by the LSE output alone.
+# query dtypes x FP8 caches. Each writes the unsplit LSE in its epilogue when asked: no twin.
 NUM_ATTENTION_KERNELS = 3 * 2 * 3 + 2 * 2
-# The per-token-head kernels (paged_attention_kernel_pth, with the LSE write): 64-row tile: head
+# The per-token-head kernels (paged_attention_kernel_pth): 64-row tile: head
 # dims x query dtypes x caches (e4m3, e5m2, int8); 128-row tile (paged_attention_kernel_m128_pth):
 # head_dim 128 x query dtypes x those caches.
 NUM_TOKEN_SCALE_KERNELS = 3 * 2 * 3 + 2 * 3

@@ -131,20 +131,16 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
         resident_ctas=resident,
         num_splits=num_splits or 0,
     )
-    report["kernel_name"] = kernel_name(report["kernel_name"], batch, int(report["num_splits"]))
+    report["kernel_name"] = kernel_name(report["kernel_name"], batch)
     return report
 
 
-def kernel_name(tile_kernel: str, batch: Batch, num_splits: int) -> str:
+def kernel_name(tile_kernel: str, batch: Batch) -> str:
     """The kernel a launch of ``batch`` runs (csrc/mma_sync/kernel.cuh ``kernel_of``): the C++
-    plan's tile kernel (``paged_attention_kernel`` or ``paged_attention_kernel_m128``), its
-    ``_pth`` twin for per-token-head scales (every int8 cache), its ``_lse`` twin for an
-    unsplit launch that writes the LSE."""
-    if batch.per_token_head_scales:
-        return f"{tile_kernel}_pth"
-    if batch.return_lse and num_splits == 1:
-        return f"{tile_kernel}_lse"
-    return tile_kernel
+    plan's tile kernel (``paged_attention_kernel`` or ``paged_attention_kernel_m128``), or its
+    ``_pth`` twin for per-token-head scales (every int8 cache). Either writes the LSE in its
+    epilogue when asked (unsplit; the merge does when split), so the LSE names no kernel."""
+    return f"{tile_kernel}_pth" if batch.per_token_head_scales else tile_kernel
 
 
 def num_splits_for(batch: Batch, resident: int) -> int:

@@ -38,9 +38,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CSRC = ROOT / "csrc"
 BINDINGS = ROOT / "python" / "bindings.cpp"
 # The attention kernels' translation units (csrc/mma_sync/<name>.cu).
-ATTENTION_UNITS = tuple(
-    f"attention_d{d}{kind}" for d in (64, 128, 256) for kind in ("", "_lse", "_pth")
-)
+ATTENTION_UNITS = tuple(f"attention_d{d}{kind}" for d in (64, 128, 256) for kind in ("", "_pth"))
 STATUS = "the SIMT executor: csrc/'s kernels run on CPU tensors (a test tool, slow)"
 ENABLE_ENV = "FP8NCA_SIMT"
 
