@@ -162,7 +162,9 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     work = cta_work(problem, "tcgen05", rows, L.KEY_TILE, seq, row_tile, split, num_splits)
     if work is None:
         return {}
-    group, q_start, q_len, kv_len, num_rows, row_base, last_row, first, iters, causal = work
+    group, q_start, q_len, kv_len, num_rows, row_base, last_row, first_key, first, iters, causal = (
+        work
+    )
     left, right = problem.window
 
     # Q prologue: fp16 rows x (d_tiles x 128) B tile, row factors. Head dims past head_dim
@@ -210,7 +212,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             else 0
             for lane in range(32)
         ]
-        full = key0 + L.KEY_TILE <= kv_len
+        full = X.tile_wholly_loaded(key0, key0 + L.KEY_TILE, first_key, kv_len)
         for t in range(128):
             # The thread's pointer (KV head, its slot and chunk), computed once in the kernel.
             thread_off = (
@@ -223,7 +225,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             for step in range(L.LOADER_STEPS):
                 step_page, step_slot = L.loader_step_page_slot(step, page_shift)
                 page = lane_pages[step_page if L.pages_per_tile(page_shift) > 1 else t % 32]
-                keep = L.loader_predicate(t, step, key0, kv_len, head_dim, not full)
+                keep = L.loader_predicate(t, step, key0, first_key, kv_len, head_dim, not full)
                 if keep is not None and not keep:
                     continue
                 off = thread_off + X.key_offset(page, slot0 + step_slot, 0, *strides)
@@ -457,17 +459,21 @@ def _ring_rows_shifted(thread, step):
     return PLANTED_ORIGINALS["loader_ring_offset"](thread, step % (L.LOADER_STEPS - 1))
 
 
-def _predicate_on_the_ring_chunk(thread, step, key0, kv_len, head_dim, checked):
+def _predicate_on_the_ring_chunk(thread, step, key0, first_key, kv_len, head_dim, checked):
     """Head_dim 64 predicate on the thread's destination chunk (thread % 8) instead of the
     source chunk the swizzle puts there: copies half the wrong chunks."""
-    keep = PLANTED_ORIGINALS["loader_predicate"](thread, step, key0, kv_len, 128, checked)
+    keep = PLANTED_ORIGINALS["loader_predicate"](
+        thread, step, key0, first_key, kv_len, 128, checked
+    )
     inside = thread % (L.ITEM_BYTES // L.CHUNK) < L.item_dims(head_dim) // L.CHUNK
     return inside if keep is None else keep and inside
 
 
-def _every_chunk_copied(thread, step, key0, kv_len, head_dim, checked):
+def _every_chunk_copied(thread, step, key0, first_key, kv_len, head_dim, checked):
     """The head_dim 64 predicate dropped: every thread copies a whole 128-byte row."""
-    return PLANTED_ORIGINALS["loader_predicate"](thread, step, key0, kv_len, 128, checked)
+    return PLANTED_ORIGINALS["loader_predicate"](
+        thread, step, key0, first_key, kv_len, 128, checked
+    )
 
 
 def _all_bmm1_k_blocks(head_dim):
@@ -592,6 +598,11 @@ POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks
 @pytest.mark.parametrize("name", POISONED)
 def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     FAMILY.check_tiles_outside_every_window_are_never_read(name, monkeypatch)
+
+
+@pytest.mark.parametrize("name", POISONED)
+def test_nan_before_the_window_in_its_first_tile_stays_out(name, monkeypatch):
+    FAMILY.check_keys_before_the_window_in_its_first_tile_stay_out(name, monkeypatch)
 
 
 def _pad_rows_with_nan(cache: torch.Tensor) -> torch.Tensor:

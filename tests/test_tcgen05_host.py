@@ -98,15 +98,15 @@ def test_head_dim_64_runs_half_an_item():
     k-steps, 4 of each 8 loader threads per row copy (their source chunk is 0..3)."""
     v = T.Variant(64, 32, "bfloat16")
     assert (v.d_tiles, L.item_dims(64), L.bmm1_k_blocks(64), L.bmm1_k_blocks(128)) == (1, 64, 4, 8)
-    copying = [t for t in range(128) if L.loader_predicate(t, 0, 0, 128, 64, False)]
+    copying = [t for t in range(128) if L.loader_predicate(t, 0, 0, 0, 128, 64, False)]
     assert len(copying) == 64
     assert {L.loader_chunk(t) for t in copying} == {0, 1, 2, 3}
     for t in range(128):
-        assert L.loader_predicate(t, 0, 0, 128, 128, False) is None
-        assert L.loader_predicate(t, 0, 0, 128, 256, False) is None
-        row_kept = L.loader_predicate(t, 3, 0, 50, 128, True)
-        assert row_kept == (L.loader_row(t, 3) < 50)
-        assert L.loader_predicate(t, 3, 0, 50, 64, True) == (row_kept and t in copying)
+        assert L.loader_predicate(t, 0, 0, 0, 128, 128, False) is None
+        assert L.loader_predicate(t, 0, 0, 0, 128, 256, False) is None
+        row_kept = L.loader_predicate(t, 3, 0, 49, 50, 128, True)  # keys 49 .. 49
+        assert row_kept == (L.loader_row(t, 3) == 49)
+        assert L.loader_predicate(t, 3, 0, 49, 50, 64, True) == (row_kept and t in copying)
 
 
 def test_head_dim_64_loader_fills_the_first_64_bytes_of_every_row_once():
@@ -114,7 +114,7 @@ def test_head_dim_64_loader_fills_the_first_64_bytes_of_every_row_once():
         L.staged_offset(L.loader_row(t, s), L.loader_chunk(t)) + b
         for t in range(128)
         for s in range(L.LOADER_STEPS)
-        if L.loader_predicate(t, s, 0, L.KEY_TILE, 64, False)
+        if L.loader_predicate(t, s, 0, 0, L.KEY_TILE, 64, False)
         for b in range(L.CHUNK)
     )
     want = sorted(

@@ -109,12 +109,13 @@ def tile_pages(problem, variant, seq, key0, kv_len):
     return pages
 
 
-def copy_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache, staging, checked):
+def copy_item(problem, variant, seq, kv_head, key0, first_key, kv_len, cache_bytes, cache, staging,
+              checked):  # fmt: skip
     """The producer warpgroup's cp.async of one item (K or V of the key tile at key0) into its
     FP8 staging item ``staging`` (one value per byte), replayed thread by thread: the row's page
     from the lane that read it (a shuffle), the thread's and the step's page/slot parts, the
-    thread's chunk at staging_offset; ``checked`` (the prologue, the last tile) stores zeros
-    instead for rows past kv_len."""
+    thread's chunk at staging_offset; ``checked`` (the prologue, a tile not wholly loaded)
+    stores zeros instead for rows outside [first_key, kv_len) (indexing.key_loaded)."""
     kt, d, shift = variant.key_tile, variant.head_dim, page_shift(problem)
     strides, base = cache.stride()[:3], cache.storage_offset()
     pages = tile_pages(problem, variant, seq, key0, kv_len)  # the same in every warp
@@ -124,8 +125,8 @@ def copy_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache, 
         chunk = L.loader_chunk(t, d)
         for step in range(L.loader_steps(kt, d)):
             step_page, step_slot = L.loader_step_page_slot(step, d, shift)
-            values = np.zeros(L.CHUNK)  # rows past kv_len are stored as zeros
-            if not checked or key0 + L.loader_row(t, step, d) < kv_len:
+            values = np.zeros(L.CHUNK)  # rows outside [first_key, kv_len) are stored as zeros
+            if not checked or X.key_loaded(key0 + L.loader_row(t, step, d), first_key, kv_len):
                 source_lane = (thread_page + step_page) % 32  # shfl.idx takes 5 lane bits
                 page = int(pages[source_lane])
                 slot = slot0 + thread_slot + step_slot
@@ -152,11 +153,13 @@ def convert_item(variant, staging):
     return read_operand(stage, kt, d)
 
 
-def produce_items(problem, variant, seq, kv_head, first, iters, kv_len, kbytes, vbytes):
-    """[(K, V) of each key tile of the split] as the producer hands them to the consumers,
-    replayed in its order through the FP8 staging ring: the prologue copies tiles 0 ..
-    fp8_stages - 2 (every row checked); iteration s copies tile s + fp8_stages - 1 (unchecked
-    inside the sequence), then converts tile s from its slot (layouts.staging_slot)."""
+def produce_items(problem, variant, seq, kv_head, work, kbytes, vbytes):
+    """[(K, V) of each key tile of the CTA's split (``work``: its CtaWork)] as the producer
+    hands them to the consumers, replayed in its order through the FP8 staging ring: the
+    prologue copies tiles 0 .. fp8_stages - 2 (every row checked); iteration s copies tile
+    s + fp8_stages - 1 (unchecked when indexing.tile_wholly_loaded), then converts tile s from
+    its slot (layouts.staging_slot)."""
+    first, iters, first_key, kv_len = work.first_tile, work.iters, work.first_key, work.kv_len
     kt, ahead = variant.key_tile, variant.fp8_stages - 1
     staging = np.full((variant.fp8_stages, 2, kt * variant.head_dim), np.nan)
     caches = ((kbytes, problem.key_cache), (vbytes, problem.value_cache))
@@ -165,8 +168,9 @@ def produce_items(problem, variant, seq, kv_head, first, iters, kv_len, kbytes, 
         key0 = (first + n) * kt
         slot = L.staging_slot(n, variant.fp8_stages)
         for item, (cache_bytes, cache) in enumerate(caches):
-            copy_item(problem, variant, seq, kv_head, key0, kv_len, cache_bytes, cache,
-                      staging[slot, item], prologue or key0 + kt > kv_len)  # fmt: skip
+            checked = prologue or not X.tile_wholly_loaded(key0, key0 + kt, first_key, kv_len)
+            copy_item(problem, variant, seq, kv_head, key0, first_key, kv_len, cache_bytes, cache,
+                      staging[slot, item], checked)  # fmt: skip
 
     for n in range(min(ahead, iters)):
         copy(n, True)
@@ -229,7 +233,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     work = cta_work(problem, "wgmma", variant.rows, kt, seq, row_tile, split, num_splits)
     if work is None:
         return {}
-    group, q_start, q_len, kv_len, num_rows, row_base, _, first, iters, causal = work
+    group, q_start, q_len, kv_len, num_rows, row_base, _, _, first, iters, causal = work
     left, right = problem.window
     # float32 as the kernel: (softmax scale x log2(e)) x k_scale x the row's 2^-e, floored
     f32 = np.float32
@@ -239,7 +243,7 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     v_scale = float(problem.v_scale[kv_head])
 
     # Producer: K then V of every tile of the split, through the rings in pipeline order.
-    items = produce_items(problem, variant, seq, kv_head, first, iters, kv_len, kbytes, vbytes)
+    items = produce_items(problem, variant, seq, kv_head, work, kbytes, vbytes)
 
     thread = np.arange(L.WARPGROUP)[:, None]
     rows_of = np.stack([L.acc_row(thread[:, 0], i) for i in range(2)], axis=1)  # [t, 2]
@@ -503,6 +507,11 @@ POISONED = ["window_below_a_page_causal_sinks", "window_pages_bidir_split3_sinks
 @pytest.mark.parametrize("name", POISONED)
 def test_tiles_outside_every_window_are_never_read(name, monkeypatch):
     FAMILY.check_tiles_outside_every_window_are_never_read(name, monkeypatch)
+
+
+@pytest.mark.parametrize("name", POISONED)
+def test_nan_before_the_window_in_its_first_tile_stays_out(name, monkeypatch):
+    FAMILY.check_keys_before_the_window_in_its_first_tile_stay_out(name, monkeypatch)
 
 
 def _run_first_key_late(case, extra: dict, variant, splits: int):

@@ -137,6 +137,20 @@ def window_tiles(first_key, last_key, key_tile):
     return first_key // key_tile, ceil_div(last_key + 1, key_tile)
 
 
+def key_loaded(j, first_key, kv_len):
+    """Whether a CTA copies key j: ``first_key <= j < kv_len`` (first_key: its first row's
+    window_first_key). Its first tile starts at first_key rounded down to the tile, and the slots
+    before first_key (like those past kv_len) may hold anything, NaN included (SPEC section 5:
+    vLLM points pages wholly before a window at its null block): P is 0 there, but 0 x NaN in
+    P V is NaN, so those rows are zero-filled or skipped, never read."""
+    return (j >= first_key) & (j < kv_len)
+
+
+def tile_wholly_loaded(key0, key_end, first_key, kv_len):
+    """Every key of the tile [key0, key_end) is key_loaded: its copy needs no per-row check."""
+    return key_loaded(key0, first_key, kv_len) & key_loaded(key_end - 1, first_key, kv_len)
+
+
 def split_tile_range(begin, end, num_splits, split, minimum):
     """(first, end) key tiles of split ``split`` of the tile range [begin, end): contiguous,
     ceil-sized; a split past the range gets an empty one (first == end)."""

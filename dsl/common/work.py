@@ -23,6 +23,7 @@ CtaWork = namedtuple(
         "num_rows",  # q_len x group: the sequence's query rows of one KV head
         "row_base",  # the CTA's first row
         "last_row",  # the CTA's last row that exists
+        "first_key",  # the first key its first row sees: keys before it are never read
         "first_tile",  # the first key tile the CTA streams
         "iters",  # key tiles it streams
         "causal",  # the sequence's causal flag
@@ -36,7 +37,8 @@ def cta_work(args, row_tile, kv_head, seq, split, rows: int, key_tile: int) -> C
     the index tensors) and causal flag, its rows, and its key tiles, which run from the first
     key its first row sees (window left) to the last key its last row sees (causal, window
     right), split ``split`` of ``args.num_splits`` of that range. Tiles wholly outside it are
-    never loaded; every role of the CTA runs the same count."""
+    never loaded, nor keys before the first one in its first tile (indexing.key_loaded); every
+    role of the CTA runs the same count."""
     group = args.num_q_heads // args.num_kv_heads
     q_start = read_index(args.cu_seqlens_q_ptr, seq, args.cu_stride)
     q_len = read_index(args.cu_seqlens_q_ptr, seq + 1, args.cu_stride) - q_start
@@ -59,5 +61,5 @@ def cta_work(args, row_tile, kv_head, seq, split, rows: int, key_tile: int) -> C
     )
     return CtaWork(
         seq, split, kv_head, group, q_start, q_len, kv_len, num_rows, row_base, last_row,
-        first_tile, end_tile - first_tile, causal,
+        cta_first_key, first_tile, end_tile - first_tile, causal,
     )  # fmt: skip

@@ -100,8 +100,8 @@ class ConvertRole:
         mma_dtype = self.mma_dtype
         kv_dtype = self.kv_dtype
 
-        # ---- zero the ring once: rows past kv_len are never copied, and must hold finite
-        # values (P is 0 there, and 0 x NaN would poison O).
+        # ---- zero the ring once: rows outside [first_key, kv_len) are never copied, and must
+        # hold finite values (P is 0 there, and 0 x NaN would poison O).
         ring_words = cute.make_tensor(
             cute.recast_ptr(ring, dtype=cutlass.Int32),
             cute.make_layout(T.LOAD_STAGES * L.KEY_TILE * L.ITEM_BYTES // 4),
@@ -227,8 +227,8 @@ class ConvertRole:
                 )
                 self.load_item(
                     p, p, copy16, ring_thread, pages, k_thread, v_thread, k_block, k_slot,
-                    v_block, v_slot, work.kv_len, work.first_tile, work.iters, args.block_shift,
-                    wg_tidx,
+                    v_block, v_slot, work.kv_len, work.first_key, work.first_tile, work.iters,
+                    args.block_shift, wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
             cute.arch.cp_async_commit_group()
@@ -249,9 +249,8 @@ class ConvertRole:
                 )
                 self.load_item(
                     nxt, nxt % T.LOAD_STAGES, copy16, ring_thread, pages, k_thread, v_thread,
-                    k_block, k_slot, v_block, v_slot, work.kv_len, work.first_tile, work.iters,
-                    args.block_shift,
-                    wg_tidx,
+                    k_block, k_slot, v_block, v_slot, work.kv_len, work.first_key, work.first_tile,
+                    work.iters, args.block_shift, wg_tidx,
                 )  # fmt: skip
                 pages = pages_next
             cute.arch.cp_async_commit_group()
@@ -344,14 +343,16 @@ class ConvertRole:
         v_block: cutlass.Int32,
         v_slot: cutlass.Int32,
         kv_len: cutlass.Int32,
+        first_key: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
         page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ):
         """cp.async this thread's 16-byte chunks of staged item ``item`` into ring ``stage``: a
-        tile wholly inside the sequence copies every row unchecked; the last one skips rows past
-        kv_len (the ring was zeroed once, and earlier items left finite bytes there). The copies
+        tile wholly inside [first_key, kv_len) copies every row unchecked; another (the last, a
+        window's first) skips the rows outside (indexing.key_loaded; the ring was zeroed once,
+        and earlier items left finite bytes there). The copies
         are specialised per page size (layouts.PAGE_SHIFTS, one uniform branch per item), so a
         step's page lane and slots are immediates as with a compile-time page size."""
         is_v, tile, dslice = L.item_of(item, iters, self.v.d_tiles, cutlass.select_)
@@ -368,15 +369,15 @@ class ConvertRole:
         dst = ring_thread + cute.assume(stage * (L.KEY_TILE * L.ITEM_BYTES), divby=L.CHUNK)
         for k in cutlass.range_constexpr(len(L.PAGE_SHIFTS)):
             if page_shift == L.PAGE_SHIFTS[k]:
-                if key0 + L.KEY_TILE <= kv_len:
+                if X.tile_wholly_loaded(key0, key0 + L.KEY_TILE, first_key, kv_len):
                     self.copy_rows(
-                        copy16, dst, thread_src, block, slot_stride, pages, key0, kv_len,
-                        wg_tidx, L.PAGE_SHIFTS[k], False,
+                        copy16, dst, thread_src, block, slot_stride, pages, key0, first_key,
+                        kv_len, wg_tidx, L.PAGE_SHIFTS[k], False,
                     )  # fmt: skip
                 else:
                     self.copy_rows(
-                        copy16, dst, thread_src, block, slot_stride, pages, key0, kv_len,
-                        wg_tidx, L.PAGE_SHIFTS[k], True,
+                        copy16, dst, thread_src, block, slot_stride, pages, key0, first_key,
+                        kv_len, wg_tidx, L.PAGE_SHIFTS[k], True,
                     )  # fmt: skip
 
     @cute.jit
@@ -389,6 +390,7 @@ class ConvertRole:
         slot_stride: cutlass.Int32,
         pages: cutlass.Int32,
         key0: cutlass.Int32,
+        first_key: cutlass.Int32,
         kv_len: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         page_shift: cutlass.Constexpr,
@@ -397,7 +399,8 @@ class ConvertRole:
         """One cp.async per step: the step's page from the lane that read it, then thread
         pointer + page x block stride + (tile slot + step slot) x slot stride -> the thread's
         ring destination + the step's immediate (pages of ``2^page_shift`` keys); predicated by
-        layouts.loader_predicate (rows past kv_len if ``checked``, head_dim 64's half rows)."""
+        layouts.loader_predicate (rows outside [first_key, kv_len) if ``checked``, head_dim
+        64's half rows)."""
         _, slot0 = L.tile_page_slot(key0, page_shift)
         for step in cutlass.range_constexpr(L.LOADER_STEPS):
             step_page, step_slot = L.loader_step_page_slot(step, page_shift)
@@ -416,7 +419,9 @@ class ConvertRole:
                 thread_src + cute.assume(off, divby=L.CHUNK), cute.make_layout(L.CHUNK)
             )
             at = cute.make_tensor(dst + L.loader_ring_offset(0, step), cute.make_layout(L.CHUNK))
-            keep = L.loader_predicate(wg_tidx, step, key0, kv_len, self.v.head_dim, checked)
+            keep = L.loader_predicate(
+                wg_tidx, step, key0, first_key, kv_len, self.v.head_dim, checked
+            )
             if cutlass.const_expr(keep is None):
                 cute.copy(copy16, src, at)
             else:

@@ -78,11 +78,12 @@ def item_dims(head_dim):
     return min(head_dim, ITEM_BYTES)
 
 
-def loader_predicate(thread, step, key0, kv_len, head_dim, checked):
+def loader_predicate(thread, step, key0, first_key, kv_len, head_dim, checked):
     """Whether converter thread ``thread`` issues its copy at ``step`` of a tile starting at key
     ``key0``, or None where every copy goes (the kernel then emits no predicate).
 
-    ``checked`` (the sequence's last tile): rows past ``kv_len`` are skipped. Head_dim 64: a key
+    ``checked`` (a tile not wholly inside [first_key, kv_len): the sequence's last, a window's
+    first): rows outside it are skipped (indexing.key_loaded). Head_dim 64: a key
     row is 64 bytes, source chunks 0..3; a thread whose source chunk (``loader_chunk``, the same
     at every step) is 4..7 never copies (one per-thread predicate), so bytes 64..127 past a
     key's head dims (the next head's) are never read and their ring chunks keep the zeros the
@@ -90,7 +91,7 @@ def loader_predicate(thread, step, key0, kv_len, head_dim, checked):
     """
     keep = None
     if checked:
-        keep = key0 + loader_row(thread, step) < kv_len
+        keep = X.key_loaded(key0 + loader_row(thread, step), first_key, kv_len)
     if item_dims(head_dim) < ITEM_BYTES:
         inside = loader_chunk(thread) < item_dims(head_dim) // CHUNK
         keep = inside if keep is None else keep & inside

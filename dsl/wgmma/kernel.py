@@ -280,7 +280,7 @@ class WgmmaPagedAttention(LaunchEntry):
                 pages = self.copy_tile(
                     p, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread, k_block,
                     k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b, num_cols, lane,
-                    work.kv_len, args.block_shift, wg_tidx, True,
+                    work.kv_len, work.first_key, args.block_shift, wg_tidx, True,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()
         for s in cutlass.range(work.iters):
@@ -288,7 +288,7 @@ class WgmmaPagedAttention(LaunchEntry):
                 pages = self.copy_tile(
                     s + ahead, work.first_tile, pages, copy16, stage_thread, k_thread, v_thread,
                     k_block, k_slot, v_block, v_slot, thread_page, bt_row, args.bt_stride_b,
-                    num_cols, lane, work.kv_len, args.block_shift, wg_tidx, False,
+                    num_cols, lane, work.kv_len, work.first_key, args.block_shift, wg_tidx, False,
                 )  # fmt: skip
             cute.arch.cp_async_commit_group()  # one group per iteration, empty past the last
             cute.arch.cp_async_wait_group(ahead)  # this thread's copies of tile s have landed
@@ -340,6 +340,7 @@ class WgmmaPagedAttention(LaunchEntry):
         num_cols: cutlass.Int32,
         lane: cutlass.Int32,
         kv_len: cutlass.Int32,
+        first_key: cutlass.Int32,
         page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         prologue: cutlass.Constexpr,
@@ -347,10 +348,11 @@ class WgmmaPagedAttention(LaunchEntry):
         """cp.async this thread's chunks of the CTA's n-th key tile, K then V, into its staging
         slot (``pages``: this lane's page of that tile); returns this lane's page of the next
         tile, read now so that its latency hides behind these copies. A tile wholly inside
-        the sequence copies every row unchecked; the last one stores zeros for rows past
-        kv_len instead (P is 0 there, and 0 x NaN would poison O). The prologue (once per
-        CTA) checks every row: one code path. ``thread_page`` is a plain 0 where head_dim
-        fixes it (layouts.loader_thread_page_slot), else Int32."""
+        [first_key, kv_len) copies every row unchecked; another stores zeros for the rows
+        outside instead (indexing.key_loaded: P is 0 there, and 0 x NaN would poison O). The
+        prologue (once per CTA, so the first tile) checks every row: one code path.
+        ``thread_page`` is a plain 0 where head_dim fixes it (layouts.loader_thread_page_slot),
+        else Int32."""
         v = self.v
         key0 = (first_tile + n) * v.key_tile
         pages_next = self.read_tile_pages(
@@ -363,30 +365,30 @@ class WgmmaPagedAttention(LaunchEntry):
         if cutlass.const_expr(prologue):
             self.copy_rows(
                 copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0, kv_len,
-                page_shift, wg_tidx, True,
+                first_key, page_shift, wg_tidx, True,
             )  # fmt: skip
             self.copy_rows(
                 copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                kv_len, page_shift, wg_tidx, True,
+                kv_len, first_key, page_shift, wg_tidx, True,
             )  # fmt: skip
         else:
-            if key0 + v.key_tile <= kv_len:
+            if X.tile_wholly_loaded(key0, key0 + v.key_tile, first_key, kv_len):
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, page_shift, wg_tidx, False,
+                    kv_len, first_key, page_shift, wg_tidx, False,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, page_shift, wg_tidx, False,
+                    kv_len, first_key, page_shift, wg_tidx, False,
                 )  # fmt: skip
             else:
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, page_shift, wg_tidx, True,
+                    kv_len, first_key, page_shift, wg_tidx, True,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, page_shift, wg_tidx, True,
+                    kv_len, first_key, page_shift, wg_tidx, True,
                 )  # fmt: skip
         return pages_next
 
@@ -403,6 +405,7 @@ class WgmmaPagedAttention(LaunchEntry):
         slot0: cutlass.Int32,
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
+        first_key: cutlass.Int32,
         page_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         checked: cutlass.Constexpr,
@@ -432,7 +435,7 @@ class WgmmaPagedAttention(LaunchEntry):
             )
             at = cute.make_tensor(dst + L.staging_offset(0, step), cute.make_layout(L.CHUNK))
             if cutlass.const_expr(checked):
-                if key0 + L.loader_row(wg_tidx, step, v.head_dim) < kv_len:
+                if X.key_loaded(key0 + L.loader_row(wg_tidx, step, v.head_dim), first_key, kv_len):
                     cute.copy(copy16, src, at)
                 else:
                     at.store(zeros.load())

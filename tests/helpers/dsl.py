@@ -169,11 +169,49 @@ def poison_pages_outside_windows(problem, key_tile: int) -> int:
     return poisoned
 
 
+def poison_keys_before_windows(problem, key_tile: int) -> int:
+    """Unwritten slots as vLLM leaves them (SPEC section 5), NaN: every block-table column
+    wholly before a sequence's first visible key (masking.visible_range) points at a spare
+    (null) page of FP8 NaN (0x7F in both formats), and the slots of the first key's page before
+    it and the slots past kv_len in the last page hold NaN, in K and V. Returns how many NaN
+    keys share a key tile (of ``key_tile`` keys) with a window's first key: a kernel that loads
+    them and masks only the scores turns NaN (0 x NaN in P V)."""
+    block_size = problem.block_size
+    pages_used = [X.ceil_div(int(kv), block_size) for kv in problem.seq_lens]
+    owned = {int(p) for seq, n in enumerate(pages_used) for p in problem.block_table[seq, :n]}
+    null_page = min(set(range(problem.key_cache.shape[0])) - owned)
+
+    def poison(page, slots):
+        for cache in (problem.key_cache, problem.value_cache):
+            cache.view(torch.uint8)[page, slots] = 0x7F
+
+    poison(null_page, slice(None))
+    in_first_tile = 0
+    for seq, n_pages in enumerate(pages_used):
+        q_len = int(problem.cu_seqlens_q[seq + 1] - problem.cu_seqlens_q[seq])
+        kv_len = int(problem.seq_lens[seq])
+        causal = problem.causal if problem.causal_per_seq is None else problem.causal_per_seq[seq]
+        start, _ = visible_range(torch.arange(q_len), q_len, kv_len, causal, problem.window)
+        first = int(start.min())
+        problem.block_table[seq, : first // block_size] = null_page
+        poison(int(problem.block_table[seq, first // block_size]), slice(0, first % block_size))
+        poison(
+            int(problem.block_table[seq, n_pages - 1]), slice((kv_len - 1) % block_size + 1, None)
+        )
+        in_first_tile += first % key_tile
+    return in_first_tile
+
+
 # ---- Planted bugs in the maps both families share (dsl/common/indexing.py) -----------------
 # The originals are taken at import, before a test patches the module: a planted bug that
 # calls the map it replaces must reach the real one.
 _WINDOW_TILES, _WINDOW_LAST_KEY = X.window_tiles, X.window_last_key
 _SPLIT_TILE_RANGE = X.split_tile_range
+
+
+def key_loaded_from_the_tile_start(j, first_key, kv_len):
+    """Planted: keys before the window's first key in its first tile loaded (the old rule)."""
+    return j < kv_len
 
 
 def split_range_drops_last_tile(begin, end, num_splits, split, minimum):

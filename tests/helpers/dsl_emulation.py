@@ -19,6 +19,8 @@ from fp8_noncausal_attn.validation import validate_attention
 from helpers import TOLERANCE, replaced
 from helpers.dsl import (
     extreme_scale_case,
+    key_loaded_from_the_tile_start,
+    poison_keys_before_windows,
     poison_pages_outside_windows,
     tiny_query_rows_case,
     window_begins_a_tile_early,
@@ -58,8 +60,8 @@ def reference(case: PagedCase, extra: dict) -> torch.Tensor:
 # ``first_tile`` and ``iters``: the key tiles it streams.
 CtaWork = namedtuple(
     "CtaWork",
-    ["group", "q_start", "q_len", "kv_len", "num_rows", "row_base", "last_row", "first_tile",
-     "iters", "causal"],
+    ["group", "q_start", "q_len", "kv_len", "num_rows", "row_base", "last_row", "first_key",
+     "first_tile", "iters", "causal"],
 )  # fmt: skip
 
 
@@ -111,7 +113,7 @@ def cta_work(problem, family: str, rows: int, key_tile: int, seq: int, row_tile:
                                  _select)  # fmt: skip
     begin, end = X.window_tiles(first_key, last_key, key_tile)
     first, end = X.split_tile_range(begin, end, num_splits, split, min)
-    return CtaWork(group, q_start, q_len, kv_len, num_rows, row_base, last_row, first,
+    return CtaWork(group, q_start, q_len, kv_len, num_rows, row_base, last_row, first_key, first,
                    end - first, causal)  # fmt: skip
 
 
@@ -211,22 +213,45 @@ class EmulatedFamily:
             return
         assert not error <= tolerance
 
-    def check_tiles_outside_every_window_are_never_read(self, name: str, monkeypatch):
-        """``cases[name]`` with every page outside all of its rows' windows poisoned (FP8 NaN)
-        stays finite and within tolerance; the poison is live: a launch that starts a tile
-        early, or ignores the window, reads it."""
+    def poisoned_launch_stays_finite(self, name: str, poison: Callable):
+        """``cases[name]`` after ``poison(problem, key_tile)`` (which returns how much it
+        poisoned: more than none) stays finite and within tolerance of the unpoisoned
+        reference; returns (problem, variant, splits, output rows) for the live checks."""
         case, problem, variant, splits, extra = self.prepare(name)
         ref = reference(case, extra)
-        assert poison_pages_outside_windows(problem, self.key_tile(variant)) > 0
+        assert poison(problem, self.key_tile(variant)) > 0
         n = int(case.cu_seqlens_q[-1])
         out = self.emulate(problem, variant, splits).to(case.query.dtype)[:n]
         assert torch.isfinite(out).all()
         assert relative_error(out, ref[:n]) <= TOLERANCE[case.query.dtype]
+        return problem, variant, splits, n
+
+    def check_tiles_outside_every_window_are_never_read(self, name: str, monkeypatch):
+        """``cases[name]`` with every page outside all of its rows' windows poisoned (FP8 NaN)
+        stays finite and within tolerance; the poison is live: a launch that starts a tile
+        early and loads its keys before the window (indexing.key_loaded keeps them out on its
+        own), or ignores the window, reads it."""
+        problem, variant, splits, n = self.poisoned_launch_stays_finite(
+            name, poison_pages_outside_windows
+        )
         monkeypatch.setattr(X, "window_tiles", window_begins_a_tile_early)
+        monkeypatch.setattr(X, "key_loaded", key_loaded_from_the_tile_start)
         assert not torch.isfinite(self.emulate(problem, variant, splits)[:n]).all()
         monkeypatch.undo()
         unwindowed = replaced(problem, window=(-1, -1))
         assert not torch.isfinite(self.emulate(unwindowed, variant, splits)[:n]).all()
+
+    def check_keys_before_the_window_in_its_first_tile_stay_out(self, name: str, monkeypatch):
+        """``cases[name]`` with the slots before each window's first key (null pages, and the
+        first key's page before it) and past each sequence's length holding FP8 NaN
+        (poison_keys_before_windows) stays finite and within tolerance; the poison is live: a
+        launch that loads the first tile's keys before the window (masking only their scores)
+        turns NaN."""
+        problem, variant, splits, n = self.poisoned_launch_stays_finite(
+            name, poison_keys_before_windows
+        )
+        monkeypatch.setattr(X, "key_loaded", key_loaded_from_the_tile_start)
+        assert not torch.isfinite(self.emulate(problem, variant, splits)[:n]).all()
 
     def extreme_case(self, size: int, query_exponent: int, key_exponent: int):
         """(case, extra reference kwargs, variant) of extreme_scale_case for the head_dim 128,
