@@ -108,11 +108,13 @@ def cache_write_case(per_token_head: bool = False, seed: int = 5):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
 @pytest.mark.parametrize("per_token_head", [False, True])
 def test_reshape_and_cache_runs_the_named_backends_write(per_token_head):
-    """``backend=`` names whose cache write runs: the reference's and Triton's (its CPU
-    interpreter) write the same bytes and scales as ``auto``; a CUDA family's, on CPU tensors,
-    raises with the reason."""
+    """``backend=`` names whose cache write runs: the reference's, Triton's (its CPU
+    interpreter) and, for per-head scales, _C's (mma_sync on the SIMT executor) write the same
+    bytes and scales as ``auto``; _C's write refuses per-token-head scales, and a family not
+    available here raises with the reason."""
+    names = ("reference", "triton") if per_token_head else ("reference", "triton", "mma_sync")
     written = {}
-    for backend in ("auto", "reference", "triton"):
+    for backend in ("auto", *names):
         *tensors, k_scale, v_scale = (t.clone() for t in cache_write_case(per_token_head))
         fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend=backend)
         written[backend] = [t.view(torch.uint8) for t in tensors[2:4]]
@@ -120,12 +122,15 @@ def test_reshape_and_cache_runs_the_named_backends_write(per_token_head):
             written[backend] += [k_scale, v_scale]
     before = cache_write_case(per_token_head)
     assert not torch.equal(written["auto"][0], before[2].view(torch.uint8))
-    for backend in ("reference", "triton"):
+    for backend in names:
         for got, expected in zip(written[backend], written["auto"], strict=True):
             assert torch.equal(got, expected), backend
     *tensors, k_scale, v_scale = cache_write_case(per_token_head)
-    with pytest.raises(RuntimeError, match="backend 'mma_sync' is not available here: "):
-        fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend="mma_sync")
+    if per_token_head:
+        with pytest.raises(RuntimeError, match="does not compute per-token-head scales"):
+            fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend="mma_sync")
+    with pytest.raises(RuntimeError, match="backend 'wgmma' is not available here: "):
+        fna.reshape_and_cache(*tensors, k_scale=k_scale, v_scale=v_scale, backend="wgmma")
 
 
 def test_ops_are_registered_with_torch_library():
