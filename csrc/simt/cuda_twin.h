@@ -72,28 +72,19 @@ struct alignas(4) __nv_bfloat162 {
 
 namespace fp8nca::simt {
 
-inline uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
+// The bits of `from` read as a `To` of the same size (std::bit_cast, which C++17 lacks).
+template <typename To, typename From>
+inline To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of one size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
 }
-inline float bits_float(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+inline uint32_t float_bits(float x) { return bit_cast<uint32_t>(x); }
+inline float bits_float(uint32_t u) { return bit_cast<float>(u); }
 // Round to nearest even (the compiler's _Float16 conversion is IEEE's).
-inline uint16_t half_bits_rn(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-inline float half_value(uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return static_cast<float>(h);
-}
+inline uint16_t half_bits_rn(float x) { return bit_cast<uint16_t>(static_cast<_Float16>(x)); }
+inline float half_value(uint16_t u) { return static_cast<float>(bit_cast<_Float16>(u)); }
 // bf16 shares fp32's exponent: rounding the fp32 bits to the top 16 is the IEEE rounding,
 // subnormals included; NaN stays a quiet NaN.
 inline uint16_t bf16_bits_rn(float x) {
