@@ -59,7 +59,7 @@ _MEMO_LIMIT = 256
 class Workspace:
     """The split-KV workspace: partial outputs and log-sum-exps, allocated once.
 
-    ``part_out``: float32 ``[rows, head_dim]``; ``part_lse``: float32 ``[rows]``. A plan with
+    ``ws_o``: float32 ``[rows, head_dim]``; ``ws_lse``: float32 ``[rows]``. A plan with
     ``num_splits`` splits over ``num_tokens`` query rows uses the first
     ``num_splits * num_tokens * num_q_heads`` rows, viewed by :meth:`partials`.
     """
@@ -68,16 +68,16 @@ class Workspace:
         self.num_q_heads = num_q_heads
         self.head_dim = head_dim
         self.rows = rows
-        self.part_out = torch.empty(rows, head_dim, dtype=torch.float32, device=device)
-        self.part_lse = torch.empty(rows, dtype=torch.float32, device=device)
+        self.ws_o = torch.empty(rows, head_dim, dtype=torch.float32, device=device)
+        self.ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
 
     def max_splits(self, num_tokens: int) -> int:
         """The most splits whose partials fit for ``num_tokens`` query rows (at least 1)."""
         return max(1, self.rows // max(num_tokens * self.num_q_heads, 1))
 
     def partials(self, num_splits: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views ``part_out [num_splits, num_tokens, num_q_heads, head_dim]`` and
-        ``part_lse [num_splits, num_tokens, num_q_heads]`` of the buffers (no copy)."""
+        """Views ``ws_o [num_splits, num_tokens, num_q_heads, head_dim]`` and
+        ``ws_lse [num_splits, num_tokens, num_q_heads]`` of the buffers (no copy)."""
         used = num_splits * num_tokens * self.num_q_heads
         if used > self.rows:
             raise ValueError(
@@ -86,8 +86,8 @@ class Workspace:
             )
         shape = (num_splits, num_tokens, self.num_q_heads)
         return (
-            self.part_out[:used].view(*shape, self.head_dim),
-            self.part_lse[:used].view(shape),
+            self.ws_o[:used].view(*shape, self.head_dim),
+            self.ws_lse[:used].view(shape),
         )
 
 

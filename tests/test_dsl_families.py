@@ -551,8 +551,8 @@ def test_run_launches_the_variant_zeroes_padding_and_merges_splits(
         workspace = Workspace(4096, 8, 64, torch.device("cpu"))
         planned = replaced(problem, num_tokens=16)
         rows = (num_splits, problem.num_tokens, 8)
-        buffers["ws_lse"] = workspace.part_lse[: math.prod(rows)].view(rows)
-        buffers["ws_o"] = workspace.part_out[: math.prod(rows)].view(*rows, 64)
+        buffers["ws_lse"] = workspace.ws_lse[: math.prod(rows)].view(rows)
+        buffers["ws_o"] = workspace.ws_o[: math.prod(rows)].view(*rows, 64)
     else:
         real_empty = torch.empty
 

@@ -219,12 +219,12 @@ def test_the_workspace_is_allocated_at_construction_and_bounds_the_splits():
     attn = PagedAttention(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
                           device=DEVICE, max_num_seqs=8, max_num_tokens=64)  # fmt: skip
     workspace = attn.workspace
-    assert workspace.part_out.shape == (plan.DEFAULT_WORKSPACE_ROWS, 128)
-    assert workspace.part_lse.shape == (plan.DEFAULT_WORKSPACE_ROWS,)
+    assert workspace.ws_o.shape == (plan.DEFAULT_WORKSPACE_ROWS, 128)
+    assert workspace.ws_lse.shape == (plan.DEFAULT_WORKSPACE_ROWS,)
     assert workspace.max_splits(64) == plan.DEFAULT_WORKSPACE_ROWS // (64 * 32)
-    part_out, part_lse = workspace.partials(3, 64)
-    assert part_out.shape == (3, 64, 32, 128) and part_lse.shape == (3, 64, 32)
-    assert part_out.data_ptr() == workspace.part_out.data_ptr()
+    ws_o, ws_lse = workspace.partials(3, 64)
+    assert ws_o.shape == (3, 64, 32, 128) and ws_lse.shape == (3, 64, 32)
+    assert ws_o.data_ptr() == workspace.ws_o.data_ptr()
     with pytest.raises(ValueError, match="the workspace holds 65536 split rows"):
         workspace.partials(33, 64)
     tiny = PagedAttention(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
@@ -243,7 +243,7 @@ def test_triton_splits_into_the_kept_workspace():
                           problem.head_dim, problem.query.device)  # fmt: skip
     planned = triton_attention.plan(problem.batch, workspace, num_splits=4)
     assert planned.launch.num_splits == 4
-    assert planned.part_out.data_ptr() == workspace.part_out.data_ptr()
+    assert planned.ws_o.data_ptr() == workspace.ws_o.data_ptr()
     out = torch.empty_like(case.query)
     triton_attention.run(problem, planned, out)
     ref = fna.paged_attention(*case.args(), **case.kwargs(), backend="reference")
@@ -251,7 +251,7 @@ def test_triton_splits_into_the_kept_workspace():
     assert torch.all(out[-PADDED:] == 0)
     # A workspace too small for the asked count caps it: no split, no partial buffers.
     capped = triton_attention.plan(problem.batch, Workspace(8, 8, 64, problem.query.device), 4)
-    assert capped.launch.num_splits == 1 and capped.part_out is None
+    assert capped.launch.num_splits == 1 and capped.ws_o is None
 
 
 def test_plan_with_max_lengths_reads_no_device_value():

@@ -224,14 +224,14 @@ def test_merge_reads_no_unwritten_partials():
     problem = problem_of(case)
     plan = triton_attention.launch_plan(problem.batch, num_splits=3)
     out_shape, lse_shape = triton_attention.workspace_shapes(3, 14, 8, 64)
-    part_out = torch.full(out_shape, float("nan"), device=DEVICE)
-    part_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
+    ws_o = torch.full(out_shape, float("nan"), device=DEVICE)
+    ws_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
     out = torch.empty_like(case.query)
-    triton_attention.launch(problem, plan, out, part_out, part_lse)
+    triton_attention.launch(problem, plan, out, ws_o, ws_lse)
     assert torch.isfinite(out.float()).all() and (out[9:] == 0).all()
     # Sequence 1 (20 keys) has work in split 0 only: its other splits report lse = -inf.
-    assert plan.num_splits == 3 and (part_lse[1:, 8] == float("-inf")).all()
-    assert torch.isnan(part_lse[:, 9:]).all()  # padding rows: never written, never read
+    assert plan.num_splits == 3 and (ws_lse[1:, 8] == float("-inf")).all()
+    assert torch.isnan(ws_lse[:, 9:]).all()  # padding rows: never written, never read
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
 
 
@@ -279,11 +279,11 @@ def test_graph_replay_split_rule_spreads_real_lengths():
     plan = triton_attention.launch_plan(problem.batch, num_splits=4)
     assert plan.num_splits == 4
     out_shape, lse_shape = triton_attention.workspace_shapes(4, 8, 4, 64)
-    part_out = torch.full(out_shape, float("nan"), device=DEVICE)
-    part_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
+    ws_o = torch.full(out_shape, float("nan"), device=DEVICE)
+    ws_lse = torch.full(lse_shape, float("nan"), device=DEVICE)
     out = torch.empty_like(case.query)
-    triton_attention.launch(problem, plan, out, part_out, part_lse)
-    worked = torch.isfinite(part_lse).flatten(1)
+    triton_attention.launch(problem, plan, out, ws_o, ws_lse)
+    worked = torch.isfinite(ws_lse).flatten(1)
     seq0_splits = int(worked[:, :16].all(1).sum())
     seq1_splits = int(worked[:, 16:].all(1).sum())
     # 512 keys fill every split; 300 keys are 3 tiles of 128 keys (the interpreter's BLOCK_N), so
@@ -298,17 +298,17 @@ def test_preallocated_workspace_slices_are_used_through_strides():
     plan = triton_attention.launch_plan(problem.batch, num_splits=3)
     assert plan.num_splits == 3
     # A max-batch buffer (more splits and tokens than this batch), every other split.
-    part_out = torch.full((6, 20, 8, 64), float("nan"), device=DEVICE)[::2]
-    part_lse = torch.full((6, 20, 8), float("nan"), device=DEVICE)[::2]
+    ws_o = torch.full((6, 20, 8, 64), float("nan"), device=DEVICE)[::2]
+    ws_lse = torch.full((6, 20, 8), float("nan"), device=DEVICE)[::2]
     out = torch.empty_like(case.query)
-    triton_attention.launch(problem, plan, out, part_out, part_lse)
+    triton_attention.launch(problem, plan, out, ws_o, ws_lse)
     # Written (finite, or -inf for a split with no keys) for this batch's rows only.
-    assert not torch.isnan(part_lse[:, :11]).any() and torch.isnan(part_lse[:, 11:]).all()
+    assert not torch.isnan(ws_lse[:, :11]).any() and torch.isnan(ws_lse[:, 11:]).all()
     assert relative_error(out, reference(case)) <= TOLERANCE[torch.bfloat16]
-    with pytest.raises(ValueError, match="part_out"):
-        triton_attention.launch(problem, plan, out, part_out.half(), part_lse)
-    with pytest.raises(ValueError, match="part_lse"):
-        triton_attention.launch(problem, plan, out, part_out, part_lse[:2])
+    with pytest.raises(ValueError, match="ws_o"):
+        triton_attention.launch(problem, plan, out, ws_o.half(), ws_lse)
+    with pytest.raises(ValueError, match="ws_lse"):
+        triton_attention.launch(problem, plan, out, ws_o, ws_lse[:2])
 
 
 @pytest.mark.parametrize(

@@ -496,7 +496,7 @@ def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_
     assert sizes == (NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, vllm_config.cache_config.block_size,
                      torch.bfloat16, torch.float8_e4m3fn)  # fmt: skip
     # The split-KV workspace exists from construction on (vLLM measures it while profiling).
-    workspace = attention.workspace.part_out
+    workspace = attention.workspace.ws_o
     assert workspace.dtype == torch.float32 and workspace.numel() > 0
     common, _ = make_batch_metadata(
         torch.Generator().manual_seed(0),
@@ -514,7 +514,7 @@ def test_builder_owns_the_workspace_plans_each_batch_and_declares_uniform_batch_
     # The plan keeps vLLM's int32 per-request buffer itself (updated in place between replays).
     assert meta.attention is attention
     assert meta.plan.batch.causal_per_seq is common.causal
-    assert meta.plan.backend == "reference" and attention.workspace.part_out is workspace
+    assert meta.plan.backend == "reference" and attention.workspace.ws_o is workspace
     uniform = builder.build(0, common.replace(causal=False))
     assert uniform.causal is False and uniform.plan.batch.causal_per_seq is None
     assert uniform.plan is not meta.plan

@@ -86,7 +86,7 @@ if triton is not None:
 
     @triton.jit
     def _paged_attention_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr, lse_ptr,
+        out_ptr, ws_o_ptr, ws_lse_ptr, lse_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
         k_scale_ptr, v_scale_ptr, causal_ptr, sinks_ptr,
         softmax_scale_log2, window_left, window_right,
@@ -297,20 +297,18 @@ if triton is not None:
         has_keys = l_i != 0
         result = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
         if SPLIT:
-            # Partial results: fp32 part_out [splits, tokens, q_heads, HEAD_DIM] and the row's
-            # log2-sum-exp part_lse [splits, tokens, q_heads]; -inf marks a split with no keys.
+            # Partial results: fp32 ws_o [splits, tokens, q_heads, HEAD_DIM] and the row's
+            # log2-sum-exp ws_lse [splits, tokens, q_heads]; -inf marks a split with no keys.
             lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
             tl.store(
-                part_lse_ptr + split.to(tl.int64) * stride_pls + batch_token * stride_plt
+                ws_lse_ptr + split.to(tl.int64) * stride_pls + batch_token * stride_plt
                 + q_head * stride_plh,
                 lse, mask=row_valid,
             )  # fmt: skip
             part_row = (
                 split.to(tl.int64) * stride_pos + batch_token * stride_pot + q_head * stride_poh
             )
-            tl.store(
-                part_out_ptr + part_row[:, None] + dims[None, :], result, mask=row_valid[:, None]
-            )
+            tl.store(ws_o_ptr + part_row[:, None] + dims[None, :], result, mask=row_valid[:, None])
         else:
             tl.store(
                 out_ptr + batch_token[:, None] * stride_ot + q_head[:, None] * stride_oh
@@ -327,7 +325,7 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(
-        out_ptr, part_out_ptr, part_lse_ptr, cu_seqlens_q_ptr, sinks_ptr, lse_ptr,
+        out_ptr, ws_o_ptr, ws_lse_ptr, cu_seqlens_q_ptr, sinks_ptr, lse_ptr,
         stride_ot, stride_oh,
         stride_pos, stride_pot, stride_poh,
         stride_pls, stride_plt, stride_plh,
@@ -357,7 +355,7 @@ if triton is not None:
         splits = tl.arange(0, SPLITS_POW2).to(tl.int64)
         split_valid = splits < num_splits
         lse = tl.load(
-            part_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
+            ws_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
             mask=split_valid, other=float("-inf"),
         ) * lse_to_log2  # fmt: skip
         # A split with no keys (lse = -inf) has weight 0; its partial is not read at all. A NaN
@@ -370,7 +368,7 @@ if triton is not None:
         lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
         weight = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
         parts = tl.load(
-            part_out_ptr + (splits * stride_pos + token * stride_pot + head * stride_poh)[:, None]
+            ws_o_ptr + (splits * stride_pos + token * stride_pot + head * stride_poh)[:, None]
             + dims[None, :],
             mask=has_keys[:, None] & dim_valid[None, :], other=0.0,
         ).to(tl.float32)  # fmt: skip
@@ -417,8 +415,8 @@ class TritonLaunchPlan:
 def workspace_shapes(
     num_splits: int, num_tokens: int, num_q_heads: int, head_dim: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the split-KV partials: float32 ``part_out [splits, tokens, q_heads, head_dim]``
-    and ``part_lse [splits, tokens, q_heads]`` (a buffer at least this large in each dim works)."""
+    """Shapes of the split-KV partials: float32 ``ws_o [splits, tokens, q_heads, head_dim]``
+    and ``ws_lse [splits, tokens, q_heads]`` (a buffer at least this large in each dim works)."""
     return (num_splits, num_tokens, num_q_heads, head_dim), (num_splits, num_tokens, num_q_heads)
 
 
@@ -516,7 +514,7 @@ def _workspace_strides(
 ) -> tuple[int, ...]:
     """(split, token, q head) strides of a split-KV buffer after checking it holds ``shape``.
 
-    ``part_out``'s head_dim must be contiguous; ``part_lse`` may have any strides.
+    ``ws_o``'s head_dim must be contiguous; ``ws_lse`` may have any strides.
     """
     strides = part.stride()
     if (
@@ -529,7 +527,7 @@ def _workspace_strides(
     ):
         raise ValueError(
             f"{name} must be float32 on {out.device} with shape >= {list(shape[:2])} in its "
-            f"first two dims and {list(shape[2:])} in the rest (part_out: head_dim contiguous); "
+            f"first two dims and {list(shape[2:])} in the rest (ws_o: head_dim contiguous); "
             f"got {part.dtype} on {part.device}, shape {list(part.shape)}, strides {strides}"
         )
     return strides[:3]
@@ -539,13 +537,13 @@ def launch(
     problem: AttentionProblem,
     plan: TritonLaunchPlan,
     out: torch.Tensor,
-    part_out: torch.Tensor | None = None,
-    part_lse: torch.Tensor | None = None,
+    ws_o: torch.Tensor | None = None,
+    ws_lse: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
 ) -> None:
     """Run a planned launch; writes ``out`` [num_tokens, num_q_heads, head_dim] in place.
 
-    Rows past ``cu_seqlens_q[-1]`` are written as zeros. ``part_out`` / ``part_lse`` are the
+    Rows past ``cu_seqlens_q[-1]`` are written as zeros. ``ws_o`` / ``ws_lse`` are the
     split-KV workspace (see :func:`workspace_shapes`; larger buffers and their slices work): used
     only when ``plan.num_splits > 1``, and allocated here when not given. ``lse``, float32
     ``[num_tokens, num_q_heads]`` (any strides), receives each row's natural-log log-sum-exp
@@ -559,19 +557,19 @@ def launch(
     split = plan.num_splits > 1
     if split:
         out_shape, lse_shape = workspace_shapes(plan.num_splits, num_tokens, num_q_heads, head_dim)
-        if part_out is None:
-            part_out = torch.empty(out_shape, dtype=torch.float32, device=out.device)
-        if part_lse is None:
-            part_lse = torch.empty(lse_shape, dtype=torch.float32, device=out.device)
-        part_strides = (
-            *_workspace_strides(part_out, "part_out", out_shape, out),
-            *_workspace_strides(part_lse, "part_lse", lse_shape, out),
+        if ws_o is None:
+            ws_o = torch.empty(out_shape, dtype=torch.float32, device=out.device)
+        if ws_lse is None:
+            ws_lse = torch.empty(lse_shape, dtype=torch.float32, device=out.device)
+        ws_strides = (
+            *_workspace_strides(ws_o, "ws_o", out_shape, out),
+            *_workspace_strides(ws_lse, "ws_lse", lse_shape, out),
         )
     else:
-        part_out = part_lse = out  # unused by the unsplit kernel
-        part_strides = (0,) * 6
+        ws_o = ws_lse = out  # unused by the unsplit kernel
+        ws_strides = (0,) * 6
     # Without a per-sequence tensor the flag pointer is unused: any int32 tensor will do.
-    causal_flags = problem.causal_per_seq if plan.mask_mode == 2 else seq_lens
+    causal_per_seq = problem.causal_per_seq if plan.mask_mode == 2 else seq_lens
     # Likewise the sinks pointer without sinks (a float32 tensor keeps the signature stable).
     has_sinks = problem.sinks is not None
     sinks = problem.sinks if has_sinks else problem.k_scale
@@ -595,17 +593,17 @@ def launch(
     if not return_lse:
         lse = problem.k_scale  # unused: any float32 tensor keeps the signature stable
     _paged_attention_kernel[plan.grid](
-        out, part_out, part_lse, lse,
+        out, ws_o, ws_lse, lse,
         query, kc, vc, bt, cu, seq_lens,
-        problem.k_scale, problem.v_scale, causal_flags, sinks,
+        problem.k_scale, problem.v_scale, causal_per_seq, sinks,
         problem.softmax_scale * LOG2E, window_left, window_right,
         q_st[0], q_st[1],
         o_st[0], o_st[1],
         kc_st[0], kc_st[1], kc_st[2],
         vc_st[0], vc_st[1], vc_st[2],
         *scale_strides,
-        bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_flags.stride(0),
-        *part_strides,
+        bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_per_seq.stride(0),
+        *ws_strides,
         *lse_strides,
         num_seqs, num_tokens, plan.num_q_tiles, plan.num_splits,
         GROUP=num_q_heads // kc.shape[2],
@@ -625,9 +623,9 @@ def launch(
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_lse, cu, sinks, lse,
+            out, ws_o, ws_lse, cu, sinks, lse,
             o_st[0], o_st[1],
-            *part_strides,
+            *ws_strides,
             cu_stride, *lse_strides,
             num_seqs, plan.num_splits, 1.0,
             HEAD_DIM=head_dim,
@@ -674,8 +672,8 @@ class TritonPlan:
     kept workspace."""
 
     launch: TritonLaunchPlan
-    part_out: torch.Tensor | None
-    part_lse: torch.Tensor | None
+    ws_o: torch.Tensor | None
+    ws_lse: torch.Tensor | None
 
 
 def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> TritonPlan:
@@ -691,12 +689,12 @@ def plan(batch: Batch, workspace=None, num_splits: int | None = None) -> TritonP
     decided = launch_plan(batch, num_splits, max_splits=max_splits)
     if workspace is None or decided.num_splits == 1:
         return TritonPlan(decided, None, None)
-    part_out, part_lse = workspace.partials(decided.num_splits, batch.num_tokens)
-    return TritonPlan(decided, part_out, part_lse)
+    ws_o, ws_lse = workspace.partials(decided.num_splits, batch.num_tokens)
+    return TritonPlan(decided, ws_o, ws_lse)
 
 
 def run(
     problem: AttentionProblem, plan: TritonPlan, out: torch.Tensor, lse: torch.Tensor | None = None
 ) -> None:
     """Launch a planned batch for one layer (``lse``: see :func:`launch`)."""
-    launch(problem, plan.launch, out, plan.part_out, plan.part_lse, lse)
+    launch(problem, plan.launch, out, plan.ws_o, plan.ws_lse, lse)
