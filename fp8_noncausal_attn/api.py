@@ -10,13 +10,13 @@ captured in a CUDA graph. For many layers over one batch, :class:`fp8_noncausal_
 plans once and runs per layer.
 """
 
-from typing import Optional
+import dataclasses
 
 import torch
 
 from . import registry
 from .problem import AttentionProblem, Batch, CacheWrite
-from .scales import FP8_DTYPES, ScaleArg, finite_max, scale_mode_of
+from .scales import FP8_DTYPES, ScaleArg, finite_max
 from .validation import check_kv_tokens, validate_attention, validate_cache_write
 
 __all__ = ["paged_attention", "reshape_and_cache", "compute_kv_scales", "available_backends"]
@@ -47,37 +47,52 @@ def cache_writer(device: torch.device, per_token_head: bool = False, backend: st
     return registry.for_device(backend, device, per_token_head).reshape_and_cache
 
 
-@torch.library.custom_op("fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"))
+# The opaque op takes one call's records field by field, under their own names: the layer's
+# tensors (AttentionProblem's fields but its batch), then its batch's (Batch's fields), each
+# with the schema type of its annotation. The schema, the op's body and the traced call are
+# derived from these two dataclasses; nothing else lists the op's arguments. Two travel in
+# another form: the window as an int list, the device as its name (a Device argument fails
+# torch.library.opcheck's schema test).
+LAYER_FIELDS = tuple(f for f in dataclasses.fields(AttentionProblem) if f.name != "batch")
+BATCH_FIELDS = dataclasses.fields(Batch)
+SCHEMA_TYPES = {
+    "torch.Tensor": "Tensor", "torch.Tensor | None": "Tensor?", "bool": "bool",
+    "float": "float", "int": "SymInt", "str": "str", "torch.dtype": "ScalarType",
+    "torch.device": "str", "tuple[int, int]": "SymInt[]",
+}  # fmt: skip
+_TO_OP = {"torch.device": str}
+_FROM_OP = {"torch.device": torch.device, "tuple[int, int]": tuple}
+
+
+def _same(value: object) -> object:
+    return value
+
+
+OP_SCHEMA = (
+    "(Tensor(a0!) out, Tensor(a1!)? lse, str backend, "
+    + ", ".join(f"{SCHEMA_TYPES[f.type]} {f.name}" for f in LAYER_FIELDS + BATCH_FIELDS)
+    + ") -> ()"
+)
+
+
+def op_arguments(problem: AttentionProblem) -> tuple:
+    """The values of ``problem``'s :data:`LAYER_FIELDS` and its batch's :data:`BATCH_FIELDS`,
+    in order: what the op takes after ``out``, ``lse`` and ``backend``."""
+    batch = problem.batch
+    layer = (getattr(problem, f.name) for f in LAYER_FIELDS)
+    return (*layer, *(_TO_OP.get(f.type, _same)(getattr(batch, f.name)) for f in BATCH_FIELDS))
+
+
+@torch.library.custom_op(
+    "fp8_noncausal_attn::paged_attention", mutates_args=("out", "lse"), schema=OP_SCHEMA
+)
 def _paged_attention_op(
-    out: torch.Tensor,
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    causal_per_seq: Optional[torch.Tensor],  # noqa: UP045 (torch's schema inference needs it)
-    causal: bool,
-    softmax_scale: float,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    backend: str,
-    window_left: int = -1,
-    window_right: int = -1,
-    sinks: Optional[torch.Tensor] = None,  # noqa: UP045
-    lse: Optional[torch.Tensor] = None,  # noqa: UP045
+    out: torch.Tensor, lse: torch.Tensor | None, backend: str, *fields: object
 ) -> None:
-    num_tokens, num_q_heads, head_dim = query.shape
-    batch = Batch(
-        block_table, cu_seqlens_q, seq_lens, causal, causal_per_seq, softmax_scale, max_seqlen_q,
-        max_seqlen_k, (window_left, window_right), num_tokens, num_q_heads, key_cache.shape[2],
-        head_dim, key_cache.shape[1], query.dtype, key_cache.dtype, query.device,
-        scale_mode_of(k_scale, v_scale, key_cache.dtype), lse is not None,
-    )  # fmt: skip
-    problem = AttentionProblem(batch, query, key_cache, value_cache, k_scale, v_scale, sinks)
-    run_one_shot(problem, out, backend, lse)
+    split = len(LAYER_FIELDS)
+    values = zip(BATCH_FIELDS, fields[split:], strict=True)
+    batch = Batch(*(_FROM_OP.get(f.type, _same)(value) for f, value in values))
+    run_one_shot(AttentionProblem(batch, *fields[:split]), out, backend, lse)
 
 
 @_paged_attention_op.register_fake
@@ -195,13 +210,7 @@ def paged_attention(
     if torch.compiler.is_compiling():
         # The op's body chooses the backend when the graph runs.
         if problem.num_tokens:
-            _paged_attention_op(
-                out, problem.query, problem.key_cache, problem.value_cache, problem.block_table,
-                problem.cu_seqlens_q, problem.seq_lens, problem.k_scale, problem.v_scale,
-                problem.causal_per_seq, problem.causal, problem.softmax_scale,
-                problem.max_seqlen_q, problem.max_seqlen_k, backend, *problem.window,
-                problem.sinks, lse,
-            )  # fmt: skip
+            _paged_attention_op(out, lse, backend, *op_arguments(problem))
     elif problem.batch.device.type == "meta":  # shapes only: checked above, nothing to launch
         pass
     else:  # with no query rows the plan still fails by name on an unusable backend

@@ -8,8 +8,9 @@ import torch
 from helpers import DEVICE
 
 import fp8_noncausal_attn as fna
-from fp8_noncausal_attn import registry
+from fp8_noncausal_attn import api, registry
 from fp8_noncausal_attn.synthetic import make_case, relative_error
+from fp8_noncausal_attn.validation import validate_attention
 
 
 def test_available_backends_reports_every_backend_with_a_reason():
@@ -300,8 +301,10 @@ def test_opcheck_both_ops_with_bf16_caches():
     case = make_case([3, 8], [40, 8], cache_dtype=torch.bfloat16, causal=[True, False],
                      causal_dtype=torch.int32, seed=22)  # fmt: skip
     out = torch.empty_like(case.query)
-    args = (out, *case.args(), case.k_scale, case.v_scale, case.causal, True, 0.125, 8, 40,
-            "reference")  # fmt: skip
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=0.125, out=None, validate=False
+    )
+    args = (out, None, "reference", *api.op_arguments(problem))
     torch.library.opcheck(PAGED_OP, args)
     PAGED_OP(*args)  # opcheck ran on copies; the op itself writes out
     expected = fna.paged_attention(*case.args(), **case.kwargs(), softmax_scale=0.125,
@@ -362,3 +365,43 @@ def test_cuda_cache_write_uses_the_extension_and_leaves_triton_unimported():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_op_schema_lists_the_records_fields_in_order(monkeypatch):
+    """The registered op takes ``out``, ``lse``, ``backend`` and then exactly the fields of
+    AttentionProblem (but its batch) and Batch, in their order, each typed as its annotation
+    (resolved here, not through the api's table); the traced call's values (``op_arguments``)
+    come back from the op's body as an equal problem."""
+    import dataclasses
+    import typing
+
+    from fp8_noncausal_attn.problem import AttentionProblem, Batch
+
+    schema_type = {torch.Tensor: "Tensor", torch.Tensor | None: "Tensor?", bool: "bool",
+                   float: "float", int: "SymInt", str: "str", torch.dtype: "ScalarType",
+                   torch.device: "str", tuple[int, int]: "SymInt[]"}  # fmt: skip
+    arguments = ["Tensor(a0!) out", "Tensor(a1!)? lse", "str backend"]
+    for record in (AttentionProblem, Batch):
+        hints = typing.get_type_hints(record)
+        for field in dataclasses.fields(record):
+            if field.name != "batch":
+                arguments.append(f"{schema_type[hints[field.name]]} {field.name}")
+    expected = f"fp8_noncausal_attn::paged_attention({', '.join(arguments)}) -> ()"
+    assert str(PAGED_OP._schema) == expected
+
+    case = make_case([3, 8], [40, 8], causal=[True, False], causal_dtype=torch.int32, seed=23)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+        window=(5, 2), sinks=torch.randn(8), return_lse=True,
+    )  # fmt: skip
+    seen = []
+    monkeypatch.setattr(api, "run_one_shot", lambda problem, *rest: seen.append(problem))
+    out, lse = torch.empty_like(case.query), api.new_lse(case.query)
+    PAGED_OP(out, lse, "reference", *api.op_arguments(problem))
+    (rebuilt,) = seen
+    for record, original in ((rebuilt, problem), (rebuilt.batch, problem.batch)):
+        for field in dataclasses.fields(original):
+            if field.name != "batch":
+                got, want = getattr(record, field.name), getattr(original, field.name)
+                same = got is want if isinstance(want, torch.Tensor) else got == want
+                assert same and type(got) is type(want), (field.name, got, want)

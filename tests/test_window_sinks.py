@@ -17,7 +17,7 @@ from helpers.backends import (
 
 import fp8_noncausal_attn as fna
 from benchmarks import shapes
-from fp8_noncausal_attn import registry
+from fp8_noncausal_attn import api, registry
 from fp8_noncausal_attn.backends.triton import attention as triton_attention
 from fp8_noncausal_attn.masking import visible_range
 from fp8_noncausal_attn.synthetic import make_case, relative_error
@@ -147,11 +147,13 @@ def test_plan_run_and_one_shot_take_window_and_sinks():
     assert relative_error(one_shot, ref) <= TOLERANCE[torch.bfloat16]
     # The opaque op (what torch.compile sees) carries both.
     op_out = torch.empty_like(case.query)
-    torch.ops.fp8_noncausal_attn.paged_attention(
-        op_out, case.query, case.key_cache, case.value_cache, case.block_table,
-        case.cu_seqlens_q, case.seq_lens, case.k_scale, case.v_scale, case.causal, True,
-        64**-0.5, 5, 70, "reference", *window, sinks,
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+        window=window, sinks=sinks,
     )  # fmt: skip
+    torch.ops.fp8_noncausal_attn.paged_attention(
+        op_out, None, "reference", *api.op_arguments(problem)
+    )
     assert relative_error(op_out, ref) < 2**-8
     with pytest.raises(ValueError, match=r"sinks must have shape \[num_q_heads\] = \[4\]"):
         attn.run(*args, sinks=sinks[:3], plan=plan)
