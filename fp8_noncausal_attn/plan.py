@@ -338,9 +338,15 @@ class PagedAttention:
             if plan is None:
                 raise RuntimeError("PagedAttention.run() needs a plan: call plan() once per batch")
         if plan.traced or torch.compiler.is_compiling():
-            return self._run_through_op(
-                plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks, return_lse
-            )
+            # Through the opaque op, which plans and launches when the graph runs.
+            batch = plan.batch
+            return paged_attention(
+                query, key_cache, value_cache, batch.block_table, batch.cu_seqlens_q,
+                batch.seq_lens, causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
+                softmax_scale=batch.softmax_scale, max_seqlen_q=batch.max_seqlen_q,
+                max_seqlen_k=batch.max_seqlen_k, out=out, backend=plan.requested,
+                window=batch.window, sinks=sinks, return_lse=return_lse,
+            )  # fmt: skip
         if not isinstance(query, torch.Tensor) or query.dtype is not self.query_dtype:
             self._query_error(query, plan)
         batch = plan.batch
@@ -480,15 +486,3 @@ class PagedAttention:
                 memo.clear()
             memo[id(scale)] = (scale, softmax_scale)
         return per_head
-
-    def _run_through_op(
-        self, plan, query, key_cache, value_cache, k_scale, v_scale, out, sinks, return_lse
-    ):
-        batch = plan.batch
-        return paged_attention(
-            query, key_cache, value_cache, batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
-            causal=plan.causal_arg, k_scale=k_scale, v_scale=v_scale,
-            softmax_scale=batch.softmax_scale, max_seqlen_q=batch.max_seqlen_q,
-            max_seqlen_k=batch.max_seqlen_k, out=out, backend=plan.requested,
-            window=batch.window, sinks=sinks, return_lse=return_lse,
-        )  # fmt: skip

@@ -297,9 +297,12 @@ def probe_batch(
     :func:`available_backends` asks each backend's ``plan()`` with."""
     index = {"dtype": torch.int32, "device": device}
     return Batch(
-        torch.arange(3, **index).view(1, 3), torch.tensor([0, 4], **index),
-        torch.tensor([40], **index), False, None, 128**-0.5, 4, 40, (-1, -1), 4, 8, 2, 128, 16,
-        torch.bfloat16, torch.float8_e4m3fn, device, scale_mode, return_lse,
+        block_table=torch.arange(3, **index).view(1, 3), cu_seqlens_q=torch.tensor([0, 4], **index),
+        seq_lens=torch.tensor([40], **index), causal=False, causal_per_seq=None,
+        softmax_scale=128**-0.5, max_seqlen_q=4, max_seqlen_k=40, window=(-1, -1), num_tokens=4,
+        num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, query_dtype=torch.bfloat16,
+        cache_dtype=torch.float8_e4m3fn, device=device, scale_mode=scale_mode,
+        return_lse=return_lse,
     )  # fmt: skip
 
 

@@ -417,9 +417,12 @@ def validate_batch(
         if max_num_tokens is not None:
             num_tokens = min(max_num_tokens, num_tokens)
     batch = Batch(
-        block_table, cu_seqlens_q, seq_lens, causal_flag, causal_per_seq, float(softmax_scale),
-        max_seqlen_q, max_seqlen_k, window, num_tokens, num_q_heads, num_kv_heads, head_dim,
-        block_size, query_dtype, cache_dtype, device, scale_mode, return_lse,
+        block_table=block_table, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, causal=causal_flag,
+        causal_per_seq=causal_per_seq, softmax_scale=float(softmax_scale),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, window=window,
+        num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, query_dtype=query_dtype,
+        cache_dtype=cache_dtype, device=device, scale_mode=scale_mode, return_lse=return_lse,
     )  # fmt: skip
     return batch, max_page, check_values
 
