@@ -46,15 +46,13 @@ class LaunchInputs:
 
     ``problem``: ``fp8_noncausal_attn.problem.AttentionProblem``; ``out``: the output tensor;
     ``ws_o`` / ``ws_lse``: the split-KV partials (None when unsplit; ``ws_lse`` may be the
-    unsplit LSE output of mma.sync); ``sinks``: the sink logits the kernel reads (None: a null
-    pointer); ``row_tiles`` and ``stream`` only the DSL launches take."""
+    unsplit LSE output of mma.sync); ``row_tiles`` and ``stream`` only the DSL launches take."""
 
     problem: Any
     out: Any
     num_splits: int
     ws_o: Any = None
     ws_lse: Any = None
-    sinks: Any = None
     row_tiles: int = 0
     stream: int = 0
 
@@ -180,7 +178,7 @@ FIELDS: tuple[Field, ...] = (
     _ptr("causal_per_seq", "flags", 1, "[num_seqs] bool or int32 (nonzero: causal), or null",
          _flags),
     _ptr("sinks", "float32", 4, "fp32 [num_q_heads] natural-log sink logits, or null",
-         lambda i: i.sinks),
+         lambda i: i.problem.sinks),
     _ptr("ws_o", "float32", 16, "fp32 [num_splits, num_tokens, num_q_heads, head_dim] when split",
          lambda i: i.ws_o, written=True),
     _ptr("ws_lse", "float32", 4,

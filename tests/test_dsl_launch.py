@@ -5,6 +5,7 @@ reads (from their source, without the DSL)."""
 
 import ast
 import ctypes
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -135,9 +136,8 @@ def test_the_launch_fills_every_argument_the_library_takes():
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     for family in FAMILIES:
-        inputs = launch.record.LaunchInputs(
-            problem, problem.query, 1, sinks=problem.k_scale, row_tiles=1
-        )
+        with_sinks = dataclasses.replace(problem, sinks=problem.k_scale)
+        inputs = launch.record.LaunchInputs(with_sinks, problem.query, 1, row_tiles=1)
         values = launch.record.launch_values(family, inputs)
         assert list(values) == [f.name for f in launch.c_arguments(family)]
         assert values["causal_bytes"] == 1 and values["causal_per_seq"] != 0

@@ -34,6 +34,7 @@ at run time (``block_shift`` = log2 of it) and runs every power of two in 16..25
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import math
 import os
@@ -432,11 +433,10 @@ def run(
         out.zero_()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
-        sinks = problem.sinks
-        if sinks is None:  # -inf: a sink that adds 0 to every denominator
-            sinks = torch.full((problem.num_q_heads,), -math.inf, device=device)
-        inputs = LaunchInputs(problem, out, plan.num_splits, ws_o, ws_lse, sinks,
-                              plan.row_tiles, stream)  # fmt: skip
+        if problem.sinks is None:  # the kernels read them: -inf adds 0 to every denominator
+            no_sinks = torch.full((problem.num_q_heads,), -math.inf, device=device)
+            problem = dataclasses.replace(problem, sinks=no_sinks)
+        inputs = LaunchInputs(problem, out, plan.num_splits, ws_o, ws_lse, plan.row_tiles, stream)
         arguments = launch_values(plan.family, inputs)
         status = plan.library.launch(plan.variant.index, arguments)
     if status != 0:

@@ -200,7 +200,7 @@ def run(
         rows = (num_splits, problem.num_tokens, problem.num_q_heads)
         ws_lse = torch.empty(rows, dtype=torch.float32, device=device)
         ws_o = torch.empty(rows + (problem.head_dim,), dtype=torch.float32, device=device)
-    inputs = LaunchInputs(problem, out, num_splits, ws_o, ws_lse, sinks=problem.sinks)
+    inputs = LaunchInputs(problem, out, num_splits, ws_o, ws_lse)
     # The index tensors (the causal flags too, bool or int32) are read in place through their
     # strides: vLLM rewrites them between replays.
     fields = launch_values(MMA_SYNC, inputs)
