@@ -8,13 +8,16 @@ Every other form is produced from :data:`FIELDS`:
   ``python -m tools.launch_record`` and checked byte for byte by the tests;
 - the CUTLASS-DSL families' C entry and prototype (dsl/build.py, through dsl/common/launch.py);
 - the values of one launch by name (:func:`launch_values`), which ``mma_sync.run`` and the DSL
-  launch both pass.
+  launch both pass;
+- Triton's kernel arguments by parameter name (:func:`launch_arguments`, the tensors
+  themselves), which its launch completes with what only Triton takes.
 
 Each compiled library exports :func:`record_hash` of the fields it was built with (``_C``:
 ``LAUNCH_RECORD_HASH``; a DSL library: ``fp8nca_<family>_launch_record()``); the package refuses
 one whose hash differs when it loads it, never at launch.
 
-Adding a launch argument is one :class:`Field` here plus the kernel code that reads it.
+Adding a launch argument is one :class:`Field` here plus the kernel code that reads it (and, for
+Triton, its kernels' parameter of the field's :attr:`Field.parameter` name).
 
 Pure Python (no torch, no DSL): the DSL build and the header generator read it without either.
 """
@@ -26,11 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# The launches that take a field: the mma.sync kernels (members of AttnParams) and the two
-# CUTLASS-DSL families (parameters of their library's entry).
+# The launches that take a field: the mma.sync kernels (members of AttnParams), the two
+# CUTLASS-DSL families (parameters of their library's entry) and Triton's kernels (keyword
+# arguments, JIT-compiled: no library, so no record hash).
 MMA_SYNC = "mma_sync"
 DSL_FAMILIES = ("wgmma", "tcgen05")
 FAMILIES = (MMA_SYNC, *DSL_FAMILIES)
+TRITON = "triton"
+LAUNCHES = (*FAMILIES, TRITON)
 
 # The scale_mode field's values (csrc/common/params.h ScaleMode, _C.SCALE_MODES).
 SCALE_MODES = {"per_head": 0, "per_token_head": 1}
@@ -67,13 +73,13 @@ class Field:
     the alignment in bytes the DSL kernels assume, ``written`` whether the kernels write it.
     ``value`` gives its value for one launch (a tensor for a pointer: its address goes).
 
-    ``families``: the launches that take it. ``source``: ``given`` (the caller's value),
-    ``derived`` (mma.sync's binding computes it from the others) or ``entry`` (a DSL library's
-    entry fixes it per variant). DSL only: ``kernel_families`` names the families whose kernel
-    reads it; ``launch_only`` fields size the grid or pick the stream and are not passed to the
-    kernel; ``kernel_as`` names the kernel parameter of a value the entry transforms first (the
-    softmax scale in log2 units). Every mma.sync field is a member of the one ``AttnParams``
-    that every mma.sync kernel takes."""
+    ``families``: the launches that take it (:data:`LAUNCHES`). ``source``: ``given`` (the
+    caller's value), ``derived`` (mma.sync's binding computes it from the others) or ``entry``
+    (a DSL library's entry fixes it per variant). DSL only: ``kernel_families`` names the
+    families whose kernel reads it; ``launch_only`` fields size the grid or pick the stream and
+    are not passed to the kernel; ``kernel_as`` names the kernel parameter of a value the entry
+    transforms first (the softmax scale in log2 units). Every mma.sync field is a member of the
+    one ``AttnParams`` that every mma.sync kernel takes."""
 
     name: str
     kind: str
@@ -90,8 +96,8 @@ class Field:
 
     @property
     def parameter(self) -> str:
-        """The DSL entry's (``__call__``) parameter that takes it: ``<name>_ptr`` for a
-        pointer, else its name."""
+        """The DSL entry's (``__call__``) and Triton kernels' parameter that takes it:
+        ``<name>_ptr`` for a pointer, else its name."""
         return f"{self.name}_ptr" if self.kind == "ptr" else self.name
 
     @property
@@ -122,14 +128,21 @@ def window_sides(problem) -> tuple[int, int]:
     return _window_side(left), _window_side(right)
 
 
+# Every launch takes the tensors' pointers and strides, the sequence count, the query rows and
+# the split count; Triton takes the rest in its own forms or as constexprs.
+_ALL = LAUNCHES
+
+
 def _ptr(name: str, element: str, align: int, doc: str, value, **more) -> Field:
-    return Field(name, "ptr", doc, value, element, align, **more)
+    return Field(name, "ptr", doc, value, element, align, families=_ALL, **more)
 
 
 def _strides(prefix: str, dims: str, tensor, doc: str) -> tuple[Field, ...]:
     """One i64 field per dimension of ``tensor(inputs)``, in order: ``<prefix>_stride_<dim>``."""
     return tuple(
-        Field(f"{prefix}_stride_{d}", "i64", doc, lambda i, at=at: tensor(i).stride(at))
+        Field(
+            f"{prefix}_stride_{d}", "i64", doc, lambda i, at=at: tensor(i).stride(at), families=_ALL
+        )  # fmt: skip
         for at, d in enumerate(dims)
     )
 
@@ -146,7 +159,7 @@ def _token_scale_strides(prefix: str, scale) -> tuple[Field, ...]:
             "i64",
             f"per-token-head {prefix[0]}_scale stride: {d}",
             lambda i, at=at: scale(i).stride(at) if scale(i).dim() == 3 else 0,
-            families=(MMA_SYNC,),
+            families=(MMA_SYNC, TRITON),
         )  # fmt: skip
         for at, d in enumerate("bsh")
     )
@@ -191,16 +204,18 @@ FIELDS: tuple[Field, ...] = (
     *_strides("v", "bsh", lambda i: i.problem.value_cache,
               "value cache strides: block, slot, head"),
     *_strides("bt", "sb", lambda i: i.problem.block_table, "block table strides: sequence, block"),
-    Field("cu_stride", "i64", "stride of cu_seqlens_q", lambda i: i.problem.cu_seqlens_q.stride(0)),
-    Field("sl_stride", "i64", "stride of seq_lens", lambda i: i.problem.seq_lens.stride(0)),
+    Field("cu_stride", "i64", "stride of cu_seqlens_q", lambda i: i.problem.cu_seqlens_q.stride(0),
+          families=_ALL),
+    Field("sl_stride", "i64", "stride of seq_lens", lambda i: i.problem.seq_lens.stride(0),
+          families=_ALL),
     Field("causal_stride", "i64", "stride of causal_per_seq, in flags (0 when null)",
-          lambda i: 0 if _flags(i) is None else _flags(i).stride(0)),
+          lambda i: 0 if _flags(i) is None else _flags(i).stride(0), families=_ALL),
     Field("causal_bytes", "i32", "bytes per causal_per_seq flag: 1 (bool), 4 (int32); 0 when null",
           lambda i: 0 if _flags(i) is None else _flags(i).element_size()),
     Field("out_align", "i32", "bytes: largest power of two <= 16 dividing out and its strides",
           families=_MMA, source="derived"),
-    _size("num_tokens", "query rows, padding included"),
-    _size("num_seqs", "sequences", launch_only=True),
+    _size("num_tokens", "query rows, padding included", families=_ALL),
+    _size("num_seqs", "sequences", launch_only=True, families=_ALL),
     _size("num_q_heads", "query heads"),
     _size("num_kv_heads", "KV heads"),
     Field("group", "i32", "num_q_heads / num_kv_heads", families=_MMA, source="derived"),
@@ -210,7 +225,7 @@ FIELDS: tuple[Field, ...] = (
           lambda i: i.problem.block_size.bit_length() - 1),
     _size("max_seqlen_q", "the longest sequence's query tokens", families=_MMA),
     Field("num_splits", "i32", "split-KV partials per sequence: the plan's",
-          lambda i: i.num_splits),
+          lambda i: i.num_splits, families=_ALL),
     Field("causal", "i32", "the launch-wide causal flag when causal_per_seq is null",
           lambda i: int(bool(i.problem.causal))),
     # Sliding window (SPEC section 3): row at position pos sees keys [pos - left, pos + right].
@@ -239,7 +254,7 @@ FIELDS: tuple[Field, ...] = (
 
 def fields(family: str) -> tuple[Field, ...]:
     """The fields ``family``'s launch takes, in order."""
-    if family not in FAMILIES:
+    if family not in LAUNCHES:
         raise ValueError(f"unknown kernel family {family!r}")
     return tuple(f for f in FIELDS if family in f.families)
 
@@ -270,6 +285,12 @@ def launch_values(family: str, inputs: LaunchInputs) -> dict[str, int | float]:
             value = 0 if value is None else value.data_ptr()
         values[f.name] = value
     return values
+
+
+def launch_arguments(family: str, inputs: LaunchInputs) -> dict[str, Any]:
+    """The value of each field ``family``'s caller passes, by :attr:`Field.parameter` name:
+    pointers as the tensors themselves (None stays None), what a Triton kernel takes."""
+    return {f.parameter: f.value(inputs) for f in given(family)}
 
 
 def refusal(library: str, built: str | None, family: str) -> str | None:

@@ -41,8 +41,9 @@ def test_one_name_per_value():
     for family in R.FAMILIES:
         assert set(R.fields(family)) <= set(R.FIELDS)
         assert all(f.value is not None for f in R.given(family))
+    assert all(f.value is not None for f in R.given(R.TRITON))
     with pytest.raises(ValueError, match="unknown kernel family"):
-        R.fields("triton")
+        R.fields("reference")
 
 
 def test_the_hash_follows_the_fields_names_kinds_and_order(monkeypatch):

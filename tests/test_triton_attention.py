@@ -362,3 +362,37 @@ def test_offsets_past_int32_reach_the_right_rows(far_dim, num_splits, padded_row
     (far_lse,) = far_apart_views([torch.full_like(lse, float("nan"))], far_dim)
     plan_and_run(triton_attention, problem_of(case), far_out, num_splits, far_lse)
     assert torch.equal(far_out, out) and torch.equal(far_lse, lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_arguments_are_the_launch_records_triton_fields(num_splits):
+    """Both kernels take their runtime arguments from one dict: the launch record's Triton
+    fields under their record parameter names (tensors, None where absent) plus Triton's own.
+    The attention kernel has a parameter for every record field, each kernel gets each of its
+    runtime parameters from it, and every entry goes to one of them."""
+    from fp8_noncausal_attn import launch_record as R
+
+    case = make_case([3, 8], [40, 70], causal=[True, False], device=DEVICE, seed=31)
+    problem = validate_attention(
+        *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False,
+        sinks=torch.randn(8, device=DEVICE),
+    )  # fmt: skip
+    plan = triton_attention.launch_plan(problem.batch, num_splits)
+    out, lse = torch.empty_like(case.query), torch.empty(case.query.shape[:2], device=DEVICE)
+    shapes = triton_attention.workspace_shapes(num_splits, *case.query.shape)
+    ws_o, ws_lse = (torch.empty(shape, device=DEVICE) for shape in shapes)
+    if num_splits == 1:
+        ws_o = ws_lse = None
+    arguments = triton_attention.kernel_arguments(problem, plan, out, ws_o, ws_lse, lse)
+    attention = set(triton_attention.runtime_parameters(triton_attention._paged_attention_kernel))
+    merge = set(triton_attention.runtime_parameters(triton_attention._merge_splits_kernel))
+    record = {f.parameter for f in R.given(R.TRITON)}
+    assert record <= attention
+    assert attention <= set(arguments) and merge - {"lse_to_log2"} <= set(arguments)
+    assert set(arguments) == attention | merge - {"lse_to_log2"}
+    assert arguments["q_ptr"] is problem.query and arguments["k_ptr"] is problem.key_cache
+    assert arguments["sinks_ptr"] is problem.sinks and arguments["lse_ptr"] is lse
+    assert arguments["causal_per_seq_ptr"] is problem.causal_per_seq
+    assert arguments["ws_o_ptr"] is ws_o and arguments["ws_lse_ptr"] is ws_lse
+    assert arguments["k_stride_s"] == problem.key_cache.stride(1)
+    assert arguments["ws_lse_stride_t"] == (0 if ws_lse is None else ws_lse.stride(1))

@@ -669,7 +669,7 @@ def test_triton_rows_launch_the_prefill_over_as_many_keys(monkeypatch):
         assert facts.ctas_per_kv_head * facts.rows_per_cta == 4 * 1024
     launch = launches[0]
     assert launch.kwargs["MASK_MODE"] == 0  # non-causal, no window
-    seq_lens = [a for a in launch.args if hasattr(a, "tolist") and a.numel() == 1]
+    seq_lens = [a for a in launch.kwargs.values() if hasattr(a, "tolist") and a.numel() == 1]
     assert [1024] in [a.tolist() for a in seq_lens]
 
 

@@ -32,11 +32,13 @@ from the query's (bf16 K beyond fp16's range would overflow if converted to an f
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 
+from ...launch_record import TRITON, LaunchInputs, launch_arguments
 from ...problem import AttentionProblem, Batch
 from ...scales import LOG2E
 from ..protocol import Refused
@@ -82,24 +84,31 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) 
     return None
 
 
+def runtime_parameters(kernel) -> tuple[str, ...]:
+    """A Triton kernel's parameters but its constexprs, in order: what its launch takes from
+    :func:`kernel_arguments` (``kernel.fn``: the Python function, jitted or interpreted)."""
+    parameters = inspect.signature(kernel.fn).parameters.values()
+    return tuple(p.name for p in parameters if not str(p.annotation).endswith("constexpr"))
+
+
 if triton is not None:
 
     @triton.jit
     def _paged_attention_kernel(
         out_ptr, ws_o_ptr, ws_lse_ptr, lse_ptr,
-        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
-        k_scale_ptr, v_scale_ptr, causal_ptr, sinks_ptr,
-        softmax_scale_log2, window_left, window_right,
-        stride_qt, stride_qh,
-        stride_ot, stride_oh,
-        stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh,
-        stride_ksb, stride_kss, stride_ksh,
-        stride_vsb, stride_vss, stride_vsh,
-        stride_bt, stride_bt_col, stride_cu, stride_sl, stride_causal,
-        stride_pos, stride_pot, stride_poh,
-        stride_pls, stride_plt, stride_plh,
-        stride_lt, stride_lh,
+        q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+        k_scale_ptr, v_scale_ptr, causal_per_seq_ptr, sinks_ptr,
+        scale_log2, window_left, window_right,
+        q_stride_t, q_stride_h,
+        o_stride_t, o_stride_h,
+        k_stride_b, k_stride_s, k_stride_h,
+        v_stride_b, v_stride_s, v_stride_h,
+        ks_stride_b, ks_stride_s, ks_stride_h,
+        vs_stride_b, vs_stride_s, vs_stride_h,
+        bt_stride_s, bt_stride_b, cu_stride, sl_stride, causal_stride,
+        ws_o_stride_s, ws_o_stride_t, ws_o_stride_h,
+        ws_lse_stride_s, ws_lse_stride_t, ws_lse_stride_h,
+        lse_stride_t, lse_stride_h,
         num_seqs, num_tokens, num_q_tiles, num_splits,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -127,14 +136,15 @@ if triton is not None:
             rows = (tile - num_seqs * num_q_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
             token = (rows // GROUP).to(tl.int64)  # int64 offsets, as the real rows' below
             q_head = (kv_head * GROUP + rows % GROUP).to(tl.int64)
-            pad = (token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu)) & (token < num_tokens)
+            pad = (token >= tl.load(cu_seqlens_q_ptr + num_seqs * cu_stride)) & (token < num_tokens)
             tl.store(
-                out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
+                out_ptr + token[:, None] * o_stride_t + q_head[:, None] * o_stride_h
+                + dims[None, :],
                 tl.zeros([BLOCK_M, HEAD_DIM], out_ptr.dtype.element_ty), mask=pad[:, None],
             )  # fmt: skip
             if RETURN_LSE:  # a padded row is an empty state
                 tl.store(
-                    lse_ptr + token * stride_lt + q_head * stride_lh,
+                    lse_ptr + token * lse_stride_t + q_head * lse_stride_h,
                     tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad,
                 )  # fmt: skip
             return
@@ -143,9 +153,9 @@ if triton is not None:
 
         # Index tensors are read where they lie, with their strides (vLLM passes slices of
         # persistent buffers and updates them in place between CUDA-graph replays).
-        q_start = tl.load(cu_seqlens_q_ptr + seq * stride_cu)
-        q_len = tl.load(cu_seqlens_q_ptr + (seq + 1) * stride_cu) - q_start
-        kv_len = tl.load(seq_lens_ptr + seq * stride_sl)
+        q_start = tl.load(cu_seqlens_q_ptr + seq * cu_stride)
+        q_len = tl.load(cu_seqlens_q_ptr + (seq + 1) * cu_stride) - q_start
+        kv_len = tl.load(seq_lens_ptr + seq * sl_stride)
         first_row = q_tile * BLOCK_M
         if first_row >= q_len * GROUP:
             return
@@ -161,7 +171,8 @@ if triton is not None:
         # The mask (masking.visible_range): causal rows see keys j <= kv_len - q_len + token; a
         # window limits each row to [p - left, p + right] (p = kv_len - q_len + token).
         if MASK_MODE == 2:
-            is_causal = tl.load(causal_ptr + seq * stride_causal) != 0  # bool or int32 flags
+            # bool or int32 flags
+            is_causal = tl.load(causal_per_seq_ptr + seq * causal_stride) != 0
         else:
             is_causal = MASK_MODE == 1
         last_token = tl.minimum(q_len - 1, (first_row + BLOCK_M - 1) // GROUP)
@@ -188,7 +199,7 @@ if triton is not None:
         kv_end = tl.minimum(kv_start + tiles_per_split * BLOCK_N, tile_kv_end)
 
         q = tl.load(
-            q_ptr + batch_token[:, None] * stride_qt + q_head[:, None] * stride_qh
+            q_ptr + batch_token[:, None] * q_stride_t + q_head[:, None] * q_stride_h
             + dims[None, :],
             mask=row_valid[:, None], other=0.0,
         )  # fmt: skip
@@ -196,9 +207,9 @@ if triton is not None:
             q = q.to(tl.float32)
         dot_dtype = q.dtype
         if PER_TOKEN_SCALES:
-            qk_scale = softmax_scale_log2  # each key's K scale joins its score column below
+            qk_scale = scale_log2  # each key's K scale joins its score column below
         else:
-            qk_scale = softmax_scale_log2 * tl.load(k_scale_ptr + kv_head)
+            qk_scale = scale_log2 * tl.load(k_scale_ptr + kv_head)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -207,14 +218,14 @@ if triton is not None:
             keys = tile_start + tl.arange(0, BLOCK_N)
             key_valid = keys < kv_end
             page = tl.load(
-                block_table_ptr + seq.to(tl.int64) * stride_bt
-                + (keys // BLOCK_SIZE) * stride_bt_col,
+                block_table_ptr + seq.to(tl.int64) * bt_stride_s
+                + (keys // BLOCK_SIZE) * bt_stride_b,
                 mask=key_valid, other=0,
             ).to(tl.int64)  # fmt: skip
             slot = keys % BLOCK_SIZE
             k = tl.load(
-                k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks
-                + kv_head_offset * stride_kh + dims[:, None],
+                k_ptr + page[None, :] * k_stride_b + slot[None, :] * k_stride_s
+                + kv_head_offset * k_stride_h + dims[:, None],
                 mask=key_valid[None, :], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             if DOT_FP32:
@@ -224,8 +235,8 @@ if triton is not None:
             if PER_TOKEN_SCALES:
                 # Each key's scale, read with its page id, multiplies its score column in fp32.
                 k_key_scale = tl.load(
-                    k_scale_ptr + page * stride_ksb + slot * stride_kss
-                    + kv_head_offset * stride_ksh,
+                    k_scale_ptr + page * ks_stride_b + slot * ks_stride_s
+                    + kv_head_offset * ks_stride_h,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 scores = scores * (qk_scale * k_key_scale)[None, :]
@@ -242,8 +253,8 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_shift)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
-                v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs
-                + kv_head_offset * stride_vh + dims[None, :],
+                v_ptr + page[:, None] * v_stride_b + slot[:, None] * v_stride_s
+                + kv_head_offset * v_stride_h + dims[None, :],
                 mask=key_valid[:, None], other=0.0,
             ).to(dot_dtype)  # fmt: skip
             p_v = p
@@ -252,8 +263,8 @@ if triton is not None:
                 # the tile's product in fp32: P stays in [0, 1] (fp16's normal range; a value
                 # scale of 1e-4 times P would be subnormal there). The row sum l keeps plain P.
                 v_key_scale = tl.load(
-                    v_scale_ptr + page * stride_vsb + slot * stride_vss
-                    + kv_head_offset * stride_vsh,
+                    v_scale_ptr + page * vs_stride_b + slot * vs_stride_s
+                    + kv_head_offset * vs_stride_h,
                     mask=key_valid, other=0.0,
                 )  # fmt: skip
                 v_tile_scale = tl.max(v_key_scale, 0)
@@ -301,17 +312,18 @@ if triton is not None:
             # log2-sum-exp ws_lse [splits, tokens, q_heads]; -inf marks a split with no keys.
             lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
             tl.store(
-                ws_lse_ptr + split.to(tl.int64) * stride_pls + batch_token * stride_plt
-                + q_head * stride_plh,
+                ws_lse_ptr + split.to(tl.int64) * ws_lse_stride_s + batch_token * ws_lse_stride_t
+                + q_head * ws_lse_stride_h,
                 lse, mask=row_valid,
             )  # fmt: skip
             part_row = (
-                split.to(tl.int64) * stride_pos + batch_token * stride_pot + q_head * stride_poh
-            )
+                split.to(tl.int64) * ws_o_stride_s + batch_token * ws_o_stride_t
+                + q_head * ws_o_stride_h
+            )  # fmt: skip
             tl.store(ws_o_ptr + part_row[:, None] + dims[None, :], result, mask=row_valid[:, None])
         else:
             tl.store(
-                out_ptr + batch_token[:, None] * stride_ot + q_head[:, None] * stride_oh
+                out_ptr + batch_token[:, None] * o_stride_t + q_head[:, None] * o_stride_h
                 + dims[None, :],
                 result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None],
             )  # fmt: skip
@@ -319,17 +331,17 @@ if triton is not None:
                 # Natural log: (m + log2 l) ln 2, the sink's term inside l; -inf with no keys.
                 lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
                 tl.store(
-                    lse_ptr + batch_token * stride_lt + q_head * stride_lh,
+                    lse_ptr + batch_token * lse_stride_t + q_head * lse_stride_h,
                     lse * 0.6931471805599453, mask=row_valid,
                 )  # fmt: skip
 
     @triton.jit
     def _merge_splits_kernel(
         out_ptr, ws_o_ptr, ws_lse_ptr, cu_seqlens_q_ptr, sinks_ptr, lse_ptr,
-        stride_ot, stride_oh,
-        stride_pos, stride_pot, stride_poh,
-        stride_pls, stride_plt, stride_plh,
-        stride_cu, stride_lt, stride_lh,
+        o_stride_t, o_stride_h,
+        ws_o_stride_s, ws_o_stride_t, ws_o_stride_h,
+        ws_lse_stride_s, ws_lse_stride_t, ws_lse_stride_h,
+        cu_stride, lse_stride_t, lse_stride_h,
         num_seqs, num_splits, lse_to_log2,
         HEAD_DIM: tl.constexpr,
         HEAD_POW2: tl.constexpr,  # HEAD_DIM rounded up to a power of two (tl.arange's need)
@@ -343,9 +355,10 @@ if triton is not None:
         head = tl.program_id(1).to(tl.int64)
         dims = tl.arange(0, HEAD_POW2)
         dim_valid = dims < HEAD_DIM
-        out_row = out_ptr + token * stride_ot + head * stride_oh + dims
-        lse_out = lse_ptr + token * stride_lt + head * stride_lh
-        if token >= tl.load(cu_seqlens_q_ptr + num_seqs * stride_cu):
+        out_row = out_ptr + token * o_stride_t + head * o_stride_h + dims
+        if RETURN_LSE:  # lse_ptr is None otherwise
+            lse_out = lse_ptr + token * lse_stride_t + head * lse_stride_h
+        if token >= tl.load(cu_seqlens_q_ptr + num_seqs * cu_stride):
             # Padding row (past the last sequence): zeros, an empty state; its partials were
             # never written.
             tl.store(out_row, tl.zeros([HEAD_POW2], out_ptr.dtype.element_ty), mask=dim_valid)
@@ -355,7 +368,8 @@ if triton is not None:
         splits = tl.arange(0, SPLITS_POW2).to(tl.int64)
         split_valid = splits < num_splits
         lse = tl.load(
-            ws_lse_ptr + splits * stride_pls + token * stride_plt + head * stride_plh,
+            ws_lse_ptr + splits * ws_lse_stride_s + token * ws_lse_stride_t
+            + head * ws_lse_stride_h,
             mask=split_valid, other=float("-inf"),
         ) * lse_to_log2  # fmt: skip
         # A split with no keys (lse = -inf) has weight 0; its partial is not read at all. A NaN
@@ -368,7 +382,8 @@ if triton is not None:
         lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
         weight = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
         parts = tl.load(
-            ws_o_ptr + (splits * stride_pos + token * stride_pot + head * stride_poh)[:, None]
+            ws_o_ptr
+            + (splits * ws_o_stride_s + token * ws_o_stride_t + head * ws_o_stride_h)[:, None]
             + dims[None, :],
             mask=has_keys[:, None] & dim_valid[None, :], other=0.0,
         ).to(tl.float32)  # fmt: skip
@@ -381,6 +396,10 @@ if triton is not None:
             merged_lse = tl.where(total != 0, lse_max + tl.log2(tl.where(total != 0, total, 1.0)),
                                   float("-inf"))  # fmt: skip
             tl.store(lse_out, merged_lse * 0.6931471805599453)
+
+    # What each launch passes from kernel_arguments() (the merge's lse_to_log2 is its own).
+    _ATTENTION_TAKES = runtime_parameters(_paged_attention_kernel)
+    _MERGE_TAKES = tuple(n for n in runtime_parameters(_merge_splits_kernel) if n != "lse_to_log2")
 
 
 @functools.cache
@@ -509,13 +528,12 @@ def launch_plan(
     )
 
 
-def _workspace_strides(
+def check_workspace(
     part: torch.Tensor, name: str, shape: tuple[int, ...], out: torch.Tensor
-) -> tuple[int, ...]:
-    """(split, token, q head) strides of a split-KV buffer after checking it holds ``shape``.
-
-    ``ws_o``'s head_dim must be contiguous; ``ws_lse`` may have any strides.
-    """
+) -> None:
+    """ValueError unless the split-KV buffer ``part`` holds ``shape``: float32 on ``out``'s
+    device, at least ``shape`` in its first two dims (splits, tokens), exactly in the rest.
+    ``ws_o``'s head_dim must be contiguous; ``ws_lse`` may have any strides."""
     strides = part.stride()
     if (
         part.dtype != torch.float32
@@ -530,7 +548,33 @@ def _workspace_strides(
             f"first two dims and {list(shape[2:])} in the rest (ws_o: head_dim contiguous); "
             f"got {part.dtype} on {part.device}, shape {list(part.shape)}, strides {strides}"
         )
-    return strides[:3]
+
+
+def kernel_arguments(
+    problem: AttentionProblem,
+    plan: TritonLaunchPlan,
+    out: torch.Tensor,
+    ws_o: torch.Tensor | None,
+    ws_lse: torch.Tensor | None,
+    lse: torch.Tensor | None,
+) -> dict[str, object]:
+    """The runtime arguments of both kernels, by parameter name: the launch record's Triton
+    fields (``launch_record.fields(TRITON)``: pointers as the tensors, None where there is
+    none, which only a branch a constexpr turns off reads) and Triton's own: the partials'
+    and the LSE's strides (0 without them), the softmax scale in log2 units, the window with
+    :data:`WINDOW_UNBOUNDED` for an unbounded side, and the query tiles per sequence."""
+    inputs = LaunchInputs(problem, out, plan.num_splits, ws_o, ws_lse)
+    arguments = launch_arguments(TRITON, inputs)
+    window_left, window_right = (WINDOW_UNBOUNDED if side < 0 else side for side in problem.window)
+    strided = (("ws_o", ws_o, "sth"), ("ws_lse", ws_lse, "sth"), ("lse", lse, "th"))
+    for name, tensor, dims in strided:
+        strides = (0,) * len(dims) if tensor is None else tensor.stride()
+        arguments.update({f"{name}_stride_{d}": strides[at] for at, d in enumerate(dims)})
+    arguments.update(
+        lse_ptr=lse, scale_log2=problem.softmax_scale * LOG2E, window_left=window_left,
+        window_right=window_right, num_q_tiles=plan.num_q_tiles,
+    )  # fmt: skip
+    return arguments
 
 
 def launch(
@@ -550,10 +594,7 @@ def launch(
     when given (-inf for padded rows). This is the per-layer hot path: each tensor's strides are
     read once.
     """
-    query, kc, vc, bt = problem.query, problem.key_cache, problem.value_cache, problem.block_table
-    cu, seq_lens = problem.cu_seqlens_q, problem.seq_lens
-    num_tokens, num_q_heads, head_dim = query.shape
-    num_seqs = seq_lens.shape[0]
+    num_tokens, num_q_heads, head_dim = problem.query.shape
     split = plan.num_splits > 1
     if split:
         out_shape, lse_shape = workspace_shapes(plan.num_splits, num_tokens, num_q_heads, head_dim)
@@ -561,79 +602,40 @@ def launch(
             ws_o = torch.empty(out_shape, dtype=torch.float32, device=out.device)
         if ws_lse is None:
             ws_lse = torch.empty(lse_shape, dtype=torch.float32, device=out.device)
-        ws_strides = (
-            *_workspace_strides(ws_o, "ws_o", out_shape, out),
-            *_workspace_strides(ws_lse, "ws_lse", lse_shape, out),
-        )
+        check_workspace(ws_o, "ws_o", out_shape, out)
+        check_workspace(ws_lse, "ws_lse", lse_shape, out)
     else:
-        ws_o = ws_lse = out  # unused by the unsplit kernel
-        ws_strides = (0,) * 6
-    # Without a per-sequence tensor the flag pointer is unused: any int32 tensor will do.
-    causal_per_seq = problem.causal_per_seq if plan.mask_mode == 2 else seq_lens
-    # Likewise the sinks pointer without sinks (a float32 tensor keeps the signature stable).
+        ws_o = ws_lse = None  # the unsplit kernel writes out (and lse) itself
+    arguments = kernel_arguments(problem, plan, out, ws_o, ws_lse, lse)
     has_sinks = problem.sinks is not None
-    sinks = problem.sinks if has_sinks else problem.k_scale
-    has_window = problem.has_window
-    per_token_scales = problem.per_token_head_scales
-    # (block, slot, kv head) strides of each per-token scale; unused (0) for per-head scales.
-    scale_strides = (
-        (*problem.k_scale.stride(), *problem.v_scale.stride()) if per_token_scales else (0,) * 6
-    )
-    window_left, window_right = (WINDOW_UNBOUNDED if side < 0 else side for side in problem.window)
-    q_st, o_st, kc_st, vc_st, bt_st = (
-        query.stride(),
-        out.stride(),
-        kc.stride(),
-        vc.stride(),
-        bt.stride(),
-    )
-    cu_stride = cu.stride(0)
     return_lse = lse is not None
-    lse_strides = lse.stride() if return_lse else (0, 0)
-    if not return_lse:
-        lse = problem.k_scale  # unused: any float32 tensor keeps the signature stable
     _paged_attention_kernel[plan.grid](
-        out, ws_o, ws_lse, lse,
-        query, kc, vc, bt, cu, seq_lens,
-        problem.k_scale, problem.v_scale, causal_per_seq, sinks,
-        problem.softmax_scale * LOG2E, window_left, window_right,
-        q_st[0], q_st[1],
-        o_st[0], o_st[1],
-        kc_st[0], kc_st[1], kc_st[2],
-        vc_st[0], vc_st[1], vc_st[2],
-        *scale_strides,
-        bt_st[0], bt_st[1], cu_stride, seq_lens.stride(0), causal_per_seq.stride(0),
-        *ws_strides,
-        *lse_strides,
-        num_seqs, num_tokens, plan.num_q_tiles, plan.num_splits,
-        GROUP=num_q_heads // kc.shape[2],
+        **{name: arguments[name] for name in _ATTENTION_TAKES},
+        GROUP=problem.group_size,
         HEAD_DIM=head_dim,
-        BLOCK_SIZE=kc.shape[1],
+        BLOCK_SIZE=problem.block_size,
         BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n,
         MASK_MODE=plan.mask_mode,
         SPLIT=split,
         DOT_FP32=plan.dot_fp32,
-        WINDOW=has_window,
+        WINDOW=problem.has_window,
         SINKS=has_sinks and not split,
         RETURN_LSE=return_lse and not split,
-        PER_TOKEN_SCALES=per_token_scales,
+        PER_TOKEN_SCALES=problem.per_token_head_scales,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
-    )  # fmt: skip
+    )
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, ws_o, ws_lse, cu, sinks, lse,
-            o_st[0], o_st[1],
-            *ws_strides,
-            cu_stride, *lse_strides,
-            num_seqs, plan.num_splits, 1.0,
+            **{name: arguments[name] for name in _MERGE_TAKES},
+            lse_to_log2=1.0,
             HEAD_DIM=head_dim,
             HEAD_POW2=head_dim,
             SPLITS_POW2=1 << (plan.num_splits - 1).bit_length(),
             SINKS=has_sinks,
             RETURN_LSE=return_lse,
-        )  # fmt: skip
+        )
 
 
 def merge_states(
@@ -649,17 +651,14 @@ def merge_states(
     # The kernel's padding bound cu_seqlens_q[num_seqs]: every row is a real one here.
     bound = torch.full((1,), num_tokens, dtype=torch.int32, device=out.device)
     _merge_splits_kernel[(num_tokens, num_heads)](
-        out, outs, lses, bound, lses, lse,
-        out.stride(0), out.stride(1),
-        *outs.stride()[:3],
-        *lses.stride(),
-        1, *lse.stride(),
-        0, num_states, LOG2E,
-        HEAD_DIM=head_dim,
-        HEAD_POW2=triton.next_power_of_2(head_dim),
-        SPLITS_POW2=triton.next_power_of_2(num_states),
-        SINKS=False,
-        RETURN_LSE=True,
+        out_ptr=out, ws_o_ptr=outs, ws_lse_ptr=lses, cu_seqlens_q_ptr=bound, sinks_ptr=None,
+        lse_ptr=lse, o_stride_t=out.stride(0), o_stride_h=out.stride(1),
+        ws_o_stride_s=outs.stride(0), ws_o_stride_t=outs.stride(1), ws_o_stride_h=outs.stride(2),
+        ws_lse_stride_s=lses.stride(0), ws_lse_stride_t=lses.stride(1),
+        ws_lse_stride_h=lses.stride(2), cu_stride=1, lse_stride_t=lse.stride(0),
+        lse_stride_h=lse.stride(1), num_seqs=0, num_splits=num_states, lse_to_log2=LOG2E,
+        HEAD_DIM=head_dim, HEAD_POW2=triton.next_power_of_2(head_dim),
+        SPLITS_POW2=triton.next_power_of_2(num_states), SINKS=False, RETURN_LSE=True,
     )  # fmt: skip
 
 
