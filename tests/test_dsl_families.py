@@ -133,26 +133,54 @@ def test_an_environment_library_never_shadows_the_packages_own_silently(tmp_path
 
 
 @pytest.fixture(scope="module")
-def package_build(tmp_path_factory):
-    """One small variant per family, built by setup.py's own command and installed by its own
-    install step into a package folder, as FP8NCA_BUILD_DSL=1 does with every variant."""
-    pytest.importorskip("cutlass")
+def setup_py():
+    """setup.py as a module (its build and install helpers; setup() itself does not run)."""
     spec = importlib.util.spec_from_file_location("fp8nca_setup", ROOT / "setup.py")
     setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup)
-    package = tmp_path_factory.mktemp("package")
+    return setup
+
+
+@pytest.fixture(scope="module")
+def dsl_builds(setup_py, tmp_path_factory):
+    """family -> the build folder of one small variant of it, built by setup.py's own
+    command."""
+    pytest.importorskip("cutlass")
     import subprocess
 
+    outs = {}
     for family, (arch, variant) in SMALL_BUILDS.items():
         out = tmp_path_factory.mktemp(family)
-        command = setup.dsl_build_command(family, out) + ["--arch", arch, "--variant", variant]
+        command = setup_py.dsl_build_command(family, out) + ["--arch", arch, "--variant", variant]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        copied = setup.install_dsl_build(out, package, family)
+        outs[family] = out
+    return outs
+
+
+@pytest.fixture(scope="module")
+def package_build(setup_py, dsl_builds, tmp_path_factory):
+    """The :func:`dsl_builds` installed by setup.py's own install step into a package folder,
+    as FP8NCA_BUILD_DSL=1 does with every variant."""
+    package = tmp_path_factory.mktemp("package")
+    for family, out in dsl_builds.items():
+        arch, variant = SMALL_BUILDS[family]
+        copied = setup_py.install_dsl_build(out, package, family)
         assert copied[:2] == [f"libfp8nca_{family}.so", "build.json"]
         built = next(v for v in (*build.VARIANTS, *build.WGMMA_VARIANTS) if v.name == variant)
         assert len(copied) == 3 and copied[2].startswith(f"{arch}/{build.kernel_name(built)}/")
     return package
+
+
+@pytest.mark.parametrize("family", sorted(SMALL_BUILDS))
+def test_the_exported_kernel_takes_the_records_parameters(dsl_builds, family):
+    """The C wrapper ``export_to_c`` wrote for the variant takes the parameters of the
+    signature the DSL traced (dsl/common/entry.py generates it from the record): each field's
+    ``parameter`` name and C type, in order."""
+    (header,) = dsl_builds[family].glob(f"fp8nca_{family}_*_sm_*.h")
+    (prototype,) = re.findall(r"_wrapper\(\w+ \*module, ([^)]*)\)", header.read_text())
+    expected = [f"{launch.C_TYPES[f.kind]} {f.parameter}" for f in launch.fields(family)]
+    assert prototype.replace("*", "* ") == ", ".join(expected)
 
 
 @pytest.mark.parametrize("family", sorted(SMALL_BUILDS))
