@@ -52,7 +52,7 @@ VARIANTS = tuple(
 # The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): both query dtypes;
 # head_dim 64, 128 and 256 with 64 or 128 query rows per CTA (one or two consumer warpgroups).
 # The page size is a run-time argument
-# (``page_shift``: one kernel for pages of 16..256); the cache dtype is a compile-time constant:
+# (``block_shift``: one kernel for pages of 16..256); the cache dtype is a compile-time constant:
 # the default table is e4m3, ``--kv-dtype float8_e5m2`` builds e5m2. Same C interface as
 # tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
 def wgmma_variants(kv_dtypes: tuple[str, ...] = ("float8_e4m3fn",)) -> tuple:

@@ -73,7 +73,7 @@ def test_every_built_variant_name_parses_to_its_fields():
     with pytest.raises(ValueError, match="not a DSL variant name"):
         dsl_families.parse_variant(0, "wgmma_d128_m64_bf16_e4m3")  # no arch
     with pytest.raises(ValueError, match="not a DSL variant name"):
-        # A compile-time page size: built before the C interface took page_shift.
+        # A compile-time page size: built before the C interface took block_shift.
         dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3@sm_90a")
 
 

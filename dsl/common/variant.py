@@ -6,8 +6,8 @@ Python (no DSL import).
 Q_DTYPES = ("bfloat16", "float16")
 KV_DTYPES = ("float8_e4m3fn",)
 # log2 of the page sizes (16..256) a kernel with a run-time page size takes (the C interface's
-# ``page_shift``); a variant named without ``_p<N>`` runs all of them.
-PAGE_SHIFTS = (4, 5, 6, 7, 8)
+# ``block_shift``); a variant named without ``_p<N>`` runs all of them.
+BLOCK_SHIFTS = (4, 5, 6, 7, 8)
 
 _Q_TAGS = {"bfloat16": "bf16", "float16": "f16"}
 _KV_TAGS = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
@@ -18,7 +18,7 @@ def variant_name(
 ) -> str:
     """A variant's name (and exported symbol), e.g. ``tcgen05_d128_n32_p16_bf16_e4m3`` for a
     compile-time page size, ``wgmma_d128_m64_bf16_e4m3`` (``page_size`` None) for a kernel that
-    takes the page size at run time (any of ``PAGE_SHIFTS``)."""
+    takes the page size at run time (any of ``BLOCK_SHIFTS``)."""
     q, kv = _Q_TAGS[q_dtype], _KV_TAGS[kv_dtype]
     page = "" if page_size is None else f"_p{page_size}"
     return f"{family}_d{head_dim}_{rows_tag}{page}_{q}_{kv}"

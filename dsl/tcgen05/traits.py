@@ -58,7 +58,7 @@ CONVERT_STAGE_COLUMNS = ITEM_BYTES * 16 // 32
 class Variant:
     """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 32..256, a multiple of 32
     (the softmax reads S in 32-column chunks, layouts.score_key_column).
-    The page size is a run-time argument (``page_shift``, layouts.PAGE_SHIFTS: pages of 16..256
+    The page size is a run-time argument (``block_shift``, variant.BLOCK_SHIFTS: pages of 16..256
     keys), not part of a variant."""
 
     head_dim: int

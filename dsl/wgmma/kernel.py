@@ -313,11 +313,11 @@ class WgmmaPagedAttention(LaunchEntry):
         num_cols: cutlass.Int32,
         key0: cutlass.Int32,
         lane: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
     ) -> cutlass.Int32:
         """This lane's page of the key tile at key0 (lane_page; 0 past the sequence's last)."""
-        col0, _ = L.tile_page_slot(key0, page_shift)
-        col = col0 + L.lane_page(lane, self.v.key_tile, page_shift)
+        col0, _ = L.tile_page_slot(key0, block_shift)
+        col = col0 + L.lane_page(lane, self.v.key_tile, block_shift)
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
@@ -341,7 +341,7 @@ class WgmmaPagedAttention(LaunchEntry):
         lane: cutlass.Int32,
         kv_len: cutlass.Int32,
         first_key: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         prologue: cutlass.Constexpr,
     ) -> cutlass.Int32:
@@ -356,39 +356,39 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         key0 = (first_tile + n) * v.key_tile
         pages_next = self.read_tile_pages(
-            bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, page_shift
+            bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, block_shift
         )
-        _, slot0 = L.tile_page_slot(key0, page_shift)
+        _, slot0 = L.tile_page_slot(key0, block_shift)
         fill = L.staging_slot(n, v.fp8_stages) * v.fp8_tile_bytes
         dst = stage_thread + cute.assume(fill, divby=L.CHUNK)
         dst_v = dst + v.fp8_tile_bytes // 2
         if cutlass.const_expr(prologue):
             self.copy_rows(
                 copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0, kv_len,
-                first_key, page_shift, wg_tidx, True,
+                first_key, block_shift, wg_tidx, True,
             )  # fmt: skip
             self.copy_rows(
                 copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                kv_len, first_key, page_shift, wg_tidx, True,
+                kv_len, first_key, block_shift, wg_tidx, True,
             )  # fmt: skip
         else:
             if X.tile_wholly_loaded(key0, key0 + v.key_tile, first_key, kv_len):
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, False,
+                    kv_len, first_key, block_shift, wg_tidx, False,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, False,
+                    kv_len, first_key, block_shift, wg_tidx, False,
                 )  # fmt: skip
             else:
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, True,
+                    kv_len, first_key, block_shift, wg_tidx, True,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, True,
+                    kv_len, first_key, block_shift, wg_tidx, True,
                 )  # fmt: skip
         return pages_next
 
@@ -406,7 +406,7 @@ class WgmmaPagedAttention(LaunchEntry):
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
         first_key: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         checked: cutlass.Constexpr,
     ):
@@ -421,7 +421,7 @@ class WgmmaPagedAttention(LaunchEntry):
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
             # The step's page and slot are uniform (shift and mask of a constant); a page past
             # the tile's first comes from the lane that read it.
-            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, page_shift)
+            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, block_shift)
             page = cute.arch.shuffle_sync(pages, offset=thread_page + step_page)
             # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
             # IMAD.WIDE.U32 with the thread pointer as its addend.

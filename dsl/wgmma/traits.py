@@ -45,7 +45,7 @@ WIDE_CONSUMER_REGISTERS = 216
 class Variant:
     """One compiled kernel: ``consumers`` x 64 query rows per CTA (R = q_len x group rows of one
     KV head; more rows take more CTAs, each streaming the KV again). The page size is a run-time
-    argument (``page_shift``, any of dsl.common.variant.PAGE_SHIFTS), not part of a variant."""
+    argument (``block_shift``, any of dsl.common.variant.BLOCK_SHIFTS), not part of a variant."""
 
     head_dim: int
     consumers: int
