@@ -58,18 +58,18 @@ SMALL_BUILDS = {
 
 def test_every_built_variant_name_parses_to_its_fields():
     for arch in wgmma_traits.ARCHS:
-        for v in build.wgmma_variants(wgmma_traits.KV_DTYPES):
+        for v in build.wgmma_variants(wgmma_traits.CACHE_DTYPES):
             parsed = dsl_families.parse_variant(3, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.arch)
             assert fields == (v.head_dim, v.rows, arch)
             assert parsed.q_dtype == getattr(torch, v.q_dtype)
-            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
+            assert parsed.cache_dtype == getattr(torch, v.cache_dtype)
     for arch in tcgen05_traits.ARCHS:
         for v in build.VARIANTS:
             parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.arch)
             assert fields == (v.head_dim, v.rows, arch)
-            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
+            assert parsed.cache_dtype == getattr(torch, v.cache_dtype)
     with pytest.raises(ValueError, match="not a DSL variant name"):
         dsl_families.parse_variant(0, "wgmma_d128_m64_bf16_e4m3")  # no arch
     with pytest.raises(ValueError, match="not a DSL variant name"):
@@ -280,8 +280,8 @@ def test_every_variant_serves_every_page_size(page):
     [
         ("wgmma", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
         ("tcgen05", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
-        ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
-        ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
+        ("wgmma", {"kv": torch.float8_e5m2}, "cache_dtype float8_e5m2 (built: float8_e4m3fn)"),
+        ("wgmma", {"kv": torch.bfloat16}, "cache_dtype bfloat16 (built: float8_e4m3fn)"),
         ("tcgen05", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 512}, "no built variant for page_size 512 (built: 16..256)"),
@@ -790,10 +790,10 @@ def test_family_window_and_sinks_match_the_reference_on_its_gpu(
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
 
 
-# Every variant either family builds (wgmma's e5m2 table too, which `dsl.build --kv-dtype` adds):
+# Every variant either family builds (wgmma's e5m2 table too, which `dsl.build --cache-dtype` adds):
 # the GPU tests run each one the family's library holds.
 BUILT_VARIANTS = [pytest.param("tcgen05", v, id=v.name) for v in build.VARIANTS] + [
-    pytest.param("wgmma", v, id=v.name) for v in build.wgmma_variants(wgmma_traits.KV_DTYPES)
+    pytest.param("wgmma", v, id=v.name) for v in build.wgmma_variants(wgmma_traits.CACHE_DTYPES)
 ]
 ARCH_OF = {"tcgen05": tcgen05_traits.ARCHS[0], "wgmma": wgmma_traits.ARCHS[0]}
 
@@ -820,7 +820,7 @@ def test_every_built_variant_matches_the_reference_on_its_gpu(family, variant, n
     case = make_case(
         [q_len, max(1, q_len // 3), 2], [700, 37, 5], causal=[False, True, False],
         head_dim=variant.head_dim, query_dtype=getattr(torch, variant.q_dtype),
-        cache_dtype=getattr(torch, variant.kv_dtype), padded_rows=3, device="cuda",
+        cache_dtype=getattr(torch, variant.cache_dtype), padded_rows=3, device="cuda",
         seed=variant.rows + variant.head_dim,
     )  # fmt: skip
     problem = problem_of(case, window=window)

@@ -18,7 +18,7 @@ from dsl.tcgen05 import traits as T
 
 def test_variant_table_covers_both_query_and_cache_dtypes_on_the_family_target():
     assert {v.q_dtype for v in build.VARIANTS} == {"bfloat16", "float16"}
-    assert {v.kv_dtype for v in build.VARIANTS} == set(T.KV_DTYPES)
+    assert {v.cache_dtype for v in build.VARIANTS} == set(T.CACHE_DTYPES)
     assert T.ARCHS == ("sm_100f",)  # one cubin for sm_100 (B200) and sm_103 (B300)
     names = [v.name for v in build.VARIANTS]
     assert len(set(names)) == len(names)
@@ -130,7 +130,7 @@ def test_head_dim_64_loader_fills_the_first_64_bytes_of_every_row_once():
         (dict(head_dim=96), "head_dim 96"),
         (dict(rows=12), "rows 12"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="bfloat16"), "dtypes"),
+        (dict(cache_dtype="bfloat16"), "dtypes"),
         (dict(head_dim=256, rows=256), "need 1088 TMEM columns > 512"),
         # Two S stages (256) + O (256) leave no column for a converted item; one S stage (the
         # only way to fit) is refused, never having been compiled.

@@ -24,9 +24,9 @@ def test_variant_table_covers_both_query_dtypes_and_is_buildable():
 
 
 def test_e5m2_builds_on_request_and_names_carry_no_page_size():
-    """``--kv-dtype`` widens the table: both FP8 caches are buildable variants, named by their
+    """``--cache-dtype`` widens the table: both FP8 caches are buildable variants, named by their
     cache dtype; the page size is the kernel's run-time argument, so no name carries one."""
-    table = build.wgmma_variants(T.KV_DTYPES)
+    table = build.wgmma_variants(T.CACHE_DTYPES)
     assert len(table) == 2 * len(build.WGMMA_VARIANTS)
     assert build.wgmma_variants() == build.WGMMA_VARIANTS
     for v in table:
@@ -70,7 +70,7 @@ def test_shared_memory_and_register_budget(
         (dict(head_dim=96), "head_dim 96"),
         (dict(consumers=3), "consumers 3"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="float8_e4m3fnuz"), "dtypes"),
+        (dict(cache_dtype="float8_e4m3fnuz"), "dtypes"),
     ],
 )
 def test_unbuildable_variants_are_refused(kwargs, message):

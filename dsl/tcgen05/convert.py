@@ -99,7 +99,7 @@ class ConvertRole:
         v = self.v
         d_tiles = v.d_tiles
         mma_dtype = self.mma_dtype
-        kv_dtype = self.kv_dtype
+        cache_dtype = self.cache_dtype
 
         # ---- zero the ring once: rows outside [first_key, kv_len) are never copied, and must
         # hold finite values (P is 0 there, and 0 x NaN would poison O).
@@ -151,7 +151,7 @@ class ConvertRole:
         k_cvt_shape = thr_store_k.partition_S(tAtK).shape[:-1]
         tKtK = thr_store_k.partition_D(tAtK)
         load_k = cute.make_tiled_copy_S(
-            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x16x8bOp(num_matrices=4), kv_dtype),
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x16x8bOp(num_matrices=4), cache_dtype),
             store_k,
         )
         thr_load_k = load_k.get_slice(wg_tidx)
@@ -164,7 +164,7 @@ class ConvertRole:
         tVtV = thr_store_v.partition_D(tAtV)
         load_v = cute.make_tiled_copy_S(
             cute.make_copy_atom(
-                cute.nvgpu.warp.LdMatrix16x16x8bOp(transpose=True, num_matrices=2), kv_dtype
+                cute.nvgpu.warp.LdMatrix16x16x8bOp(transpose=True, num_matrices=2), cache_dtype
             ),
             store_v,
         )
@@ -173,7 +173,7 @@ class ConvertRole:
         v_raw_shape = thr_load_v.partition_D(tAsV).shape[:-1]
 
         copy16 = cute.make_copy_atom(
-            cute.nvgpu.cpasync.CopyG2SOp(), kv_dtype, num_bits_per_copy=128
+            cute.nvgpu.cpasync.CopyG2SOp(), cache_dtype, num_bits_per_copy=128
         )
         total = L.item_count(work.iters, d_tiles)
         lookahead = T.LOAD_STAGES - 1
@@ -194,7 +194,7 @@ class ConvertRole:
         # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
         k_block, k_slot = args.k_stride_b.to(cutlass.Int32), args.k_stride_s.to(cutlass.Int32)
         v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
-        ring_thread = cute.recast_ptr(ring, dtype=kv_dtype) + cute.assume(
+        ring_thread = cute.recast_ptr(ring, dtype=cache_dtype) + cute.assume(
             L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
@@ -260,7 +260,7 @@ class ConvertRole:
             stage = i % T.LOAD_STAGES
             is_v, _, _ = L.item_of(i, work.iters, d_tiles, cutlass.select_)
             if is_v:
-                raw = cute.make_rmem_tensor(v_raw_shape, kv_dtype)
+                raw = cute.make_rmem_tensor(v_raw_shape, cache_dtype)
                 cute.copy(thr_load_v, tVsV[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(v_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, v_cvt_shape)
@@ -271,7 +271,7 @@ class ConvertRole:
                 tcgen05_fence("before_thread_sync")  # the stores before the MMA thread's wait
                 handle.commit()
             else:
-                raw = cute.make_rmem_tensor(k_raw_shape, kv_dtype)
+                raw = cute.make_rmem_tensor(k_raw_shape, cache_dtype)
                 cute.copy(thr_load_k, tKsK[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(k_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, k_cvt_shape)
@@ -293,7 +293,7 @@ class ConvertRole:
         raw_words = cute.recast_tensor(raw, cutlass.Int32)
         cvt_words = cute.recast_tensor(cvt, cutlass.Int32)
         prmt = lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel))  # noqa: E731
-        if cutlass.const_expr(self.kv_dtype is cutlass.Float8E5M2):
+        if cutlass.const_expr(self.cache_dtype is cutlass.Float8E5M2):
             for w in cutlass.range_constexpr(cute.size(raw_words)):
                 halves = L.e5m2x4_to_f16x2(raw_words[w], prmt)
                 for h in cutlass.range_constexpr(2):
@@ -359,7 +359,7 @@ class ConvertRole:
         is_v, tile, dslice = L.item_of(item, iters, self.v.d_tiles, cutlass.select_)
         key0 = (first_tile + tile) * L.KEY_TILE
         thread_src = cute.make_ptr(
-            self.kv_dtype,
+            self.cache_dtype,
             cutlass.Int64(cutlass.select_(is_v, v_thread, k_thread))
             + cutlass.Int64(dslice * L.ITEM_BYTES),
             cute.AddressSpace.gmem,

@@ -89,7 +89,7 @@ class WgmmaPagedAttention(LaunchEntry):
         variant.check()
         self.v = variant
         self.q_dtype = DTYPES[variant.q_dtype]
-        self.kv_dtype = DTYPES[variant.kv_dtype]
+        self.cache_dtype = DTYPES[variant.cache_dtype]
         # fp16 MMAs for both query dtypes: e4m3 -> fp16 is one instruction per pair, e4m3 ->
         # bf16 three more; a bf16 query is made fp16 exactly by a power of two per row.
         self.mma_dtype = cutlass.Float16
@@ -257,13 +257,13 @@ class WgmmaPagedAttention(LaunchEntry):
         v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
         # This thread's chunk of staging slot 0, K item, step 0: a step and the V item add
         # immediates, a slot one multiply.
-        stage_thread = cute.recast_ptr(staging, dtype=self.kv_dtype) + cute.assume(
+        stage_thread = cute.recast_ptr(staging, dtype=self.cache_dtype) + cute.assume(
             L.staging_offset(wg_tidx, 0), divby=L.CHUNK
         )
         # cp.async.cg, 16 bytes: streamed through L2 only (each byte is read once per CTA).
         copy16 = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
-            self.kv_dtype,
+            self.cache_dtype,
             num_bits_per_copy=128,
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
@@ -416,7 +416,7 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         zeros = None
         if cutlass.const_expr(checked):
-            zeros = cute.make_rmem_tensor(cute.make_layout(L.CHUNK), self.kv_dtype)
+            zeros = cute.make_rmem_tensor(cute.make_layout(L.CHUNK), self.cache_dtype)
             zeros.fill(0.0)
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
             # The step's page and slot are uniform (shift and mask of a constant); a page past

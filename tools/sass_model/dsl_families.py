@@ -221,8 +221,8 @@ def dsl_rows(build_dir: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAP
                 b
                 for b in built
                 if b.arch == arch
-                and (b.variant.head_dim, b.variant.q_dtype, b.variant.kv_dtype)
-                == (shape.head_dim, shape.q_dtype, shape.kv_dtype)
+                and (b.variant.head_dim, b.variant.q_dtype, b.variant.cache_dtype)
+                == (shape.head_dim, shape.q_dtype, shape.cache_dtype)
             ]
             if gpu is None or not fits:
                 continue
@@ -262,7 +262,7 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
         "kernel": f"[{label}] {name}" if label else name,
         "head_dim": shape.head_dim,
         "q_dtype": shape.q_dtype,
-        "kv_dtype": shape.kv_dtype,
+        "cache_dtype": shape.cache_dtype,
         "rows_per_kv_head": shape.rows,
         "instr_per_kv_byte": {p: round(instr[p], 5) for p in pipes.PIPES},
         "regs": kernel.regs,
