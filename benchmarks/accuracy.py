@@ -75,7 +75,7 @@ def accuracy_shapes(preset: str) -> list[Shape]:
     """One drafter sequence per kv_len of the preset, with the heads, head_dim, q_len and query
     dtype of the acceptance shape (of the dry run's first shape on CPU), bidirectional, FP8."""
     like = dry_run()[0] if preset == "dry-run" else quick()[0]
-    base = replace(like, batch=1, causal=False, kv_dtype="fp8_e4m3")
+    base = replace(like, batch=1, causal=False, kv_cache_dtype="fp8_e4m3")
     return [replace(base, kv_len=kv_len) for kv_len in ACCURACY_KV_LENS[preset]]
 
 
@@ -186,7 +186,7 @@ def write_markdown(path: Path, payload: dict) -> None:
         "",
         f"Shape: {shape['num_q_heads']}/{shape['num_kv_heads']} heads x head_dim "
         f"{shape['head_dim']}, one sequence of q_len {shape['q_len']}, "
-        f"{'causal' if shape['causal'] else 'bidirectional'}, {shape['kv_dtype']} cache with "
+        f"{'causal' if shape['causal'] else 'bidirectional'}, {shape['kv_cache_dtype']} cache with "
         f"per-KV-head scales, {shape['query_dtype']} query. FP8-query routes emulated in torch "
         "(benchmarks/accuracy.py); ours through `paged_attention(backend=...)`.",
         "",
@@ -310,7 +310,7 @@ def run_cache_formats(shapes: list[Shape]) -> list[dict]:
     (:data:`CACHE_FORMATS`, then :data:`FP8_QUERY_OVER`). One sequence per shape."""
     entries = []
     for shape in shapes:
-        shape = replace(shape, kv_dtype="bfloat16")
+        shape = replace(shape, kv_cache_dtype="bfloat16")
         device = torch.device("cpu")
         base = make_case(shape, device, seed=shape.kv_len)
         generator = torch.Generator(device=device).manual_seed(shape.kv_len)

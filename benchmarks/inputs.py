@@ -43,7 +43,7 @@ class Case:
     """One problem's tensors, in the library's layout (SPEC §2).
 
     query:        [batch * q_len, num_q_heads, head_dim], shape.query_dtype.
-    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], shape.kv_dtype
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], shape.kv_cache_dtype
                   (with ``shape.per_token_head``: strided views of ``page``).
     k_scale, v_scale: float32 dequantisation multipliers: [num_kv_heads] (all ones when the
                   cache is not quantised; the API then gets ``None``), or with
@@ -109,9 +109,7 @@ def _fill_random(cache: torch.Tensor, head_std: torch.Tensor, generator: torch.G
 
 def _page_views(page: torch.Tensor, shape: Shape) -> dict[str, torch.Tensor]:
     """The :class:`Case` fields that view vLLM's per-token-head ``page``: caches and scales."""
-    key_cache, value_cache, k_scale, v_scale = split_per_token_head_cache(
-        page, shape.torch_kv_dtype
-    )
+    key_cache, value_cache, k_scale, v_scale = split_per_token_head_cache(page, shape.cache_dtype)
     return {"key_cache": key_cache, "value_cache": value_cache, "k_scale": k_scale,
             "v_scale": v_scale, "page": page}  # fmt: skip
 
@@ -123,7 +121,7 @@ def _random_page(
     reverse order for V, each token scaled as :data:`TOKEN_OCTAVES` says), written by
     ``reshape_and_cache`` in chunks, so no 16-bit copy of the cache is ever whole."""
     device = head_std.device
-    storage = torch.int8 if shape.torch_kv_dtype == torch.int8 else torch.uint8
+    storage = torch.int8 if shape.cache_dtype == torch.int8 else torch.uint8
     cells = (num_blocks, shape.block_size, shape.num_kv_heads, 2 * (shape.head_dim + 4))
     views = _page_views(torch.empty(cells, dtype=storage, device=device).transpose(1, 2), shape)
     slots = num_blocks * shape.block_size
@@ -161,7 +159,7 @@ def make_case(shape: Shape, device: torch.device, seed: int = 0) -> Case:
     else:
         caches, scales = [], []
         for head_std in (spread, spread.flip(0)):
-            cache = torch.empty(cache_shape, dtype=shape.torch_kv_dtype, device=device)
+            cache = torch.empty(cache_shape, dtype=shape.cache_dtype, device=device)
             if shape.quantized:
                 _fill_random(cache, torch.full_like(head_std, STORED_STD), generator)
                 scales.append(head_std / STORED_STD)

@@ -245,7 +245,7 @@ class VllmTritonUnified(ScalarScaled):
         out = torch.full_like(case.query, float("nan"))  # unwritten elements show as NaN
         if shape.per_token_head:
             key_cache, value_cache, quant = vllm_peer.per_token_head(
-                case.page, shape.torch_kv_dtype, case.k_scale, case.v_scale
+                case.page, shape.cache_dtype, case.k_scale, case.v_scale
             )
         else:
             key_cache, value_cache = case.key_cache, case.value_cache

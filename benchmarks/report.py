@@ -22,7 +22,7 @@ SHAPE_KEYS = (
     "num_kv_heads",
     "head_dim",
     "causal",
-    "kv_dtype",
+    "kv_cache_dtype",
     "query_dtype",
     "block_size",
     "window",
@@ -49,7 +49,8 @@ def shape_label(row: dict) -> str:
         mask += " sinks"
     return (
         f"{row['kind']} b{row['batch']} q{row['q_len']} kv{row['kv_len']} "
-        f"{row['num_q_heads']}/{row['num_kv_heads']}x{row['head_dim']} {mask} {row['kv_dtype']}"
+        f"{row['num_q_heads']}/{row['num_kv_heads']}x{row['head_dim']} {mask} "
+        f"{row['kv_cache_dtype']}"
     )
 
 
@@ -292,7 +293,9 @@ def plot_speedup(path: Path, payload: dict) -> None:
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for row in payload["rows"]:
         for peer, speedup in row["speedup"].items():
-            series[(peer, f"{row['backend']} {row['kv_dtype']}")].append((row["kv_len"], speedup))
+            series[(peer, f"{row['backend']} {row['kv_cache_dtype']}")].append(
+                (row["kv_len"], speedup)
+            )
     peers = sorted({peer for peer, _ in series})
     ours = sorted({mine for _, mine in series})
     markers = "os^vDP*X"

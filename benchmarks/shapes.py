@@ -20,7 +20,7 @@ import torch
 
 from fp8_noncausal_attn.config import PER_TOKEN_HEAD_KV_CACHE_DTYPES
 
-KV_DTYPES = {
+KV_CACHE_DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -57,7 +57,7 @@ class Shape:
     num_kv_heads: int
     head_dim: int
     causal: bool
-    kv_dtype: str  # a KV_DTYPES key
+    kv_cache_dtype: str  # a KV_CACHE_DTYPES key
     query_dtype: str = "bfloat16"
     # vLLM's default page since 0.34 (16 before): what a drafter's cache has in the release.
     block_size: int = 64
@@ -68,8 +68,8 @@ class Shape:
     sinks: bool = False
 
     @property
-    def torch_kv_dtype(self) -> torch.dtype:
-        return KV_DTYPES[self.kv_dtype]
+    def cache_dtype(self) -> torch.dtype:
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @property
     def torch_query_dtype(self) -> torch.dtype:
@@ -77,12 +77,12 @@ class Shape:
 
     @property
     def quantized(self) -> bool:
-        return self.torch_kv_dtype.itemsize == 1
+        return self.cache_dtype.itemsize == 1
 
     @property
     def per_token_head(self) -> bool:
         """One scale per key and KV head, inline in vLLM's page (else one per KV head)."""
-        return self.kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+        return self.kv_cache_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
 
     @property
     def num_tokens(self) -> int:
@@ -134,7 +134,7 @@ class Shape:
         if itemsize is not None:
             return 2 * keys * self.head_dim * itemsize
         scales = SCALE_BYTES_PER_KEY_HEAD if self.per_token_head else 0
-        return keys * (2 * self.head_dim * self.torch_kv_dtype.itemsize + scales)
+        return keys * (2 * self.head_dim * self.cache_dtype.itemsize + scales)
 
     @property
     def bytes(self) -> int:
@@ -163,7 +163,7 @@ class Shape:
             mask += " sinks"
         return (
             f"{self.kind} b{self.batch} q{self.q_len} kv{self.kv_len} "
-            f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_dim} {mask} {self.kv_dtype}"
+            f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_dim} {mask} {self.kv_cache_dtype}"
         )
 
     def fields(self) -> dict[str, object]:
@@ -182,7 +182,7 @@ def _drafter(**overrides: object) -> Shape:
         num_kv_heads=8,
         head_dim=128,
         causal=False,
-        kv_dtype="fp8_e4m3",
+        kv_cache_dtype="fp8_e4m3",
     )
     return replace(base, **overrides)
 
@@ -211,13 +211,16 @@ def quick() -> list[Shape]:
     """A few minutes on an H200: the acceptance shape and one step along each axis."""
     shapes = [
         _drafter(),
-        _drafter(kv_dtype="bfloat16"),
-        *(_drafter(kv_dtype=kv_dtype) for kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES),
+        _drafter(kv_cache_dtype="bfloat16"),
+        *(
+            _drafter(kv_cache_dtype=kv_cache_dtype)
+            for kv_cache_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+        ),
         _drafter(causal=True),
         _drafter(kv_len=2048),
         windowed_drafter(),
         _drafter(kv_len=32768),
-        _drafter(kv_len=32768, kv_dtype="bfloat16"),
+        _drafter(kv_len=32768, kv_cache_dtype="bfloat16"),
         _drafter(batch=1),
         _drafter(batch=8),
         _drafter(q_len=16),
@@ -231,7 +234,7 @@ def full() -> list[Shape]:
     """The issue's sweep, one axis at a time around the drafter shape, within the memory cap."""
     kv_lens = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
     shapes: list[Shape] = []
-    for kv_dtype in ("fp8_e4m3", "bfloat16", *PER_TOKEN_HEAD_KV_CACHE_DTYPES):
+    for kv_cache_dtype in ("fp8_e4m3", "bfloat16", *PER_TOKEN_HEAD_KV_CACHE_DTYPES):
         for causal in (False, True):
             for batch in (1, 8, 32, 64):
                 # One query token sees every key under either mask: q_len 1 is measured once.
@@ -243,7 +246,7 @@ def full() -> list[Shape]:
                                 q_len=q_len,
                                 kv_len=kv_len,
                                 causal=causal,
-                                kv_dtype=kv_dtype,
+                                kv_cache_dtype=kv_cache_dtype,
                             )
                         )
             for num_q_heads in (32, 64):
@@ -255,11 +258,11 @@ def full() -> list[Shape]:
                                 head_dim=head_dim,
                                 kv_len=kv_len,
                                 causal=causal,
-                                kv_dtype=kv_dtype,
+                                kv_cache_dtype=kv_cache_dtype,
                             )
                         )
         for length in (4096, 8192, 16384):
-            shapes.append(prefill(length, kv_dtype=kv_dtype))
+            shapes.append(prefill(length, kv_cache_dtype=kv_cache_dtype))
     shapes += [windowed_drafter(), windowed_drafter(sinks=True), windowed_drafter(causal=True)]
     return _unique_within_cap(shapes)
 
@@ -283,9 +286,9 @@ def grid() -> list[Shape]:
         for q_len in GRID_Q_LENS
     ]
     per_token_head = [
-        _drafter(**point, kv_dtype=kv_dtype)
+        _drafter(**point, kv_cache_dtype=kv_cache_dtype)
         for point in points
-        for kv_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+        for kv_cache_dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
     ]
     return [_drafter(**point) for point in points] + per_token_head
 
@@ -309,12 +312,12 @@ def dry_run() -> list[Shape]:
         _drafter(q_len=4, kv_len=75, **tiny),
         _drafter(q_len=4, kv_len=75, causal=True, **tiny),
         _drafter(q_len=1, kv_len=75, **tiny),
-        _drafter(q_len=4, kv_len=75, kv_dtype="float16", **tiny),
+        _drafter(q_len=4, kv_len=75, kv_cache_dtype="float16", **tiny),
         *(
-            _drafter(q_len=4, kv_len=75, kv_dtype=dtype, **tiny)
+            _drafter(q_len=4, kv_len=75, kv_cache_dtype=dtype, **tiny)
             for dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES
         ),
-        _drafter(q_len=4, kv_len=75, causal=True, kv_dtype="int8_per_token_head", **tiny),
+        _drafter(q_len=4, kv_len=75, causal=True, kv_cache_dtype="int8_per_token_head", **tiny),
         prefill(32, **{**tiny, "batch": 1}),
         _drafter(q_len=4, kv_len=200, window=(40, 40), **tiny),
         _drafter(q_len=4, kv_len=200, window=(40, 0), causal=True, sinks=True, **tiny),

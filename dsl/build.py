@@ -24,7 +24,7 @@ from pathlib import Path
 from dsl.common import launch
 from dsl.common.variant import Q_DTYPES
 from dsl.tcgen05.traits import ARCHS, Variant
-from dsl.tcgen05.traits import KV_DTYPES as TCGEN05_KV_DTYPES
+from dsl.tcgen05.traits import CACHE_DTYPES as TCGEN05_CACHE_DTYPES
 from dsl.wgmma import traits as wgmma_traits
 
 LIBRARY = "libfp8nca_tcgen05.so"
@@ -40,7 +40,7 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 NOT_BUILT = {(256, 64, "float8_e5m2")}
 VARIANTS = tuple(
     Variant(head_dim, rows, q, kv)
-    for kv in TCGEN05_KV_DTYPES
+    for kv in TCGEN05_CACHE_DTYPES
     for head_dim, rows in (
         (128, 32), (128, 64), (128, 128), (256, 32), (256, 64), (64, 32), (64, 64), (64, 128)
     )
@@ -52,14 +52,14 @@ VARIANTS = tuple(
 # The wgmma family (sm_90a, dsl/wgmma/, docs/wgmma.md; NEVER RUN ON A GPU): both query dtypes;
 # head_dim 64, 128 and 256 with 64 or 128 query rows per CTA (one or two consumer warpgroups).
 # The page size is a run-time argument
-# (``page_shift``: one kernel for pages of 16..256); the cache dtype is a compile-time constant:
-# the default table is e4m3, ``--kv-dtype float8_e5m2`` builds e5m2. Same C interface as
+# (``block_shift``: one kernel for pages of 16..256); the cache dtype is a compile-time constant:
+# the default table is e4m3, ``--cache-dtype float8_e5m2`` builds e5m2. Same C interface as
 # tcgen05, in its own library (libfp8nca_wgmma.so, fp8nca_wgmma_* symbols).
-def wgmma_variants(kv_dtypes: tuple[str, ...] = ("float8_e4m3fn",)) -> tuple:
+def wgmma_variants(cache_dtypes: tuple[str, ...] = ("float8_e4m3fn",)) -> tuple:
     """Every wgmma shape and query dtype for the given cache dtypes."""
     return tuple(
         wgmma_traits.Variant(d, c, q, kv)
-        for kv in kv_dtypes
+        for kv in cache_dtypes
         for d in wgmma_traits.HEAD_DIMS
         for c in (1, 2)
         for q in Q_DTYPES
@@ -109,7 +109,7 @@ def compile_variant(variant: Variant, arch: str, out_dir: Path):
     # The tcgen05 kernel reads the query as 16-bit words and takes q_is_bf16 at run time.
     pointee = {
         "query": cutlass.Uint16 if family == "tcgen05" else _DTYPES[variant.q_dtype],
-        "cache": _DTYPES[variant.kv_dtype],
+        "cache": _DTYPES[variant.cache_dtype],
         "int32": cutlass.Int32, "float32": cutlass.Float32, "flags": cutlass.Uint8,
     }  # fmt: skip
     fake = {"i64": cutlass.Int64(0), "i32": cutlass.Int32(0), "f32": cutlass.Float32(1.0)}
@@ -318,9 +318,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", action="append", help="variant name; default: all")
     parser.add_argument("--ci", action="store_true", help="only the CI variants")
     parser.add_argument(
-        "--kv-dtype",
+        "--cache-dtype",
         action="append",
-        choices=wgmma_traits.KV_DTYPES,
+        choices=wgmma_traits.CACHE_DTYPES,
         help="wgmma: cache dtypes to build (default float8_e4m3fn)",
     )
     args = parser.parse_args(argv)
@@ -328,10 +328,10 @@ def main(argv=None) -> int:
     if args.arch and not set(args.arch) <= set(archs):
         parser.error(f"--arch {args.arch}: the {args.family} family builds {list(archs)}")
     pool = ci_variants() if args.ci else all_variants()
-    if args.kv_dtype:
+    if args.cache_dtype:
         if args.family != "wgmma" or args.ci:
-            parser.error("--kv-dtype: only for the full wgmma table")
-        pool = wgmma_variants(tuple(args.kv_dtype))
+            parser.error("--cache-dtype: only for the full wgmma table")
+        pool = wgmma_variants(tuple(args.cache_dtype))
     variants = [v for v in pool if not args.variant or v.name in args.variant]
     if not variants:
         parser.error(f"no variant named {args.variant}; known: {[v.name for v in pool]}")

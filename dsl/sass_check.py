@@ -26,7 +26,7 @@ CONVERSION = {
 }
 
 
-def kv_dtype_of(cubin: Path) -> str:
+def cache_dtype_of(cubin: Path) -> str:
     """Cache dtype of a kept cubin, from its variant folder (``..._e4m3`` / ``..._e5m2``)."""
     return "float8_e5m2" if Path(cubin).parent.name.endswith("_e5m2") else "float8_e4m3fn"
 
@@ -85,12 +85,12 @@ def resource_usage(cubin: Path) -> dict[str, int]:
     return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, m.groups()), strict=True))
 
 
-def problems(cubin: Path, kv_dtype: str | None = None) -> list[str]:
-    """What is wrong with a tcgen05 cubin of cache dtype ``kv_dtype`` (default: from its folder
+def problems(cubin: Path, cache_dtype: str | None = None) -> list[str]:
+    """What is wrong with a tcgen05 cubin of cache dtype ``cache_dtype`` (default: from its folder
     name) (empty when every check passes)."""
     ops = opcodes(cubin)
     usage = resource_usage(cubin)
-    required, forbidden = CONVERSION[kv_dtype or kv_dtype_of(cubin)]
+    required, forbidden = CONVERSION[cache_dtype or cache_dtype_of(cubin)]
     found = [f"missing {name}" for name in REQUIRED + required if count(ops, name) == 0]
     found += [f"{count(ops, name)} x {name}" for name in FORBIDDEN + forbidden if count(ops, name)]
     found += [f"{key} {usage[key]} bytes" for key in ("STACK", "LOCAL") if usage[key]]
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     status = 0
     for path in map(Path, argv if argv is not None else sys.argv[1:]):
         ops, usage = opcodes(path), resource_usage(path)
-        required, forbidden = CONVERSION[kv_dtype_of(path)]
+        required, forbidden = CONVERSION[cache_dtype_of(path)]
         summary = {name: count(ops, name) for name in REQUIRED + required + FORBIDDEN + forbidden}
         bad = problems(path)
         status |= bool(bad)

@@ -68,7 +68,7 @@ int alignment_of(std::uintptr_t address, int64_t stride_t, int64_t stride_h) {
 }
 
 fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads,
-                             int head_dim, int kv_dtype, int max_seqlen_q, int max_seqlen_k,
+                             int head_dim, int cache_dtype, int max_seqlen_q, int max_seqlen_k,
                              int64_t resident_ctas, int num_splits, int window_left,
                              int window_right, bool all_causal) {
   fp8nca::PlanInput in;
@@ -77,7 +77,7 @@ fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int 
   in.num_q_heads = num_q_heads;
   in.num_kv_heads = num_kv_heads;
   in.head_dim = head_dim;
-  in.kv_dtype = kv_dtype;
+  in.cache_dtype = cache_dtype;
   in.max_seqlen_q = max_seqlen_q;
   in.max_seqlen_k = max_seqlen_k;
   in.resident_ctas = resident_ctas;
@@ -89,10 +89,10 @@ fp8nca::PlanInput plan_input(int num_seqs, int num_tokens, int num_q_heads, int 
 }
 
 py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, int head_dim,
-              int kv_dtype, int max_seqlen_q, int max_seqlen_k, int64_t resident_ctas,
+              int cache_dtype, int max_seqlen_q, int max_seqlen_k, int64_t resident_ctas,
               int num_splits, int window_left, int window_right, bool causal) {
   const fp8nca::Plan p = fp8nca::make_plan(plan_input(
-      num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, kv_dtype, max_seqlen_q,
+      num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, cache_dtype, max_seqlen_q,
       max_seqlen_k, resident_ctas, num_splits, window_left, window_right, causal));
   namespace m = fp8nca::mma_sync;
   const int group = num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
@@ -115,7 +115,7 @@ py::dict plan(int num_seqs, int num_tokens, int num_q_heads, int num_kv_heads, i
   d["ws_lse_elems"] = p.ws_lse_elems;
   // Warps sharing one key tile in the longest sequence's CTAs (the key-group split).
   d["key_groups"] = m::key_groups(
-      m::tile_shape(head_dim, fp8nca::cache_bytes(kv_dtype), p.block_m), rows_in_tile);
+      m::tile_shape(head_dim, fp8nca::cache_bytes(cache_dtype), p.block_m), rows_in_tile);
   return d;
 }
 
@@ -136,10 +136,10 @@ int plan_splits(int num_seqs, int num_q_heads, int num_kv_heads, int max_seqlen_
 
 // CTAs of the attention kernel for (head_dim, tile of block_m rows, dtypes) that fit on one SM
 // of `device`.
-int ctas_per_sm(int device, int head_dim, int q_dtype, int kv_dtype, int block_m) {
+int ctas_per_sm(int device, int head_dim, int q_dtype, int cache_dtype, int block_m) {
   const DeviceGuard guard(device);
   int ctas = 0;
-  check(fp8nca::ctas_per_sm(head_dim, block_m, q_dtype, kv_dtype, &ctas), "occupancy query");
+  check(fp8nca::ctas_per_sm(head_dim, block_m, q_dtype, cache_dtype, &ctas), "occupancy query");
   return ctas;
 }
 
@@ -176,7 +176,7 @@ std::vector<std::string> given_fields() {
 // num_q_heads], contiguous, or 0) receives each row's natural-log LSE in the same passes.
 // Asynchronous.
 void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan, int q_dtype,
-                     int kv_dtype, const py::dict& fields, std::uintptr_t lse) {
+                     int cache_dtype, const py::dict& fields, std::uintptr_t lse) {
   fp8nca::AttnParams p{};
 #define FP8NCA_FILL_Given(type, name) p.name = field<type>(fields, #name);
 #define FP8NCA_FILL_Derived(type, name)
@@ -224,7 +224,7 @@ void paged_attention(int device, std::uintptr_t stream, const fp8nca::Plan& plan
     throw std::invalid_argument("fp8_noncausal_attn._C: num_splits > 1 needs ws_o and ws_lse");
   }
   const DeviceGuard guard(device);
-  check(fp8nca::launch_attention(plan, p, q_dtype, kv_dtype, ptr<float>(lse),
+  check(fp8nca::launch_attention(plan, p, q_dtype, cache_dtype, ptr<float>(lse),
                                  reinterpret_cast<cudaStream_t>(stream)),
         "attention launch");
 }
@@ -339,7 +339,7 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(p.grid_x, p.grid_y, p.grid_z);
       });
   m.def("paged_attention", &paged_attention, py::arg("device"), py::arg("stream"),
-        py::arg("plan"), py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("fields"),
+        py::arg("plan"), py::arg("q_dtype"), py::arg("cache_dtype"), py::arg("fields"),
         py::arg("lse") = 0,
         "Paged attention (and the split-KV merge) on `stream` by `plan` (plan()'s \"launch\"); "
         "`fields`: every name of ATTN_FIELDS (device pointers as integers); `lse`: fp32 "
@@ -361,7 +361,7 @@ PYBIND11_MODULE(_C, m) {
         "lse is given, each row's natural-log LSE; padded rows past cu_seqlens_q[num_seqs] "
         "zeroed (LSE -inf). Asynchronous.");
   m.def("plan", &plan, py::arg("num_seqs"), py::arg("num_tokens"), py::arg("num_q_heads"),
-        py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("kv_dtype"),
+        py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cache_dtype"),
         py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("resident_ctas"),
         py::arg("num_splits") = 0, py::arg("window_left") = -1, py::arg("window_right") = -1,
         py::arg("causal") = false,
@@ -375,9 +375,9 @@ PYBIND11_MODULE(_C, m) {
         "The split-KV count of CTAs of block_m query rows streaming block_n-key tiles, by the "
         "plan's rule (num_splits > 0 forces it, clamped to the grid).");
   m.def("ctas_per_sm", &ctas_per_sm, py::arg("device"), py::arg("head_dim"), py::arg("q_dtype"),
-        py::arg("kv_dtype"), py::arg("block_m") = fp8nca::mma_sync::kBlockM,
+        py::arg("cache_dtype"), py::arg("block_m") = fp8nca::mma_sync::kBlockM,
         "CTAs of the attention kernel (tile of block_m query rows) resident per SM (occupancy).");
-  m.def("block_m_for", &fp8nca::block_m_for, py::arg("head_dim"), py::arg("kv_dtype"),
+  m.def("block_m_for", &fp8nca::block_m_for, py::arg("head_dim"), py::arg("cache_dtype"),
         py::arg("rows_per_kv_head"),
         "Query rows per CTA the plan picks for R = max_seqlen_q x group rows per KV head.");
   m.def("driver_version", &driver_version,

@@ -22,7 +22,7 @@ from fp8_noncausal_attn.synthetic import relative_error
 REPO = Path(__file__).resolve().parent.parent
 ROW_FIELDS = {
     "backend": str,
-    "kv_dtype": str,
+    "kv_cache_dtype": str,
     "causal": bool,
     "batch": int,
     "q_len": int,
@@ -91,7 +91,7 @@ def test_dry_run_covers_the_sweep_axes_and_the_cpu_backends(dry_run):
     payload, _, _ = dry_run
     rows = payload["rows"]
     assert {row["causal"] for row in rows} == {True, False}
-    assert {row["kv_dtype"] for row in rows} == {"fp8_e4m3", "float16", *PER_TOKEN_HEAD}
+    assert {row["kv_cache_dtype"] for row in rows} == {"fp8_e4m3", "float16", *PER_TOKEN_HEAD}
     assert {row["kind"] for row in rows} == {"drafter", "prefill"}
     assert len({row["q_len"] for row in rows if row["kind"] == "drafter"}) >= 2
     measured = {row["backend"] for row in rows}
@@ -110,12 +110,12 @@ def test_dry_run_reads_the_per_token_head_pages_with_ours_and_vllms_kernel(dry_r
     expected = {"reference", "triton"}
     if all((vllm_peer.PEER_DIR / f).is_file() for f in vllm_peer.KERNEL_FILES):
         expected.add("vllm_triton_unified")
-    for kv_dtype in PER_TOKEN_HEAD:
-        rows = [row for row in payload["rows"] if row["kv_dtype"] == kv_dtype]
-        assert expected <= {row["backend"] for row in rows}, kv_dtype
+    for kv_cache_dtype in PER_TOKEN_HEAD:
+        rows = [row for row in payload["rows"] if row["kv_cache_dtype"] == kv_cache_dtype]
+        assert expected <= {row["backend"] for row in rows}, kv_cache_dtype
         for row in rows:
             shape = shapes.Shape(**{**row_shape_fields(row), "window": tuple(row["window"])})
-            per_head = dataclasses.replace(shape, kv_dtype="fp8_e4m3")
+            per_head = dataclasses.replace(shape, kv_cache_dtype="fp8_e4m3")
             scales = shape.batch * shape.keys_read * shape.num_kv_heads * 8
             assert row["bytes"] == shape.bytes == per_head.bytes + scales
     assert f"Bytes: {shapes.BYTES_NOTE}." in result.with_suffix(".md").read_text()
@@ -133,7 +133,9 @@ def test_dry_run_speedups_cover_every_peer_on_the_shape(dry_run):
     ours = {"mma_sync", "wgmma", "tcgen05", "triton", "reference"}
     by_shape: dict[tuple, list[dict]] = {}
     for row in payload["rows"]:
-        key = tuple(row[k] for k in ("kind", "batch", "q_len", "kv_len", "causal", "kv_dtype"))
+        key = tuple(
+            row[k] for k in ("kind", "batch", "q_len", "kv_len", "causal", "kv_cache_dtype")
+        )
         by_shape.setdefault(key, []).append(row)
     for rows in by_shape.values():
         peers = {row["backend"]: row["median_us"] for row in rows if row["backend"] not in ours}
@@ -184,7 +186,7 @@ def test_quick_preset_holds_the_acceptance_shape():
         num_kv_heads=8,
         head_dim=128,
         causal=False,
-        kv_dtype="fp8_e4m3",
+        kv_cache_dtype="fp8_e4m3",
     )
     assert acceptance in shapes.quick()
 
@@ -201,8 +203,8 @@ def test_full_preset_is_unique_and_within_the_memory_cap():
 
 def test_per_token_head_bytes_count_eight_scale_bytes_per_key_and_kv_head():
     fp8 = shapes.quick()[0]
-    for kv_dtype in PER_TOKEN_HEAD:
-        shape = dataclasses.replace(fp8, kv_dtype=kv_dtype)
+    for kv_cache_dtype in PER_TOKEN_HEAD:
+        shape = dataclasses.replace(fp8, kv_cache_dtype=kv_cache_dtype)
         keys = 32 * 8192 * 8  # batch x keys x KV heads
         assert shape.kv_bytes() == keys * (2 * 128 + 8) == fp8.kv_bytes() * (1 + 4 / 128)
         assert shape.bytes - fp8.bytes == keys * 8 and shape.flops == fp8.flops
@@ -213,17 +215,17 @@ def test_per_token_head_bytes_count_eight_scale_bytes_per_key_and_kv_head():
 
 def test_grid_measures_the_fp8_rows_first_then_the_same_shapes_per_token_head():
     grid = shapes.grid()
-    fp8 = [shape for shape in grid if shape.kv_dtype == "fp8_e4m3"]
+    fp8 = [shape for shape in grid if shape.kv_cache_dtype == "fp8_e4m3"]
     assert grid[: len(fp8)] == fp8 and len(fp8) == 16
     rest = grid[len(fp8) :]
-    assert [shape.kv_dtype for shape in rest] == list(PER_TOKEN_HEAD) * len(fp8)
+    assert [shape.kv_cache_dtype for shape in rest] == list(PER_TOKEN_HEAD) * len(fp8)
     assert [
-        dataclasses.replace(s, kv_dtype="fp8_e4m3") for s in rest[:: len(PER_TOKEN_HEAD)]
+        dataclasses.replace(s, kv_cache_dtype="fp8_e4m3") for s in rest[:: len(PER_TOKEN_HEAD)]
     ] == fp8
     for preset in (shapes.quick, shapes.full):
         acceptance = preset()[0]
-        for kv_dtype in PER_TOKEN_HEAD:
-            assert dataclasses.replace(acceptance, kv_dtype=kv_dtype) in preset()
+        for kv_cache_dtype in PER_TOKEN_HEAD:
+            assert dataclasses.replace(acceptance, kv_cache_dtype=kv_cache_dtype) in preset()
 
 
 def test_byte_and_flop_counts():
@@ -439,8 +441,8 @@ def per_token_head_shapes() -> list[shapes.Shape]:
 
 
 def test_dry_run_holds_both_per_token_head_formats_and_both_masks():
-    held = {(shape.kv_dtype, shape.causal) for shape in per_token_head_shapes()}
-    assert {kv_dtype for kv_dtype, _ in held} == set(PER_TOKEN_HEAD)
+    held = {(shape.kv_cache_dtype, shape.causal) for shape in per_token_head_shapes()}
+    assert {kv_cache_dtype for kv_cache_dtype, _ in held} == set(PER_TOKEN_HEAD)
     assert {causal for _, causal in held} == {True, False}
 
 
@@ -469,10 +471,12 @@ def test_per_token_head_case_is_vllms_page_with_scales_per_token(shape):
     page = case.page
     assert page.shape == (case.key_cache.shape[0], shape.num_kv_heads, shape.block_size,
                           2 * (shape.head_dim + 4))  # fmt: skip
-    assert page.dtype == (torch.int8 if shape.kv_dtype == "int8_per_token_head" else torch.uint8)
+    assert page.dtype == (
+        torch.int8 if shape.kv_cache_dtype == "int8_per_token_head" else torch.uint8
+    )
     for view in (case.key_cache, case.value_cache, case.k_scale, case.v_scale):
         assert view.untyped_storage().data_ptr() == page.untyped_storage().data_ptr()
-    assert case.key_cache.dtype == shape.torch_kv_dtype
+    assert case.key_cache.dtype == shape.cache_dtype
     assert case.k_scale.shape == (*case.key_cache.shape[:3],)
     # Each token's scale is its row's amax over the format's max: it follows the token.
     per_head = case.k_scale.flatten(0, 1)
@@ -640,7 +644,7 @@ def test_presets_hold_the_noncausal_prefill_shapes():
     }
     assert {s for s in shapes.full() if s.kind == "prefill"} == expected
     (quick,) = [s for s in shapes.quick() if s.kind == "prefill"]
-    assert quick == shapes.prefill(4096) and quick.kv_dtype == "fp8_e4m3"
+    assert quick == shapes.prefill(4096) and quick.kv_cache_dtype == "fp8_e4m3"
     assert quick == shapes.quick()[-1]  # the time budget cuts it first
 
 

@@ -213,9 +213,9 @@ def test_token_scale_kernels_add_only_the_scales_to_their_twins_main_loop(arch):
     # Mangled names carry each identifier's length: the per-head twin's is 4 shorter.
     pth_name = re.compile(r"(\d+)(paged_attention_kernel\w*?)_pthI")
     for name, sass in token_scaled.items():
-        head_dim, kv_dtype = (int(x) for x in variant.search(name).groups())
+        head_dim, cache_dtype = (int(x) for x in variant.search(name).groups())
         counts = loop_counts(sass)
-        if kv_dtype == extension.DTYPE_CODES[torch.int8]:
+        if cache_dtype == extension.DTYPE_CODES[torch.int8]:
             assert not counts.keys() & {"I2F", "I2FP", "I2I"}, f"{name} on sm_{arch}"
             continue
         ident = pth_name.search(name).group(2)
@@ -292,7 +292,7 @@ def test_split_planner_is_the_plans_rule_for_any_tiles(host_code, seed):
         )  # fmt: skip
         resident = pick(132, 396)
         plan = host_code.plan(**sizes, num_tokens=sizes["num_seqs"] * sizes["max_seqlen_q"],
-                              head_dim=128, kv_dtype=2, resident_ctas=resident)  # fmt: skip
+                              head_dim=128, cache_dtype=2, resident_ctas=resident)  # fmt: skip
         splits_of = functools.partial(
             host_code.plan_splits, **sizes, block_m=plan["block_m"], resident_ctas=resident
         )
@@ -411,7 +411,7 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
         *case.args(), **case.kwargs(), softmax_scale=None, out=None, validate=False
     )
     report = host_code.plan(**extension.plan_sizes(problem), num_tokens=problem.num_tokens,
-                            head_dim=problem.head_dim, kv_dtype=2, resident_ctas=1)  # fmt: skip
+                            head_dim=problem.head_dim, cache_dtype=2, resident_ctas=1)  # fmt: skip
     mma_sync.run(problem, mma_sync.MmaSyncPlan(1, None, None, report["launch"]),
                  torch.empty_like(case.query))  # fmt: skip
     assert calls["plan"] is report["launch"] and calls["plan"].num_splits == 1
@@ -424,7 +424,12 @@ def test_the_launch_fills_every_field_the_extension_takes_and_nothing_else(monke
     assert fields["causal_bytes"] == 1 and fields["causal_stride"] == 2
     assert fields["cu_stride"] == 2 and fields["num_splits"] == 1
     launch = functools.partial(
-        host_code.paged_attention, device=0, stream=0, plan=report["launch"], q_dtype=0, kv_dtype=2
+        host_code.paged_attention,
+        device=0,
+        stream=0,
+        plan=report["launch"],
+        q_dtype=0,
+        cache_dtype=2,
     )
     empty = dict(fields, num_tokens=0)  # no row: the binding returns before any CUDA call
     assert launch(fields=empty) is None

@@ -80,26 +80,28 @@ def test_ldmatrix_addresses_are_a_lane_part_plus_a_step_part(head_dim):
                 )
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8_bit_dequantisation_is_exact_for_every_byte(kv_dtype):
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_bit_dequantisation_is_exact_for_every_byte(cache_dtype):
     """The kernel's FP8 -> bf16 bit moves (fp8_bits.h) times the format's power of two give
     every finite FP8 value exactly, in bf16_k_dim order; the special test flags exactly the
     Inf / NaN bytes."""
     hk = host()
     codes = extension.DTYPE_CODES
-    kv = codes[kv_dtype]
+    kv = codes[cache_dtype]
     assert hk.bit_dequant_k(codes[torch.bfloat16], kv)
     assert not hk.bit_dequant_k(codes[torch.float16], kv)
     assert not hk.bit_dequant_k(codes[torch.bfloat16], codes[torch.bfloat16])
     assert [hk.bf16_k_dim(p) for p in range(8)] == [0, 2, 1, 3, 4, 6, 5, 7]
-    finite = [b for b in range(256) if math.isfinite(decode(np.array([b], np.uint8), kv_dtype)[0])]
+    finite = [
+        b for b in range(256) if math.isfinite(decode(np.array([b], np.uint8), cache_dtype)[0])
+    ]
     rng = np.random.default_rng(5)
     for b in range(256):
         for pos in range(4):
             raw = rng.choice(finite, 4).astype(np.uint8)  # specials only where placed
             raw[pos] = b
             word = int(raw.view(np.uint32)[0])
-            expect = decode(raw, kv_dtype)
+            expect = decode(raw, cache_dtype)
             special = not np.isfinite(expect).all()
             assert (hk.fp8x4_special_bits(word, kv) != 0) == special, (b, pos)
             if special:

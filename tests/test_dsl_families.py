@@ -58,22 +58,22 @@ SMALL_BUILDS = {
 
 def test_every_built_variant_name_parses_to_its_fields():
     for arch in wgmma_traits.ARCHS:
-        for v in build.wgmma_variants(wgmma_traits.KV_DTYPES):
+        for v in build.wgmma_variants(wgmma_traits.CACHE_DTYPES):
             parsed = dsl_families.parse_variant(3, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.arch)
             assert fields == (v.head_dim, v.rows, arch)
             assert parsed.q_dtype == getattr(torch, v.q_dtype)
-            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
+            assert parsed.cache_dtype == getattr(torch, v.cache_dtype)
     for arch in tcgen05_traits.ARCHS:
         for v in build.VARIANTS:
             parsed = dsl_families.parse_variant(0, f"{v.name}@{arch}")
             fields = (parsed.head_dim, parsed.rows, parsed.arch)
             assert fields == (v.head_dim, v.rows, arch)
-            assert parsed.kv_dtype == getattr(torch, v.kv_dtype)
+            assert parsed.cache_dtype == getattr(torch, v.cache_dtype)
     with pytest.raises(ValueError, match="not a DSL variant name"):
         dsl_families.parse_variant(0, "wgmma_d128_m64_bf16_e4m3")  # no arch
     with pytest.raises(ValueError, match="not a DSL variant name"):
-        # A compile-time page size: built before the C interface took page_shift.
+        # A compile-time page size: built before the C interface took block_shift.
         dsl_families.parse_variant(0, "wgmma_d128_m64_p16_bf16_e4m3@sm_90a")
 
 
@@ -133,26 +133,54 @@ def test_an_environment_library_never_shadows_the_packages_own_silently(tmp_path
 
 
 @pytest.fixture(scope="module")
-def package_build(tmp_path_factory):
-    """One small variant per family, built by setup.py's own command and installed by its own
-    install step into a package folder, as FP8NCA_BUILD_DSL=1 does with every variant."""
-    pytest.importorskip("cutlass")
+def setup_py():
+    """setup.py as a module (its build and install helpers; setup() itself does not run)."""
     spec = importlib.util.spec_from_file_location("fp8nca_setup", ROOT / "setup.py")
     setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup)
-    package = tmp_path_factory.mktemp("package")
+    return setup
+
+
+@pytest.fixture(scope="module")
+def dsl_builds(setup_py, tmp_path_factory):
+    """family -> the build folder of one small variant of it, built by setup.py's own
+    command."""
+    pytest.importorskip("cutlass")
     import subprocess
 
+    outs = {}
     for family, (arch, variant) in SMALL_BUILDS.items():
         out = tmp_path_factory.mktemp(family)
-        command = setup.dsl_build_command(family, out) + ["--arch", arch, "--variant", variant]
+        command = setup_py.dsl_build_command(family, out) + ["--arch", arch, "--variant", variant]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        copied = setup.install_dsl_build(out, package, family)
+        outs[family] = out
+    return outs
+
+
+@pytest.fixture(scope="module")
+def package_build(setup_py, dsl_builds, tmp_path_factory):
+    """The :func:`dsl_builds` installed by setup.py's own install step into a package folder,
+    as FP8NCA_BUILD_DSL=1 does with every variant."""
+    package = tmp_path_factory.mktemp("package")
+    for family, out in dsl_builds.items():
+        arch, variant = SMALL_BUILDS[family]
+        copied = setup_py.install_dsl_build(out, package, family)
         assert copied[:2] == [f"libfp8nca_{family}.so", "build.json"]
         built = next(v for v in (*build.VARIANTS, *build.WGMMA_VARIANTS) if v.name == variant)
         assert len(copied) == 3 and copied[2].startswith(f"{arch}/{build.kernel_name(built)}/")
     return package
+
+
+@pytest.mark.parametrize("family", sorted(SMALL_BUILDS))
+def test_the_exported_kernel_takes_the_records_parameters(dsl_builds, family):
+    """The C wrapper ``export_to_c`` wrote for the variant takes the parameters of the
+    signature the DSL traced (dsl/common/entry.py generates it from the record): each field's
+    ``parameter`` name and C type, in order."""
+    (header,) = dsl_builds[family].glob(f"fp8nca_{family}_*_sm_*.h")
+    (prototype,) = re.findall(r"_wrapper\(\w+ \*module, ([^)]*)\)", header.read_text())
+    expected = [f"{launch.C_TYPES[f.kind]} {f.parameter}" for f in launch.fields(family)]
+    assert prototype.replace("*", "* ") == ", ".join(expected)
 
 
 @pytest.mark.parametrize("family", sorted(SMALL_BUILDS))
@@ -252,8 +280,8 @@ def test_every_variant_serves_every_page_size(page):
     [
         ("wgmma", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
         ("tcgen05", {"head_dim": 96}, "no built variant for head_dim 96 (built: 128, 256, 64)"),
-        ("wgmma", {"kv": torch.float8_e5m2}, "kv_dtype float8_e5m2 (built: float8_e4m3fn)"),
-        ("wgmma", {"kv": torch.bfloat16}, "kv_dtype bfloat16 (built: float8_e4m3fn)"),
+        ("wgmma", {"kv": torch.float8_e5m2}, "cache_dtype float8_e5m2 (built: float8_e4m3fn)"),
+        ("wgmma", {"kv": torch.bfloat16}, "cache_dtype bfloat16 (built: float8_e4m3fn)"),
         ("tcgen05", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 8}, "no built variant for page_size 8 (built: 16..256)"),
         ("wgmma", {"page": 512}, "no built variant for page_size 512 (built: 16..256)"),
@@ -762,10 +790,10 @@ def test_family_window_and_sinks_match_the_reference_on_its_gpu(
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
 
 
-# Every variant either family builds (wgmma's e5m2 table too, which `dsl.build --kv-dtype` adds):
+# Every variant either family builds (wgmma's e5m2 table too, which `dsl.build --cache-dtype` adds):
 # the GPU tests run each one the family's library holds.
 BUILT_VARIANTS = [pytest.param("tcgen05", v, id=v.name) for v in build.VARIANTS] + [
-    pytest.param("wgmma", v, id=v.name) for v in build.wgmma_variants(wgmma_traits.KV_DTYPES)
+    pytest.param("wgmma", v, id=v.name) for v in build.wgmma_variants(wgmma_traits.CACHE_DTYPES)
 ]
 ARCH_OF = {"tcgen05": tcgen05_traits.ARCHS[0], "wgmma": wgmma_traits.ARCHS[0]}
 
@@ -792,7 +820,7 @@ def test_every_built_variant_matches_the_reference_on_its_gpu(family, variant, n
     case = make_case(
         [q_len, max(1, q_len // 3), 2], [700, 37, 5], causal=[False, True, False],
         head_dim=variant.head_dim, query_dtype=getattr(torch, variant.q_dtype),
-        cache_dtype=getattr(torch, variant.kv_dtype), padded_rows=3, device="cuda",
+        cache_dtype=getattr(torch, variant.cache_dtype), padded_rows=3, device="cuda",
         seed=variant.rows + variant.head_dim,
     )  # fmt: skip
     problem = problem_of(case, window=window)

@@ -19,8 +19,6 @@ KERNELS = {
     "wgmma": ROOT / "dsl" / "wgmma" / "kernel.py",
     "tcgen05": ROOT / "dsl" / "tcgen05" / "kernel.py",
 }
-DSL_TYPES = {"ptr": "cute.Pointer", "i64": "cutlass.Int64", "i32": "cutlass.Int32",
-             "f32": "cutlass.Float32", "stream": "cuda.CUstream"}  # fmt: skip
 FAMILIES = ("wgmma", "tcgen05")
 
 
@@ -48,13 +46,31 @@ def entry_call() -> ast.FunctionDef:
 
 
 def test_the_shared_entry_takes_the_records_fields():
-    """``LaunchEntry.__call__`` (both families'): one parameter per field, in order, of the
-    field's DSL type; it packs the kernel's share with ``launch.kernel_args``."""
-    expected = [(f.parameter, DSL_TYPES[f.kind]) for f in launch.FIELDS]
+    """``LaunchEntry.__call__`` (both families'): the signature the DSL reads
+    (``inspect.signature`` of the function ``cute.jit`` wraps) is one parameter per field, in
+    order, of the field's DSL type; the function itself takes ``*values`` and packs the
+    kernel's share with ``launch.kernel_args``."""
+    pytest.importorskip("cutlass")
+    import inspect
+
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    from dsl.common import entry
+
+    dsl_types = {"ptr": cute.Pointer, "i64": cutlass.Int64, "i32": cutlass.Int32,
+                 "f32": cutlass.Float32, "stream": cuda.CUstream}  # fmt: skip
+    expected = [("self", inspect.Parameter.empty)]
+    expected += [(f.parameter, dsl_types[f.kind]) for f in launch.FIELDS]
+    for function in (entry.LaunchEntry.__call__, entry.LaunchEntry.__call__.__wrapped__):
+        taken = inspect.signature(function).parameters.values()
+        assert [(p.name, p.annotation) for p in taken] == expected
     call = entry_call()
-    assert parameters(call) == expected
+    assert not call.args.args[1:] and call.args.vararg.arg == "values"
+    assert [ast.unparse(d) for d in call.decorator_list] == ["takes_the_records_fields", "cute.jit"]
     source = ast.unparse(call)
-    assert "launch.kernel_args(self.family, locals())" in source
+    assert "launch.kernel_args(self.family, given)" in source
     assert "self.kernel(*self.kernel_objects(), args)" in source
 
 

@@ -129,8 +129,8 @@ def test_benchmark_figures_are_fractions_of_the_copy_measured_in_the_run(clean):
 
     # Every cache format of the grid has its own rows (the FP8 and per-token-head rows of a
     # shape do not overwrite each other).
-    kv_dtypes = {shape.kv_dtype for shape in shapes.grid()}
-    assert set(figures["rows"]) == {f"b32 q8 kv16384 {kv}" for kv in kv_dtypes}
+    kv_cache_dtypes = {shape.kv_cache_dtype for shape in shapes.grid()}
+    assert set(figures["rows"]) == {f"b32 q8 kv16384 {kv}" for kv in kv_cache_dtypes}
     for row in figures["rows"].values():
         assert set(row) == {"mma_sync", "wgmma", "triton", *driver.BENCHMARK_PEERS}
         assert all(0 < entry["frac_of_copy_bw"] <= 1 for entry in row.values())
@@ -153,9 +153,9 @@ def test_a_planted_hang_and_fault_leave_every_other_result(planted):
     assert "pytest: tests/test_plan.py::test_stub[triton]" in status["correctness"]["failing_tests"]
     figures = status["benchmark"]["figures"]
     assert status["benchmark"]["status"] == "passed"
-    for kv_dtype in ("fp8_e4m3", "fp8_per_token_head"):
-        assert "triton" not in figures["rows"][f"b32 q8 kv16384 {kv_dtype}"]
-        assert figures["skipped"][f"triton {kv_dtype}"].startswith("failed")
+    for kv_cache_dtype in ("fp8_e4m3", "fp8_per_token_head"):
+        assert "triton" not in figures["rows"][f"b32 q8 kv16384 {kv_cache_dtype}"]
+        assert figures["skipped"][f"triton {kv_cache_dtype}"].startswith("failed")
     assert status["accuracy"]["status"] == "passed"
     assert summary["failed_steps"] == ["smoke", "sanitize", "correctness"]
     assert len(list(out.iterdir())) <= plan.MAX_OUT_FILES

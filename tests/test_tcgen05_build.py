@@ -48,7 +48,7 @@ def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
     for entry in record["variants"]:
         cubin = out / entry["cubins"][0]
         variant = next(v for v in build.VARIANTS if v.name == entry["variant"])
-        assert sass_check.problems(cubin, variant.kv_dtype) == [], entry["symbol"]
+        assert sass_check.problems(cubin, variant.cache_dtype) == [], entry["symbol"]
         ops = sass_check.opcodes(cubin)
         # Per 128-wide head-dim slice: BMM2 is 128 x 128 fp16 in K steps of 16 -> 8 UTCHMMA,
         # BMM1 the k-steps covering the item's head dims (8, or 4 at head_dim 64; ptxas may
@@ -81,7 +81,7 @@ def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
     chosen = {}
     for b in dsl_families.read_build(out):
         if b.variant.head_dim == 128:
-            chosen.setdefault(b.variant.kv_dtype, b)
+            chosen.setdefault(b.variant.cache_dtype, b)
     assert set(chosen) == {"float8_e4m3fn", "float8_e5m2"}
     for b in chosen.values():
         roles, _, _ = dsl_families.family_roles(b.family, b.variant)
@@ -95,7 +95,7 @@ def test_sass_model_counts_one_copy_sequence_per_converter_item(built):
         for op, n in counts.opcodes.items():
             ops[op.split(".", 1)[0]] = ops.get(op.split(".", 1)[0], 0) + n
         assert (ops["LDGSTS"], ops["SHFL"], ops["LDSM"]) == (8, 8, 8), b.variant.name
-        if b.variant.kv_dtype == "float8_e5m2":
+        if b.variant.cache_dtype == "float8_e5m2":
             assert ops["PRMT"] == 64 and counts.per_pipe[pipes.CONVERSION] == 0, b.variant.name
         else:
             f2fp, prmt = 2 * (32 - T.INTEGER_CONVERTED_WORDS), 2 * T.INTEGER_CONVERTED_WORDS

@@ -194,8 +194,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
     k_str, v_str = kc.stride()[:3], vc.stride()[:3]
     bt = problem.block_table
     ring = np.zeros((T.LOAD_STAGES, L.KEY_TILE * L.ITEM_BYTES), np.uint8)
-    page_shift = problem.block_size.bit_length() - 1  # the launch's block_shift
-    num_cols = X.page_count(kv_len, page_shift)
+    block_shift = problem.block_size.bit_length() - 1
+    num_cols = X.page_count(kv_len, block_shift)
     converted = []
     for i in range(L.item_count(iters, d_tiles)):
         is_v, tile, dslice = L.item_of(i, iters, d_tiles, _select)
@@ -204,11 +204,11 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             (vbytes, v_str, vc.storage_offset()) if is_v else (kbytes, k_str, kc.storage_offset())
         )
         key0 = (first + tile) * L.KEY_TILE
-        col0, slot0 = L.tile_page_slot(key0, page_shift)
+        col0, slot0 = L.tile_page_slot(key0, block_shift)
         # Lane l of every converter warp reads the block table once per item.
         lane_pages = [
-            int(bt[seq, col0 + L.lane_page(lane, page_shift)])
-            if col0 + L.lane_page(lane, page_shift) < num_cols
+            int(bt[seq, col0 + L.lane_page(lane, block_shift)])
+            if col0 + L.lane_page(lane, block_shift) < num_cols
             else 0
             for lane in range(32)
         ]
@@ -223,8 +223,8 @@ def emulate_cta(problem, variant, seq, row_tile, kv_head, split, num_splits, kby
             )
             ring_thread = L.loader_ring_offset(t, 0)
             for step in range(L.LOADER_STEPS):
-                step_page, step_slot = L.loader_step_page_slot(step, page_shift)
-                page = lane_pages[step_page if L.pages_per_tile(page_shift) > 1 else t % 32]
+                step_page, step_slot = L.loader_step_page_slot(step, block_shift)
+                page = lane_pages[step_page if L.pages_per_tile(block_shift) > 1 else t % 32]
                 keep = L.loader_predicate(t, step, key0, first_key, kv_len, head_dim, not full)
                 if keep is not None and not keep:
                     continue
@@ -359,7 +359,7 @@ CASES = {
         q_lens=[16, 10], kv_lens=[300, 170], num_q_heads=8, num_kv_heads=2, block_size=16,
         causal=True, head_dim=256, rows=64, splits=2,
     ),
-    # page size 128 (a page per key tile; the run-time page_shift 7), e5m2, 128 rows (R = 80
+    # page size 128 (a page per key tile; the run-time block_shift 7), e5m2, 128 rows (R = 80
     # and 24), bidirectional, split 2
     "page128_e5m2_rows128_split2": dict(
         q_lens=[20, 6], kv_lens=[700, 129], num_q_heads=8, num_kv_heads=2, block_size=128,
@@ -431,11 +431,11 @@ def _k_and_v_swapped(i, iters, d_tiles, select):
     return not is_v, tile, dslice
 
 
-def _page_off_by_one(j, page_shift):
-    return (j >> page_shift) + 1, j & ((1 << page_shift) - 1)
+def _page_off_by_one(j, block_shift):
+    return (j >> block_shift) + 1, j & ((1 << block_shift) - 1)
 
 
-def _pages_per_tile_one(page_shift):
+def _pages_per_tile_one(block_shift):
     return 1
 
 
@@ -443,16 +443,16 @@ def _chunk_unswizzled(thread):
     return thread % (L.ITEM_BYTES // L.CHUNK)
 
 
-def _step_page_dropped(step, page_shift):
-    return 0, PLANTED_ORIGINALS["loader_step_page_slot"](step, page_shift)[1]
+def _step_page_dropped(step, block_shift):
+    return 0, PLANTED_ORIGINALS["loader_step_page_slot"](step, block_shift)[1]
 
 
-def _step_slot_dropped(step, page_shift):
-    return PLANTED_ORIGINALS["loader_step_page_slot"](step, page_shift)[0], 0
+def _step_slot_dropped(step, block_shift):
+    return PLANTED_ORIGINALS["loader_step_page_slot"](step, block_shift)[0], 0
 
 
-def _lane_page_shifted(lane, page_shift):
-    return (lane + 1) % L.pages_per_tile(page_shift)
+def _lane_page_shifted(lane, block_shift):
+    return (lane + 1) % L.pages_per_tile(block_shift)
 
 
 def _ring_rows_shifted(thread, step):

@@ -11,13 +11,14 @@ import torch
 
 from dsl import build
 from dsl.common import indexing as X
+from dsl.common.variant import BLOCK_SHIFTS
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
 
 
 def test_variant_table_covers_both_query_and_cache_dtypes_on_the_family_target():
     assert {v.q_dtype for v in build.VARIANTS} == {"bfloat16", "float16"}
-    assert {v.kv_dtype for v in build.VARIANTS} == set(T.KV_DTYPES)
+    assert {v.cache_dtype for v in build.VARIANTS} == set(T.CACHE_DTYPES)
     assert T.ARCHS == ("sm_100f",)  # one cubin for sm_100 (B200) and sm_103 (B300)
     names = [v.name for v in build.VARIANTS]
     assert len(set(names)) == len(names)
@@ -129,7 +130,7 @@ def test_head_dim_64_loader_fills_the_first_64_bytes_of_every_row_once():
         (dict(head_dim=96), "head_dim 96"),
         (dict(rows=12), "rows 12"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="bfloat16"), "dtypes"),
+        (dict(cache_dtype="bfloat16"), "dtypes"),
         (dict(head_dim=256, rows=256), "need 1088 TMEM columns > 512"),
         # Two S stages (256) + O (256) leave no column for a converted item; one S stage (the
         # only way to fit) is refused, never having been compiled.
@@ -161,26 +162,26 @@ def test_loader_ring_offset_is_the_swizzled_offset_of_its_row_and_chunk():
             assert L.loader_ring_offset(t, 0) + L.loader_ring_offset(0, s) == want, (t, s)
 
 
-@pytest.mark.parametrize("page_shift", L.PAGE_SHIFTS)
-def test_loader_pages_and_slots_are_those_of_its_rows(page_shift):
+@pytest.mark.parametrize("block_shift", BLOCK_SHIFTS)
+def test_loader_pages_and_slots_are_those_of_its_rows(block_shift):
     """Tile start + the step's (page, slot) + the thread's own slot = page_slot of the row; a
     step's page comes from the lane that read it. The copies' compile-time shift (a plain 0
     slot where a page holds no more than a tile) agrees with the run-time one the block-table
     reads use."""
-    page_size = 1 << page_shift
-    run_time_shift = np.int32(page_shift)  # not an int: the run-time formulas
+    page_size = 1 << block_shift
+    run_time_shift = np.int32(block_shift)  # not an int: the run-time formulas
     for key0 in range(0, 4 * page_size + 2 * L.KEY_TILE, L.KEY_TILE):
-        col0, slot0 = L.tile_page_slot(key0, page_shift)
+        col0, slot0 = L.tile_page_slot(key0, block_shift)
         assert (col0, slot0) == L.tile_page_slot(key0, run_time_shift)
         for t in range(128):
             for s in range(L.LOADER_STEPS):
-                step_page, step_slot = L.loader_step_page_slot(s, page_shift)
+                step_page, step_slot = L.loader_step_page_slot(s, block_shift)
                 got = (col0 + step_page, slot0 + step_slot + L.loader_row(t, 0))
                 assert got == X.page_slot(key0 + L.loader_row(t, s), page_size)
-                assert step_page < L.pages_per_tile(page_shift)
+                assert step_page < L.pages_per_tile(block_shift)
         read = {L.lane_page(lane, run_time_shift) for lane in range(32)}
-        assert read == set(range(L.pages_per_tile(page_shift)))
-        assert L.pages_per_tile(page_shift) == max(1, L.KEY_TILE // page_size)
+        assert read == set(range(L.pages_per_tile(block_shift)))
+        assert L.pages_per_tile(block_shift) == max(1, L.KEY_TILE // page_size)
 
 
 def _prmt(a, b, selector):

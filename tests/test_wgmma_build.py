@@ -63,7 +63,7 @@ def test_sass_has_hgmma_the_load_path_and_no_local_memory(built):
         assert sass_check.resource_usage(cubin)["REG"] <= variant.registers_per_thread["consumer"]
 
 
-# Beyond the default table (e4m3), built on request (--kv-dtype): the e5m2 conversion at the
+# Beyond the default table (e4m3), built on request (--cache-dtype): the e5m2 conversion at the
 # register-tight 128-row producer (setmaxnreg 104). Compiled only (about 15 s), not linked. The
 # page size is a run-time argument: every variant above runs pages of 16..256.
 EXTRA = (T.Variant(128, 2, "bfloat16", "float8_e5m2"),)

@@ -90,15 +90,15 @@ def test_wgmma_reader_is_the_kernels_operand_map(rows, head_dim):
     assert np.array_equal(wgmma_byte_offset(r, d, rows), L.operand_offset(r, d, rows))
 
 
-def page_shift(problem) -> int:
-    """The kernel's run-time ``page_shift`` argument (dsl_families.launch_arguments)."""
+def block_shift(problem) -> int:
+    """The kernel's run-time ``block_shift`` argument (dsl_families.launch_arguments)."""
     return problem.block_size.bit_length() - 1
 
 
 def tile_pages(problem, variant, seq, key0, kv_len):
     """The page id every producer lane holds for the key tile at key0 (read_tile_pages): lane
     l reads the tile's page lane_page(l), or holds 0 past the sequence's last page."""
-    shift = page_shift(problem)
+    shift = block_shift(problem)
     col0, _ = L.tile_page_slot(key0, shift)
     num_cols = X.page_count(kv_len, shift)
     pages = np.zeros(32, np.int64)
@@ -116,7 +116,7 @@ def copy_item(problem, variant, seq, kv_head, key0, first_key, kv_len, cache_byt
     from the lane that read it (a shuffle), the thread's and the step's page/slot parts, the
     thread's chunk at staging_offset; ``checked`` (the prologue, a tile not wholly loaded)
     stores zeros instead for rows outside [first_key, kv_len) (indexing.key_loaded)."""
-    kt, d, shift = variant.key_tile, variant.head_dim, page_shift(problem)
+    kt, d, shift = variant.key_tile, variant.head_dim, block_shift(problem)
     strides, base = cache.stride()[:3], cache.storage_offset()
     pages = tile_pages(problem, variant, seq, key0, kv_len)  # the same in every warp
     _, slot0 = L.tile_page_slot(key0, shift)
@@ -396,8 +396,8 @@ def _no_swizzle(row, dim, rows):
     return 2 * (block * rows * L.SW128_ELEMS + row * L.SW128_ELEMS + dim % L.SW128_ELEMS)
 
 
-def _slot_in_half_page(j, page_shift):
-    return j >> page_shift, j & ((1 << (page_shift - 1)) - 1)
+def _slot_in_half_page(j, block_shift):
+    return j >> block_shift, j & ((1 << (block_shift - 1)) - 1)
 
 
 # Relabelings that the kernel applies consistently on both sides (a bijective change of which
@@ -414,23 +414,23 @@ def _q_rows_overlap(thread, step, head_dim):
     return ORIGINAL["q_row"](thread, step // 2 * 2, head_dim)
 
 
-def _lane_reads_next_page(lane, key_tile, page_shift):
-    return (lane + 1) % L.pages_per_tile(key_tile, page_shift)
+def _lane_reads_next_page(lane, key_tile, block_shift):
+    return (lane + 1) % L.pages_per_tile(key_tile, block_shift)
 
 
-def _step_slot_dropped(step, head_dim, page_shift):
-    return ORIGINAL["loader_step_page_slot"](step, head_dim, page_shift)[0], 0
+def _step_slot_dropped(step, head_dim, block_shift):
+    return ORIGINAL["loader_step_page_slot"](step, head_dim, block_shift)[0], 0
 
 
-def _thread_page_dropped(thread, head_dim, page_shift):
-    return 0, ORIGINAL["loader_thread_page_slot"](thread, head_dim, page_shift)[1]
+def _thread_page_dropped(thread, head_dim, block_shift):
+    return 0, ORIGINAL["loader_thread_page_slot"](thread, head_dim, block_shift)[1]
 
 
-def _tile_slot_dropped(key0, page_shift):
-    return key0 >> page_shift, 0
+def _tile_slot_dropped(key0, block_shift):
+    return key0 >> block_shift, 0
 
 
-def _tile_spans_one_page(key_tile, page_shift):
+def _tile_spans_one_page(key_tile, block_shift):
     return 1
 
 

@@ -8,6 +8,7 @@ import torch
 
 from dsl import build
 from dsl.common import indexing as X
+from dsl.common.variant import BLOCK_SHIFTS
 from dsl.wgmma import layouts as L
 from dsl.wgmma import traits as T
 from fp8_noncausal_attn.masking import visible_range
@@ -23,9 +24,9 @@ def test_variant_table_covers_both_query_dtypes_and_is_buildable():
 
 
 def test_e5m2_builds_on_request_and_names_carry_no_page_size():
-    """``--kv-dtype`` widens the table: both FP8 caches are buildable variants, named by their
+    """``--cache-dtype`` widens the table: both FP8 caches are buildable variants, named by their
     cache dtype; the page size is the kernel's run-time argument, so no name carries one."""
-    table = build.wgmma_variants(T.KV_DTYPES)
+    table = build.wgmma_variants(T.CACHE_DTYPES)
     assert len(table) == 2 * len(build.WGMMA_VARIANTS)
     assert build.wgmma_variants() == build.WGMMA_VARIANTS
     for v in table:
@@ -69,7 +70,7 @@ def test_shared_memory_and_register_budget(
         (dict(head_dim=96), "head_dim 96"),
         (dict(consumers=3), "consumers 3"),
         (dict(q_dtype="float32"), "dtypes"),
-        (dict(kv_dtype="float8_e4m3fnuz"), "dtypes"),
+        (dict(cache_dtype="float8_e4m3fnuz"), "dtypes"),
     ],
 )
 def test_unbuildable_variants_are_refused(kwargs, message):
@@ -136,37 +137,34 @@ def test_q_loader_writes_every_chunk_of_the_q_tile_once(head_dim):
     assert seen == list(range(0, 64 * head_dim * 2, L.CHUNK))
 
 
-PAGE_SHIFTS = (4, 5, 6, 7, 8)  # pages of 16..256 keys: the kernel's run-time page_shift
-
-
 def test_run_time_page_maps_are_division_by_the_page_size():
     """page_slot_of / page_count (shifts and a mask: what the kernel runs with a run-time page
     size) equal division by the page size for every key, sequence length and page size."""
     j = np.arange(5000)
-    for shift in PAGE_SHIFTS:
+    for shift in BLOCK_SHIFTS:
         col, slot = X.page_slot_of(j, shift)
         assert np.array_equal(col, j // 2**shift) and np.array_equal(slot, j % 2**shift)
         assert np.array_equal(X.page_count(j, shift), -(-j // 2**shift))
 
 
 @pytest.mark.parametrize("head_dim", T.HEAD_DIMS)
-@pytest.mark.parametrize("page_shift", PAGE_SHIFTS)
-def test_producer_page_and_slot_parts_add_up_to_the_rows_page_and_slot(head_dim, page_shift):
+@pytest.mark.parametrize("block_shift", BLOCK_SHIFTS)
+def test_producer_page_and_slot_parts_add_up_to_the_rows_page_and_slot(head_dim, block_shift):
     """The producer's row address is the tile's first (column, slot), plus the thread's part
     (computed once), plus the step's (uniform): together, the (column, slot) of the key it
     loads, for every thread, step and tile start; the page comes from a lane of its own warp
     that read exactly that column."""
-    page_size = 2**page_shift
+    page_size = 2**block_shift
     key_tile = T.Variant(head_dim, 1, "float16").key_tile
-    lanes = [L.lane_page(lane, key_tile, page_shift) for lane in range(32)]
+    lanes = [L.lane_page(lane, key_tile, block_shift) for lane in range(32)]
     for key0 in range(0, 4 * max(page_size, key_tile), key_tile):
-        col0, slot0 = L.tile_page_slot(key0, page_shift)
+        col0, slot0 = L.tile_page_slot(key0, block_shift)
         for t in range(L.WARPGROUP):
             for step in range(L.loader_steps(key_tile, head_dim)):
-                page, slot = L.loader_page_slot(t, step, head_dim, page_shift)
+                page, slot = L.loader_page_slot(t, step, head_dim, block_shift)
                 j = key0 + L.loader_row(t, step, head_dim)
                 assert (col0 + lanes[page], slot0 + slot) == (j // page_size, j % page_size)
-                assert page < L.pages_per_tile(key_tile, page_shift) <= 32
+                assert page < L.pages_per_tile(key_tile, block_shift) <= 32
 
 
 @pytest.mark.parametrize("head_dim", T.HEAD_DIMS)

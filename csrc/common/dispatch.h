@@ -33,10 +33,10 @@
 // Cache dtype under query type QT -> constant KV: FP8 (e4m3, e5m2), or the query's own 16-bit
 // dtype. Converting bf16 keys to fp16 could overflow, so a 16-bit cache of the other dtype is
 // not compiled (the CUDA backend refuses it; Triton runs it with fp32 dots).
-#define FP8NCA_DISPATCH_CACHE(kv_dtype, QT, KV, ...)                                        \
+#define FP8NCA_DISPATCH_CACHE(cache_dtype, QT, KV, ...)                                        \
   {                                                                                        \
     constexpr int kOwn16 = std::is_same_v<QT, __half> ? ::fp8nca::kFP16 : ::fp8nca::kBF16; \
-    switch (kv_dtype) {                                                                    \
+    switch (cache_dtype) {                                                                    \
       FP8NCA_CACHE_CASE(::fp8nca::kE4M3, KV, __VA_ARGS__)                                  \
       FP8NCA_CACHE_CASE(::fp8nca::kE5M2, KV, __VA_ARGS__)                                  \
       FP8NCA_CACHE_CASE(kOwn16, KV, __VA_ARGS__)                                           \
@@ -46,8 +46,8 @@
 
 // Cache dtype of a per-token-head cache -> constant KV: the 1-byte formats vLLM's
 // fp8_per_token_head (e4m3, e5m2) and int8_per_token_head caches hold.
-#define FP8NCA_DISPATCH_TOKEN_SCALED_CACHE(kv_dtype, KV, ...) \
-  switch (kv_dtype) {                                         \
+#define FP8NCA_DISPATCH_TOKEN_SCALED_CACHE(cache_dtype, KV, ...) \
+  switch (cache_dtype) {                                         \
     FP8NCA_CACHE_CASE(::fp8nca::kE4M3, KV, __VA_ARGS__)       \
     FP8NCA_CACHE_CASE(::fp8nca::kE5M2, KV, __VA_ARGS__)       \
     FP8NCA_CACHE_CASE(::fp8nca::kI8, KV, __VA_ARGS__)         \

@@ -8,32 +8,32 @@ namespace fp8nca {
 namespace {
 
 cudaError_t launch_mma_sync(const AttnParams& p, dim3 grid, int head_dim, int block_m,
-                            int q_dtype, int kv_dtype, cudaStream_t stream, int* ctas) {
+                            int q_dtype, int cache_dtype, cudaStream_t stream, int* ctas) {
   switch (head_dim) {
-    case 64: return mma_sync::launch_d64(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
-    case 128: return mma_sync::launch_d128(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
-    case 256: return mma_sync::launch_d256(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
+    case 64: return mma_sync::launch_d64(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
+    case 128: return mma_sync::launch_d128(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
+    case 256: return mma_sync::launch_d256(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
     default: return cudaErrorInvalidValue;
   }
 }
 
 // The per-token-head kernels.
 cudaError_t launch_mma_sync_pth(const AttnParams& p, dim3 grid, int head_dim, int block_m,
-                                int q_dtype, int kv_dtype, cudaStream_t stream, int* ctas) {
+                                int q_dtype, int cache_dtype, cudaStream_t stream, int* ctas) {
   switch (head_dim) {
     case 64:
-      return mma_sync::launch_d64_pth(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
+      return mma_sync::launch_d64_pth(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
     case 128:
-      return mma_sync::launch_d128_pth(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
+      return mma_sync::launch_d128_pth(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
     case 256:
-      return mma_sync::launch_d256_pth(p, grid, block_m, q_dtype, kv_dtype, stream, ctas);
+      return mma_sync::launch_d256_pth(p, grid, block_m, q_dtype, cache_dtype, stream, ctas);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
+cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int cache_dtype,
                              float* lse, cudaStream_t stream) {
   if (p.num_splits != plan.num_splits) return cudaErrorInvalidValue;
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
@@ -43,10 +43,10 @@ cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype,
   if (plan.num_splits == 1) launched.ws_lse = lse;
   cudaError_t err = cudaErrorInvalidValue;
   if (p.scale_mode == kScalePerTokenHead) {
-    err = launch_mma_sync_pth(launched, grid, p.head_dim, plan.block_m, q_dtype, kv_dtype, stream,
+    err = launch_mma_sync_pth(launched, grid, p.head_dim, plan.block_m, q_dtype, cache_dtype, stream,
                               nullptr);
   } else if (p.scale_mode == kScalePerHead) {
-    err = launch_mma_sync(launched, grid, p.head_dim, plan.block_m, q_dtype, kv_dtype, stream,
+    err = launch_mma_sync(launched, grid, p.head_dim, plan.block_m, q_dtype, cache_dtype, stream,
                           nullptr);
   }
   if (err == cudaSuccess && plan.num_splits > 1) {
@@ -55,14 +55,14 @@ cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype,
   return err;
 }
 
-cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int kv_dtype, int* ctas) {
+cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int cache_dtype, int* ctas) {
   // An int8 cache has per-token-head kernels only; an FP8 one's take the same registers,
   // threads and shared memory per CTA under the same launch bounds as its per-head kernel.
-  if (kv_dtype == kI8) {
-    return launch_mma_sync_pth(AttnParams{}, dim3(1), head_dim, block_m, q_dtype, kv_dtype,
+  if (cache_dtype == kI8) {
+    return launch_mma_sync_pth(AttnParams{}, dim3(1), head_dim, block_m, q_dtype, cache_dtype,
                                nullptr, ctas);
   }
-  return launch_mma_sync(AttnParams{}, dim3(1), head_dim, block_m, q_dtype, kv_dtype, nullptr,
+  return launch_mma_sync(AttnParams{}, dim3(1), head_dim, block_m, q_dtype, cache_dtype, nullptr,
                          ctas);
 }
 

@@ -15,11 +15,11 @@ namespace fp8nca {
 // read ts's scale strides). A non-null `lse` (fp32 [num_tokens, num_q_heads], contiguous)
 // receives each row's natural-log LSE in the same passes: from the attention kernel's epilogue
 // when unsplit, from the merge when split. No host synchronisation.
-cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int kv_dtype,
+cudaError_t launch_attention(const Plan& plan, const AttnParams& p, int q_dtype, int cache_dtype,
                              float* lse, cudaStream_t stream);
 
 // CTAs of the kernel for (head_dim, tile of block_m rows, dtypes) resident on one SM of the
 // current device.
-cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int kv_dtype, int* ctas);
+cudaError_t ctas_per_sm(int head_dim, int block_m, int q_dtype, int cache_dtype, int* ctas);
 
 }  // namespace fp8nca

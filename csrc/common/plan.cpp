@@ -6,9 +6,9 @@
 
 namespace fp8nca {
 
-int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head) {
+int block_m_for(int head_dim, int cache_dtype, int64_t rows_per_kv_head) {
   const bool wide =
-      rows_per_kv_head > mma_sync::kBlockM && cache_bytes(kv_dtype) == 1 && head_dim == 128;
+      rows_per_kv_head > mma_sync::kBlockM && cache_bytes(cache_dtype) == 1 && head_dim == 128;
   return wide ? mma_sync::kBlockMWide : mma_sync::kBlockM;
 }
 
@@ -71,9 +71,9 @@ int plan_splits(const PlanInput& in, int block_m, int block_n) {
 }
 
 Plan make_plan(const PlanInput& in) {
-  const int block_m = block_m_for(in.head_dim, in.kv_dtype, rows_per_kv_head(in));
+  const int block_m = block_m_for(in.head_dim, in.cache_dtype, rows_per_kv_head(in));
   const mma_sync::TileShape shape =
-      mma_sync::tile_shape(in.head_dim, cache_bytes(in.kv_dtype), block_m);
+      mma_sync::tile_shape(in.head_dim, cache_bytes(in.cache_dtype), block_m);
   Plan plan{};
   plan.block_m = shape.block_m;
   plan.block_n = shape.block_n;

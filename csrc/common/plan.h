@@ -25,7 +25,7 @@ constexpr double kWaveFill = 0.9;
 
 struct PlanInput {
   int num_seqs = 0, num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
-  int kv_dtype = kE4M3;
+  int cache_dtype = kE4M3;
   int max_seqlen_q = 0, max_seqlen_k = 0;
   // The sliding window (-1 = unbounded side) and whether every sequence is causal (a launch-wide
   // flag; per-sequence flags live on the device, so a plan assumes bidirectional): the split
@@ -51,7 +51,7 @@ struct Plan {
 // so one CTA (8 warps) per SM where the 64-row tile keeps three (12 warps), and it would add
 // ~5% to the build; head_dim 256's would not fit the 99 KB of shared memory of sm_89 / sm_120;
 // 16-bit caches have no dequantisation to share.
-int block_m_for(int head_dim, int kv_dtype, int64_t rows_per_kv_head);
+int block_m_for(int head_dim, int cache_dtype, int64_t rows_per_kv_head);
 
 // The split count the planner picks: 1 unless (sequences x KV heads x M tiles) CTAs leave the
 // resident slots underused, else the fewest splits filling whole waves to kWaveFill.

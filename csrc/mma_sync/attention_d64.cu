@@ -8,9 +8,9 @@
 
 namespace fp8nca::mma_sync {
 
-cudaError_t launch_d64(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int kv_dtype,
+cudaError_t launch_d64(const AttnParams& p, dim3 grid, int block_m, int q_dtype, int cache_dtype,
                        cudaStream_t stream, int* ctas_per_sm) {
-  FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_CACHE(kv_dtype, QT, KV, {
+  FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_CACHE(cache_dtype, QT, KV, {
     return launch_tile<64, QT, KV>(p, grid, block_m, stream, ctas_per_sm);
   }))
 }

@@ -7,8 +7,8 @@
 namespace fp8nca::mma_sync {
 
 cudaError_t launch_d64_pth(const AttnParams& p, dim3 grid, int block_m, int q_dtype,
-                           int kv_dtype, cudaStream_t stream, int* ctas_per_sm) {
-  FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_TOKEN_SCALED_CACHE(kv_dtype, KV, {
+                           int cache_dtype, cudaStream_t stream, int* ctas_per_sm) {
+  FP8NCA_DISPATCH_QUERY(q_dtype, QT, FP8NCA_DISPATCH_TOKEN_SCALED_CACHE(cache_dtype, KV, {
     return launch_tile<64, QT, KV, true>(p, grid, block_m, stream, ctas_per_sm);
   }))
 }

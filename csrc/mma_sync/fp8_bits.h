@@ -15,44 +15,44 @@ namespace fp8nca::mma_sync {
 
 // Whether the kernel dequantises K by bit moves (and stores it in bf16_k_dim order) for this
 // query and cache dtype.
-FP8NCA_HD constexpr bool bit_dequant_k(int q_dtype, int kv_dtype) {
-  return q_dtype == kBF16 && (kv_dtype == kE4M3 || kv_dtype == kE5M2);
+FP8NCA_HD constexpr bool bit_dequant_k(int q_dtype, int cache_dtype) {
+  return q_dtype == kBF16 && (cache_dtype == kE4M3 || cache_dtype == kE5M2);
 }
 
 // Right shift that moves an FP8 byte's exponent and mantissa bits (below its sign) to the low
 // exponent bits and top mantissa bits of a bf16 whose sign is the byte's sign.
-FP8NCA_HD constexpr int fp8_to_bf16_shift(int kv_dtype) { return kv_dtype == kE4M3 ? 4 : 3; }
+FP8NCA_HD constexpr int fp8_to_bf16_shift(int cache_dtype) { return cache_dtype == kE4M3 ? 4 : 3; }
 
 // The FP8 bytes in the high byte of each 16-bit half of q, as bf16x2 bits of the value times
 // 2^-(127 - bias) (e4m3: bias 7, 2^-120; e5m2: bias 15, 2^-112): an FP8 subnormal becomes a bf16
 // subnormal of the same scaled value, so one multiply by 2^(127 - bias) (fp8_to_bf16_scale)
 // restores the FP8 value exactly. Inf and NaN bytes come out finite: callers test
 // fp8x4_special_bits first.
-FP8NCA_HD constexpr uint32_t fp8_high_bytes_to_bf16x2_scaled(uint32_t q, int kv_dtype) {
-  return (q & 0x80008000u) | ((q & 0x7f007f00u) >> fp8_to_bf16_shift(kv_dtype));
+FP8NCA_HD constexpr uint32_t fp8_high_bytes_to_bf16x2_scaled(uint32_t q, int cache_dtype) {
+  return (q & 0x80008000u) | ((q & 0x7f007f00u) >> fp8_to_bf16_shift(cache_dtype));
 }
 
 // The four FP8 bytes b0..b3 (low first) of w as two scaled bf16x2 words: even = (b0, b2),
 // odd = (b1, b3). Stored even then odd, head dims 4m + {0, 2, 1, 3} land at positions
 // 4m + {0, 1, 2, 3} of the 16-bit row (bf16_k_dim).
-FP8NCA_HD constexpr uint32_t fp8x4_even_to_bf16x2_scaled(uint32_t w, int kv_dtype) {
-  return fp8_high_bytes_to_bf16x2_scaled(w << 8, kv_dtype);
+FP8NCA_HD constexpr uint32_t fp8x4_even_to_bf16x2_scaled(uint32_t w, int cache_dtype) {
+  return fp8_high_bytes_to_bf16x2_scaled(w << 8, cache_dtype);
 }
-FP8NCA_HD constexpr uint32_t fp8x4_odd_to_bf16x2_scaled(uint32_t w, int kv_dtype) {
-  return fp8_high_bytes_to_bf16x2_scaled(w, kv_dtype);
+FP8NCA_HD constexpr uint32_t fp8x4_odd_to_bf16x2_scaled(uint32_t w, int cache_dtype) {
+  return fp8_high_bytes_to_bf16x2_scaled(w, cache_dtype);
 }
 
 // 2^(127 - bias) as a bf16 pair (exponent field 247 for e4m3, 239 for e5m2): the multiplier of
 // the scaled words.
-FP8NCA_HD constexpr uint32_t fp8_to_bf16_scale(int kv_dtype) {
-  return kv_dtype == kE4M3 ? 0x7b807b80u : 0x77807780u;
+FP8NCA_HD constexpr uint32_t fp8_to_bf16_scale(int cache_dtype) {
+  return cache_dtype == kE4M3 ? 0x7b807b80u : 0x77807780u;
 }
 
 // Nonzero when a byte of w is special: an e4m3 NaN (magnitude 0x7f), an e5m2 Inf or NaN
 // (magnitude >= 0x7c). Adding the distance to 0x80 to each 7-bit magnitude carries into bit 7
 // exactly for those, never into the next byte.
-FP8NCA_HD constexpr uint32_t fp8x4_special_bits(uint32_t w, int kv_dtype) {
-  return ((w & 0x7f7f7f7fu) + (kv_dtype == kE4M3 ? 0x01010101u : 0x04040404u)) & 0x80808080u;
+FP8NCA_HD constexpr uint32_t fp8x4_special_bits(uint32_t w, int cache_dtype) {
+  return ((w & 0x7f7f7f7fu) + (cache_dtype == kE4M3 ? 0x01010101u : 0x04040404u)) & 0x80808080u;
 }
 
 // e5m2 is the high byte of an IEEE fp16 (1 sign, 5 exponent, 2 mantissa bits, the same bias):

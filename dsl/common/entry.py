@@ -1,9 +1,16 @@
 """The host entry both DSL families share: ``__call__`` takes the launch record's fields
-(fp8_noncausal_attn/launch_record.py through dsl/common/launch.py; tests/test_dsl_launch.py
-checks this signature against it), packs the ones
-the kernel reads into the family's :data:`launch.KERNEL_ARGS` tuple and launches the family's
-``kernel`` over the grid (row tiles, KV heads, sequences x splits)."""
+(fp8_noncausal_attn/launch_record.py through dsl/common/launch.py), packs the ones the kernel
+reads into the family's :data:`launch.KERNEL_ARGS` tuple and launches the family's ``kernel``
+over the grid (row tiles, KV heads, sequences x splits).
 
+Its parameter list is generated from the record, not written out: ``cute.jit`` reads the
+parameters (names and DSL types) of the function it wraps with ``inspect.signature``, which
+returns a ``__signature__`` the function carries, and calls that function with the arguments
+bound to it, in order. So ``__call__`` is written over ``*values`` and
+:func:`takes_the_records_fields` gives the wrapped function the record's signature; the DSL
+traces, compiles and exports (``export_to_c``: the C prototype's names) that signature."""
+
+import inspect
 import math
 
 import cuda.bindings.driver as cuda
@@ -13,6 +20,29 @@ import cutlass.cute as cute
 from dsl.common import launch
 
 LOG2_E = math.log2(math.e)
+# The DSL type of each record field kind (launch_record.Field.kind).
+DSL_TYPES = {"ptr": cute.Pointer, "i64": cutlass.Int64, "i32": cutlass.Int32,
+             "f32": cutlass.Float32, "stream": cuda.CUstream}  # fmt: skip
+
+
+def entry_signature() -> inspect.Signature:
+    """``(self, q_ptr: cute.Pointer, ..., stream: cuda.CUstream)``: one positional parameter
+    per field of :data:`launch.FIELDS`, in order, named ``Field.parameter``, of its kind's DSL
+    type."""
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([
+        inspect.Parameter("self", positional),
+        *(inspect.Parameter(f.parameter, positional, annotation=DSL_TYPES[f.kind])
+          for f in launch.FIELDS),
+    ])  # fmt: skip
+
+
+def takes_the_records_fields(jit_function):
+    """Give the function ``cute.jit`` wrapped (``__wrapped__``: the one the DSL reads the
+    signature of and traces) :func:`entry_signature`. Applied above ``@cute.jit``, which must
+    be the innermost decorator of a function the DSL preprocesses."""
+    jit_function.__wrapped__.__signature__ = entry_signature()
+    return jit_function
 
 
 class LaunchEntry:
@@ -23,57 +53,17 @@ class LaunchEntry:
     family: str
     threads: int
 
+    @takes_the_records_fields
     @cute.jit
-    def __call__(
-        self,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        out_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        cu_seqlens_q_ptr: cute.Pointer,
-        seq_lens_ptr: cute.Pointer,
-        k_scale_ptr: cute.Pointer,
-        v_scale_ptr: cute.Pointer,
-        causal_per_seq_ptr: cute.Pointer,
-        sinks_ptr: cute.Pointer,
-        ws_o_ptr: cute.Pointer,
-        ws_lse_ptr: cute.Pointer,
-        q_stride_t: cutlass.Int64,
-        q_stride_h: cutlass.Int64,
-        o_stride_t: cutlass.Int64,
-        o_stride_h: cutlass.Int64,
-        k_stride_b: cutlass.Int64,
-        k_stride_s: cutlass.Int64,
-        k_stride_h: cutlass.Int64,
-        v_stride_b: cutlass.Int64,
-        v_stride_s: cutlass.Int64,
-        v_stride_h: cutlass.Int64,
-        bt_stride_s: cutlass.Int64,
-        bt_stride_b: cutlass.Int64,
-        cu_stride: cutlass.Int64,
-        sl_stride: cutlass.Int64,
-        causal_stride: cutlass.Int64,
-        causal_bytes: cutlass.Int32,
-        num_tokens: cutlass.Int32,
-        num_seqs: cutlass.Int32,
-        num_q_heads: cutlass.Int32,
-        num_kv_heads: cutlass.Int32,
-        block_shift: cutlass.Int32,
-        num_splits: cutlass.Int32,
-        causal: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        softmax_scale: cutlass.Float32,
-        row_tiles: cutlass.Int32,
-        q_is_bf16: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        scale_log2 = softmax_scale * LOG2_E  # the kernels run the softmax in log2 units
-        args = launch.kernel_args(self.family, locals())
+    def __call__(self, *values):
+        given = dict(zip((f.parameter for f in launch.FIELDS), values, strict=True))
+        # The kernels run the softmax in log2 units.
+        given["scale_log2"] = given["softmax_scale"] * LOG2_E
+        args = launch.kernel_args(self.family, given)
         self.kernel(*self.kernel_objects(), args).launch(
-            grid=(row_tiles, num_kv_heads, num_seqs * num_splits),
+            grid=(given["row_tiles"], given["num_kv_heads"],
+                  given["num_seqs"] * given["num_splits"]),
             block=[self.threads, 1, 1],
             cluster=[1, 1, 1],
-            stream=stream,
-        )
+            stream=given["stream"],
+        )  # fmt: skip

@@ -56,15 +56,15 @@ def page_slot(j, page_size):
     return j // page_size, j % page_size
 
 
-def page_slot_of(j, page_shift):
-    """(block-table column, slot in the page) of key j for pages of ``2^page_shift`` keys: a
+def page_slot_of(j, block_shift):
+    """(block-table column, slot in the page) of key j for pages of ``2^block_shift`` keys: a
     run-time page size, so shifts and a mask, no division."""
-    return j >> page_shift, j & ((1 << page_shift) - 1)
+    return j >> block_shift, j & ((1 << block_shift) - 1)
 
 
-def page_count(kv_len, page_shift):
-    """Block-table columns that hold keys 0..kv_len - 1 (pages of ``2^page_shift`` keys)."""
-    return (kv_len + (1 << page_shift) - 1) >> page_shift
+def page_count(kv_len, block_shift):
+    """Block-table columns that hold keys 0..kv_len - 1 (pages of ``2^block_shift`` keys)."""
+    return (kv_len + (1 << block_shift) - 1) >> block_shift
 
 
 def key_offset(page, slot, kv_head, stride_block, stride_slot, stride_head):

@@ -5,10 +5,11 @@ From the record's fields of a DSL family come: the C prototype of ``fp8nca_<fami
 arguments each variant's entry forwards to its kernel (dsl/build.py writes both into the
 library's C entry, with the record's hash), the fake arguments ``cute.compile`` traces the kernels
 with, and the argument list the library reports (``fp8nca_<family>_arguments()``), from which the
-package builds its ctypes call (fp8_noncausal_attn/backends/cuda/dsl.py). The kernels' ``__call__``
-parameters, the arguments ``__call__`` passes its ``kernel`` and the ``kernel``'s parameters are
-checked against it (tests/test_dsl_launch.py): a pointer field ``x`` is the parameter ``x_ptr``,
-any other field keeps its name unless ``kernel_as`` renames it in ``kernel``.
+package builds its ctypes call (fp8_noncausal_attn/backends/cuda/dsl.py), the parameters of the
+kernels' ``__call__`` (dsl/common/entry.py generates its signature from :data:`FIELDS`) and the
+tuple ``__call__`` passes its ``kernel``. The ``kernel``'s parameters are checked against it
+(tests/test_dsl_launch.py): a pointer field ``x`` is the parameter ``x_ptr``, any other field
+keeps its name unless ``kernel_as`` renames it in ``kernel``.
 
 Pure Python (no DSL import): the package build and the tests read it without the DSL.
 """

@@ -18,6 +18,7 @@ from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 from dsl.common import indexing as X
 from dsl.common import precision as P
 from dsl.common.kernel_reads import read_page_id
+from dsl.common.variant import BLOCK_SHIFTS
 from dsl.common.work import CtaWork
 from dsl.tcgen05 import layouts as L
 from dsl.tcgen05 import traits as T
@@ -98,7 +99,7 @@ class ConvertRole:
         v = self.v
         d_tiles = v.d_tiles
         mma_dtype = self.mma_dtype
-        kv_dtype = self.kv_dtype
+        cache_dtype = self.cache_dtype
 
         # ---- zero the ring once: rows outside [first_key, kv_len) are never copied, and must
         # hold finite values (P is 0 there, and 0 x NaN would poison O).
@@ -150,7 +151,7 @@ class ConvertRole:
         k_cvt_shape = thr_store_k.partition_S(tAtK).shape[:-1]
         tKtK = thr_store_k.partition_D(tAtK)
         load_k = cute.make_tiled_copy_S(
-            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x16x8bOp(num_matrices=4), kv_dtype),
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x16x8bOp(num_matrices=4), cache_dtype),
             store_k,
         )
         thr_load_k = load_k.get_slice(wg_tidx)
@@ -163,7 +164,7 @@ class ConvertRole:
         tVtV = thr_store_v.partition_D(tAtV)
         load_v = cute.make_tiled_copy_S(
             cute.make_copy_atom(
-                cute.nvgpu.warp.LdMatrix16x16x8bOp(transpose=True, num_matrices=2), kv_dtype
+                cute.nvgpu.warp.LdMatrix16x16x8bOp(transpose=True, num_matrices=2), cache_dtype
             ),
             store_v,
         )
@@ -172,7 +173,7 @@ class ConvertRole:
         v_raw_shape = thr_load_v.partition_D(tAsV).shape[:-1]
 
         copy16 = cute.make_copy_atom(
-            cute.nvgpu.cpasync.CopyG2SOp(), kv_dtype, num_bits_per_copy=128
+            cute.nvgpu.cpasync.CopyG2SOp(), cache_dtype, num_bits_per_copy=128
         )
         total = L.item_count(work.iters, d_tiles)
         lookahead = T.LOAD_STAGES - 1
@@ -193,7 +194,7 @@ class ConvertRole:
         # one 32 x 32 -> 64-bit multiply-add, and offsets inside a page stay 32-bit.
         k_block, k_slot = args.k_stride_b.to(cutlass.Int32), args.k_stride_s.to(cutlass.Int32)
         v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
-        ring_thread = cute.recast_ptr(ring, dtype=kv_dtype) + cute.assume(
+        ring_thread = cute.recast_ptr(ring, dtype=cache_dtype) + cute.assume(
             L.loader_ring_offset(wg_tidx, 0), divby=L.CHUNK
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
@@ -259,7 +260,7 @@ class ConvertRole:
             stage = i % T.LOAD_STAGES
             is_v, _, _ = L.item_of(i, work.iters, d_tiles, cutlass.select_)
             if is_v:
-                raw = cute.make_rmem_tensor(v_raw_shape, kv_dtype)
+                raw = cute.make_rmem_tensor(v_raw_shape, cache_dtype)
                 cute.copy(thr_load_v, tVsV[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(v_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, v_cvt_shape)
@@ -270,7 +271,7 @@ class ConvertRole:
                 tcgen05_fence("before_thread_sync")  # the stores before the MMA thread's wait
                 handle.commit()
             else:
-                raw = cute.make_rmem_tensor(k_raw_shape, kv_dtype)
+                raw = cute.make_rmem_tensor(k_raw_shape, cache_dtype)
                 cute.copy(thr_load_k, tKsK[CPY + (stage,)], raw)
                 cvt = cute.make_rmem_tensor(k_cvt_shape, mma_dtype)
                 self.convert_exactly(raw, cvt, k_cvt_shape)
@@ -292,7 +293,7 @@ class ConvertRole:
         raw_words = cute.recast_tensor(raw, cutlass.Int32)
         cvt_words = cute.recast_tensor(cvt, cutlass.Int32)
         prmt = lambda a, b, sel: cutlass.Int32(cute.arch.prmt(a, b, sel))  # noqa: E731
-        if cutlass.const_expr(self.kv_dtype is cutlass.Float8E5M2):
+        if cutlass.const_expr(self.cache_dtype is cutlass.Float8E5M2):
             for w in cutlass.range_constexpr(cute.size(raw_words)):
                 halves = L.e5m2x4_to_f16x2(raw_words[w], prmt)
                 for h in cutlass.range_constexpr(2):
@@ -317,15 +318,15 @@ class ConvertRole:
         bt_row: cute.Pointer,
         bt_stride_b: cutlass.Int64,
         num_cols: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         lane: cutlass.Int32,
     ) -> cutlass.Int32:
         """This lane's page (layouts.lane_page) of the key tile of staged item ``item``; 0 past
         the sequence's last page (and for an item past the split's last)."""
         v = self.v
         _, tile, _ = L.item_of(item, iters, v.d_tiles, cutlass.select_)
-        col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, page_shift)
-        col = col0 + L.lane_page(lane, page_shift)
+        col0, _ = L.tile_page_slot((first_tile + tile) * L.KEY_TILE, block_shift)
+        col = col0 + L.lane_page(lane, block_shift)
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
@@ -346,19 +347,19 @@ class ConvertRole:
         first_key: cutlass.Int32,
         first_tile: cutlass.Int32,
         iters: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
     ):
         """cp.async this thread's 16-byte chunks of staged item ``item`` into ring ``stage``: a
         tile wholly inside [first_key, kv_len) copies every row unchecked; another (the last, a
         window's first) skips the rows outside (indexing.key_loaded; the ring was zeroed once,
         and earlier items left finite bytes there). The copies
-        are specialised per page size (layouts.PAGE_SHIFTS, one uniform branch per item), so a
+        are specialised per page size (variant.BLOCK_SHIFTS, one uniform branch per item), so a
         step's page lane and slots are immediates as with a compile-time page size."""
         is_v, tile, dslice = L.item_of(item, iters, self.v.d_tiles, cutlass.select_)
         key0 = (first_tile + tile) * L.KEY_TILE
         thread_src = cute.make_ptr(
-            self.kv_dtype,
+            self.cache_dtype,
             cutlass.Int64(cutlass.select_(is_v, v_thread, k_thread))
             + cutlass.Int64(dslice * L.ITEM_BYTES),
             cute.AddressSpace.gmem,
@@ -367,17 +368,17 @@ class ConvertRole:
         block = cutlass.Int32(cutlass.select_(is_v, v_block, k_block))
         slot_stride = cutlass.Int32(cutlass.select_(is_v, v_slot, k_slot))
         dst = ring_thread + cute.assume(stage * (L.KEY_TILE * L.ITEM_BYTES), divby=L.CHUNK)
-        for k in cutlass.range_constexpr(len(L.PAGE_SHIFTS)):
-            if page_shift == L.PAGE_SHIFTS[k]:
+        for k in cutlass.range_constexpr(len(BLOCK_SHIFTS)):
+            if block_shift == BLOCK_SHIFTS[k]:
                 if X.tile_wholly_loaded(key0, key0 + L.KEY_TILE, first_key, kv_len):
                     self.copy_rows(
                         copy16, dst, thread_src, block, slot_stride, pages, key0, first_key,
-                        kv_len, wg_tidx, L.PAGE_SHIFTS[k], False,
+                        kv_len, wg_tidx, BLOCK_SHIFTS[k], False,
                     )  # fmt: skip
                 else:
                     self.copy_rows(
                         copy16, dst, thread_src, block, slot_stride, pages, key0, first_key,
-                        kv_len, wg_tidx, L.PAGE_SHIFTS[k], True,
+                        kv_len, wg_tidx, BLOCK_SHIFTS[k], True,
                     )  # fmt: skip
 
     @cute.jit
@@ -393,19 +394,19 @@ class ConvertRole:
         first_key: cutlass.Int32,
         kv_len: cutlass.Int32,
         wg_tidx: cutlass.Int32,
-        page_shift: cutlass.Constexpr,
+        block_shift: cutlass.Constexpr,
         checked: cutlass.Constexpr,
     ):
         """One cp.async per step: the step's page from the lane that read it, then thread
         pointer + page x block stride + (tile slot + step slot) x slot stride -> the thread's
-        ring destination + the step's immediate (pages of ``2^page_shift`` keys); predicated by
+        ring destination + the step's immediate (pages of ``2^block_shift`` keys); predicated by
         layouts.loader_predicate (rows outside [first_key, kv_len) if ``checked``, head_dim
         64's half rows)."""
-        _, slot0 = L.tile_page_slot(key0, page_shift)
+        _, slot0 = L.tile_page_slot(key0, block_shift)
         for step in cutlass.range_constexpr(L.LOADER_STEPS):
-            step_page, step_slot = L.loader_step_page_slot(step, page_shift)
+            step_page, step_slot = L.loader_step_page_slot(step, block_shift)
             page = pages
-            if cutlass.const_expr(L.pages_per_tile(page_shift) > 1):
+            if cutlass.const_expr(L.pages_per_tile(block_shift) > 1):
                 page = cute.arch.shuffle_sync(pages, offset=step_page)
             # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
             # IMAD.WIDE.U32 with the thread pointer as its addend.

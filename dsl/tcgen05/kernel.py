@@ -83,7 +83,7 @@ class Tcgen05PagedAttention(LaunchEntry, ConvertRole, SoftmaxRole):
     def __init__(self, variant: T.Variant):
         variant.check()
         self.v = variant
-        self.kv_dtype = _DTYPES[variant.kv_dtype]
+        self.cache_dtype = _DTYPES[variant.cache_dtype]
         self.mma_dtype = cutlass.Float16
         self.acc_dtype = cutlass.Float32
         self.mma_tile = (L.KEY_TILE, variant.rows, L.ITEM_BYTES)
@@ -172,16 +172,16 @@ class Tcgen05PagedAttention(LaunchEntry, ConvertRole, SoftmaxRole):
         tBsQ = smem.allocate_tensor(mma_dtype, smem_layout_q.outer, 1024, smem_layout_q.inner)
         # The FP8 ring seen as the ldmatrix sources: K (K-major A) and V (MN-major A).
         smem_layout_k = sm100_utils.make_smem_layout_a(
-            tiled_mma_kq, self.mma_tile, self.kv_dtype, T.LOAD_STAGES
+            tiled_mma_kq, self.mma_tile, self.cache_dtype, T.LOAD_STAGES
         )
         smem_layout_v = sm100_utils.make_smem_layout_a(
-            tiled_mma_vp, self.mma_tile, self.kv_dtype, T.LOAD_STAGES, is_k_major=False
+            tiled_mma_vp, self.mma_tile, self.cache_dtype, T.LOAD_STAGES, is_k_major=False
         )
         tAsK = cute.make_tensor(
-            cute.recast_ptr(ring, smem_layout_k.inner, dtype=self.kv_dtype), smem_layout_k.outer
+            cute.recast_ptr(ring, smem_layout_k.inner, dtype=self.cache_dtype), smem_layout_k.outer
         )
         tAsV = cute.make_tensor(
-            cute.recast_ptr(ring, smem_layout_v.inner, dtype=self.kv_dtype), smem_layout_v.outer
+            cute.recast_ptr(ring, smem_layout_v.inner, dtype=self.cache_dtype), smem_layout_v.outer
         )
         # P (fp16): written as the C tile of BMM1 (key, row), read as the B tile of BMM2.
         tile_nm = (None, tile_n, tile_m)

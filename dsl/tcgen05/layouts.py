@@ -10,8 +10,8 @@ branch on a traced value.
 Vocabulary (swap-AB, SPEC section 3):
  * row r of a CTA's query tile (the MMA's N index) = query token ``r // group`` of the sequence
    and query head ``kv_head * group + r % group``: the R = q_len x group rows of one KV head;
- * key j of the sequence lives in page ``block_table[seq, j >> page_shift]`` at slot
-   ``j & (2^page_shift - 1)``; a key tile is ``KEY_TILE`` consecutive keys (the MMA's M index);
+ * key j of the sequence lives in page ``block_table[seq, j >> block_shift]`` at slot
+   ``j & (2^block_shift - 1)``; a key tile is ``KEY_TILE`` consecutive keys (the MMA's M index);
  * a CTA's split owns a contiguous range of key tiles.
 
 The family-independent maps (rows, pages, positions, bf16 row scaling) are in dsl/common/
@@ -106,40 +106,39 @@ def loader_ring_offset(thread, step):
 
 
 # Pages: the block table is read once per page and item, not per row. The page size is a
-# run-time argument, ``page_shift`` = log2(page size), 4..8 (16..256 keys). A key tile starts on
+# run-time argument, ``block_shift`` = log2(page size), 4..8 (16..256 keys). A key tile starts on
 # a page boundary (page size <= KEY_TILE) or lies inside one page (page size > KEY_TILE; both are
 # powers of two, page size >= ROWS_PER_STEP), so a step's 16 rows share one page:
 # ``tile_page_slot`` gives the block-table column and slot of the tile's first key and
 # ``loader_step_page_slot`` what a step adds; a thread's own row adds ``loader_row(thread, 0)``
 # slots (< 16, never a page). The kernel's copies run one specialisation per page shift
-# (``PAGE_SHIFTS``, chosen once per item by a uniform branch), so these are plain ints there.
-PAGE_SHIFTS = (4, 5, 6, 7, 8)
+# (``BLOCK_SHIFTS``, chosen once per item by a uniform branch), so these are plain ints there.
 KEY_TILE_SHIFT = 7  # log2(KEY_TILE)
 
 
-def pages_per_tile(page_shift):
+def pages_per_tile(block_shift):
     """Pages one key tile spans: ceil(KEY_TILE / page size) (both powers of two: at least 1)."""
-    return ((KEY_TILE - 1) >> page_shift) + 1
+    return ((KEY_TILE - 1) >> block_shift) + 1
 
 
-def tile_page_slot(key0, page_shift):
+def tile_page_slot(key0, block_shift):
     """(block-table column, slot) of the key tile starting at key ``key0`` (a multiple of
     KEY_TILE): the slot is 0 unless a page holds several tiles (a plain 0 the kernel folds where
     the shift is a compile-time int)."""
-    col, slot = X.page_slot_of(key0, page_shift)
-    return col, (0 if isinstance(page_shift, int) and page_shift <= KEY_TILE_SHIFT else slot)
+    col, slot = X.page_slot_of(key0, block_shift)
+    return col, (0 if isinstance(block_shift, int) and block_shift <= KEY_TILE_SHIFT else slot)
 
 
-def loader_step_page_slot(step, page_shift):
+def loader_step_page_slot(step, block_shift):
     """(pages past the tile's first, slots past its first key's) of the 16 rows of ``step``."""
-    return X.page_slot_of(step * ROWS_PER_STEP, page_shift)
+    return X.page_slot_of(step * ROWS_PER_STEP, block_shift)
 
 
-def lane_page(lane, page_shift):
+def lane_page(lane, block_shift):
     """Which of the tile's pages lane ``lane`` of every converter warp reads from the block
     table (one read per lane per item); a step takes its page from lane
     ``loader_step_page_slot(step)[0]`` by a shuffle."""
-    return lane & (pages_per_tile(page_shift) - 1)
+    return lane & (pages_per_tile(block_shift) - 1)
 
 
 UMMA_K = 16  # fp16 elements (head dims) of one tcgen05.mma k-step

@@ -22,7 +22,7 @@ ARCHS = ("sm_100f",)
 HEAD_DIMS = (64, 128, 256)
 # FP8 caches: e4m3 (F2FP and an integer-pipe share) and e5m2 (byte moves: the high byte of an fp16),
 # both exact into the fp16 A operand (dsl/tcgen05/convert.py convert_exactly).
-KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+CACHE_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 # Warp roles: two warpgroups and two MMA warps, 320 threads. TMEM lane access is by warp % 4,
 # so the two roles that touch all 128 lanes (softmax: S and O; converter: K and V) each take a
@@ -58,25 +58,25 @@ CONVERT_STAGE_COLUMNS = ITEM_BYTES * 16 // 32
 class Variant:
     """One compiled kernel. ``rows`` is the MMA N (query rows per CTA): 32..256, a multiple of 32
     (the softmax reads S in 32-column chunks, layouts.score_key_column).
-    The page size is a run-time argument (``page_shift``, layouts.PAGE_SHIFTS: pages of 16..256
+    The page size is a run-time argument (``block_shift``, variant.BLOCK_SHIFTS: pages of 16..256
     keys), not part of a variant."""
 
     head_dim: int
     rows: int
     q_dtype: str
-    kv_dtype: str = "float8_e4m3fn"
+    cache_dtype: str = "float8_e4m3fn"
 
     @property
     def name(self) -> str:
         """The variant's name in the library (``tcgen05_d128_n32_bf16_e4m3``)."""
         rows = f"n{self.rows}"
-        return variant_name("tcgen05", self.head_dim, rows, None, self.q_dtype, self.kv_dtype)
+        return variant_name("tcgen05", self.head_dim, rows, None, self.q_dtype, self.cache_dtype)
 
     @property
     def kernel_name(self) -> str:
         """The compiled kernel this variant runs: both query dtypes share one (the library's C
         entry passes ``q_is_bf16``; the query is read as 16-bit words and widened by it)."""
-        return query_agnostic_name("tcgen05", self.head_dim, f"n{self.rows}", self.kv_dtype)
+        return query_agnostic_name("tcgen05", self.head_dim, f"n{self.rows}", self.cache_dtype)
 
     @property
     def q_is_bf16(self) -> int:
@@ -139,7 +139,7 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the tcgen05 family builds {HEAD_DIMS}")
         if self.rows % 32 or not 32 <= self.rows <= 256:
             raise ValueError(f"rows {self.rows}: whole 32-column softmax chunks in 32..256")
-        check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
+        check_dtypes(self.q_dtype, self.cache_dtype, CACHE_DTYPES)
         if self.convert_stages < 1:
             need = self.s_stages * self.rows + self.o_columns + CONVERT_STAGE_COLUMNS
             raise ValueError(

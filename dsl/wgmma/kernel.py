@@ -89,7 +89,7 @@ class WgmmaPagedAttention(LaunchEntry):
         variant.check()
         self.v = variant
         self.q_dtype = DTYPES[variant.q_dtype]
-        self.kv_dtype = DTYPES[variant.kv_dtype]
+        self.cache_dtype = DTYPES[variant.cache_dtype]
         # fp16 MMAs for both query dtypes: e4m3 -> fp16 is one instruction per pair, e4m3 ->
         # bf16 three more; a bf16 query is made fp16 exactly by a power of two per row.
         self.mma_dtype = cutlass.Float16
@@ -257,13 +257,13 @@ class WgmmaPagedAttention(LaunchEntry):
         v_block, v_slot = args.v_stride_b.to(cutlass.Int32), args.v_stride_s.to(cutlass.Int32)
         # This thread's chunk of staging slot 0, K item, step 0: a step and the V item add
         # immediates, a slot one multiply.
-        stage_thread = cute.recast_ptr(staging, dtype=self.kv_dtype) + cute.assume(
+        stage_thread = cute.recast_ptr(staging, dtype=self.cache_dtype) + cute.assume(
             L.staging_offset(wg_tidx, 0), divby=L.CHUNK
         )
         # cp.async.cg, 16 bytes: streamed through L2 only (each byte is read once per CTA).
         copy16 = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
-            self.kv_dtype,
+            self.cache_dtype,
             num_bits_per_copy=128,
         )
         bt_row = args.block_table_ptr + cutlass.Int64(work.seq) * args.bt_stride_s
@@ -313,11 +313,11 @@ class WgmmaPagedAttention(LaunchEntry):
         num_cols: cutlass.Int32,
         key0: cutlass.Int32,
         lane: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
     ) -> cutlass.Int32:
         """This lane's page of the key tile at key0 (lane_page; 0 past the sequence's last)."""
-        col0, _ = L.tile_page_slot(key0, page_shift)
-        col = col0 + L.lane_page(lane, self.v.key_tile, page_shift)
+        col0, _ = L.tile_page_slot(key0, block_shift)
+        col = col0 + L.lane_page(lane, self.v.key_tile, block_shift)
         return read_page_id(bt_row, bt_stride_b, col, num_cols)
 
     @cute.jit
@@ -341,7 +341,7 @@ class WgmmaPagedAttention(LaunchEntry):
         lane: cutlass.Int32,
         kv_len: cutlass.Int32,
         first_key: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         prologue: cutlass.Constexpr,
     ) -> cutlass.Int32:
@@ -356,39 +356,39 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         key0 = (first_tile + n) * v.key_tile
         pages_next = self.read_tile_pages(
-            bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, page_shift
+            bt_row, bt_stride_b, num_cols, key0 + v.key_tile, lane, block_shift
         )
-        _, slot0 = L.tile_page_slot(key0, page_shift)
+        _, slot0 = L.tile_page_slot(key0, block_shift)
         fill = L.staging_slot(n, v.fp8_stages) * v.fp8_tile_bytes
         dst = stage_thread + cute.assume(fill, divby=L.CHUNK)
         dst_v = dst + v.fp8_tile_bytes // 2
         if cutlass.const_expr(prologue):
             self.copy_rows(
                 copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0, kv_len,
-                first_key, page_shift, wg_tidx, True,
+                first_key, block_shift, wg_tidx, True,
             )  # fmt: skip
             self.copy_rows(
                 copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                kv_len, first_key, page_shift, wg_tidx, True,
+                kv_len, first_key, block_shift, wg_tidx, True,
             )  # fmt: skip
         else:
             if X.tile_wholly_loaded(key0, key0 + v.key_tile, first_key, kv_len):
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, False,
+                    kv_len, first_key, block_shift, wg_tidx, False,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, False,
+                    kv_len, first_key, block_shift, wg_tidx, False,
                 )  # fmt: skip
             else:
                 self.copy_rows(
                     copy16, dst, k_thread, k_block, k_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, True,
+                    kv_len, first_key, block_shift, wg_tidx, True,
                 )  # fmt: skip
                 self.copy_rows(
                     copy16, dst_v, v_thread, v_block, v_slot, pages, thread_page, slot0, key0,
-                    kv_len, first_key, page_shift, wg_tidx, True,
+                    kv_len, first_key, block_shift, wg_tidx, True,
                 )  # fmt: skip
         return pages_next
 
@@ -406,7 +406,7 @@ class WgmmaPagedAttention(LaunchEntry):
         key0: cutlass.Int32,
         kv_len: cutlass.Int32,
         first_key: cutlass.Int32,
-        page_shift: cutlass.Int32,
+        block_shift: cutlass.Int32,
         wg_tidx: cutlass.Int32,
         checked: cutlass.Constexpr,
     ):
@@ -416,12 +416,12 @@ class WgmmaPagedAttention(LaunchEntry):
         v = self.v
         zeros = None
         if cutlass.const_expr(checked):
-            zeros = cute.make_rmem_tensor(cute.make_layout(L.CHUNK), self.kv_dtype)
+            zeros = cute.make_rmem_tensor(cute.make_layout(L.CHUNK), self.cache_dtype)
             zeros.fill(0.0)
         for step in cutlass.range_constexpr(L.loader_steps(v.key_tile, v.head_dim)):
             # The step's page and slot are uniform (shift and mask of a constant); a page past
             # the tile's first comes from the lane that read it.
-            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, page_shift)
+            step_page, step_slot = L.loader_step_page_slot(step, v.head_dim, block_shift)
             page = cute.arch.shuffle_sync(pages, offset=thread_page + step_page)
             # Page ids and strides are non-negative: unsigned, so 32 x 32 -> 64 is one
             # IMAD.WIDE.U32 with the thread pointer as its addend.

@@ -13,6 +13,7 @@ S = Q K^T and the K of O += P V); a staged item is one key tile of K or of V, de
 """
 
 from dsl.common import indexing as X
+from dsl.common.variant import BLOCK_SHIFTS
 
 ROWS_PER_WARPGROUP = 64  # the wgmma M: query rows one consumer warpgroup owns
 WARPGROUP = 128  # threads per warpgroup
@@ -102,53 +103,53 @@ def loader_store_offset(thread, step, half, head_dim, key_tile):
 
 
 # Pages: the block table is read once per page, not per row. The page size is a run-time
-# argument, ``page_shift`` = log2(page size), 4..8 (16..256 keys). A key tile starts on a page
+# argument, ``block_shift`` = log2(page size), 4..8 (16..256 keys). A key tile starts on a page
 # boundary (page size <= key_tile) or lies inside one page (page size > key_tile; both are
 # powers of two), so tile_page_slot gives the block-table column and slot of its first key, and
 # the row a thread loads at a step sits ``loader_page_slot`` pages and slots past it.
-MIN_PAGE_SHIFT = 4  # pages of 16 keys: the smallest the kernel takes
+MIN_BLOCK_SHIFT = BLOCK_SHIFTS[0]  # pages of 16 keys: the smallest the kernel takes
 
 
-def pages_per_tile(key_tile, page_shift):
+def pages_per_tile(key_tile, block_shift):
     """Pages one key tile spans: ceil(key_tile / page size) (both powers of two: at least 1)."""
-    return ((key_tile - 1) >> page_shift) + 1
+    return ((key_tile - 1) >> block_shift) + 1
 
 
-def tile_page_slot(key0, page_shift):
+def tile_page_slot(key0, block_shift):
     """(block-table column, slot) of tile start key0 (a multiple of the key tile): the slot is
     0 unless a page holds several tiles."""
-    return X.page_slot_of(key0, page_shift)
+    return X.page_slot_of(key0, block_shift)
 
 
-def loader_thread_page_slot(thread, head_dim, page_shift):
+def loader_thread_page_slot(thread, head_dim, block_shift):
     """(page past the tile's first, slot past its first key's) of the row ``thread`` loads at
     step 0; computed once per producer thread. Where a step's rows fit the smallest page
     (head_dim >= 128) the page part is a plain 0 the kernel folds."""
     first = loader_row(thread, 0, head_dim)
-    if loader_rows_per_step(head_dim) <= 1 << MIN_PAGE_SHIFT:
+    if loader_rows_per_step(head_dim) <= 1 << MIN_BLOCK_SHIFT:
         return 0, first  # first < rows per step <= page size
-    return X.page_slot_of(first, page_shift)
+    return X.page_slot_of(first, block_shift)
 
 
-def loader_step_page_slot(step, head_dim, page_shift):
+def loader_step_page_slot(step, head_dim, block_shift):
     """What step ``step`` adds to that (uniform across the warpgroup): the rows a step advances
     and the thread's first row are powers of two below / multiples of the page, so pages and
     slots add without carry."""
-    return X.page_slot_of(step * loader_rows_per_step(head_dim), page_shift)
+    return X.page_slot_of(step * loader_rows_per_step(head_dim), block_shift)
 
 
-def loader_page_slot(thread, step, head_dim, page_shift):
+def loader_page_slot(thread, step, head_dim, block_shift):
     """(page past the tile's first, slot past its first key's) of the row ``thread`` loads at
     ``step``: the thread's part plus the step's, as the kernel adds them."""
-    thread_page, thread_slot = loader_thread_page_slot(thread, head_dim, page_shift)
-    step_page, step_slot = loader_step_page_slot(step, head_dim, page_shift)
+    thread_page, thread_slot = loader_thread_page_slot(thread, head_dim, block_shift)
+    step_page, step_slot = loader_step_page_slot(step, head_dim, block_shift)
     return thread_page + step_page, thread_slot + step_slot
 
 
-def lane_page(lane, key_tile, page_shift):
+def lane_page(lane, key_tile, block_shift):
     """Which of the tile's pages lane ``lane`` of every producer warp reads from the block table
     (one read per lane per tile); the page of a row comes from lane ``page`` by a shuffle."""
-    return lane & (pages_per_tile(key_tile, page_shift) - 1)
+    return lane & (pages_per_tile(key_tile, block_shift) - 1)
 
 
 # ---------------------------------------------------------------------------------- Q tile

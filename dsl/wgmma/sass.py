@@ -22,7 +22,7 @@ _CONVERSIONS = {"float8_e4m3fn": "F2FP.F16.E4M3.UNPACK_B", "float8_e5m2": "F2FP.
 
 def conversion(variant: Variant) -> str:
     """The exact FP8 -> fp16 conversion (two elements per instruction) of the variant's cache."""
-    return _CONVERSIONS[variant.kv_dtype]
+    return _CONVERSIONS[variant.cache_dtype]
 
 
 def expected_counts(variant: Variant) -> dict[str, int]:

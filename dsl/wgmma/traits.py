@@ -17,7 +17,7 @@ ARCHS = ("sm_90a",)
 HEAD_DIMS = (64, 128, 256)
 # Both FP8 caches convert exactly to fp16 (F2FP.F16.E4M3 / .E5M2.UNPACK_B, half an instruction
 # per element), so e5m2 costs the producer nothing more.
-KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+CACHE_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 REGISTER_FILE = 65536  # 32-bit registers per SM
 MAX_STAGES = 4  # staged 16-bit K/V items between the producer and the consumers
@@ -45,17 +45,17 @@ WIDE_CONSUMER_REGISTERS = 216
 class Variant:
     """One compiled kernel: ``consumers`` x 64 query rows per CTA (R = q_len x group rows of one
     KV head; more rows take more CTAs, each streaming the KV again). The page size is a run-time
-    argument (``page_shift``, any of dsl.common.variant.PAGE_SHIFTS), not part of a variant."""
+    argument (``block_shift``, any of dsl.common.variant.BLOCK_SHIFTS), not part of a variant."""
 
     head_dim: int
     consumers: int
     q_dtype: str
-    kv_dtype: str = "float8_e4m3fn"
+    cache_dtype: str = "float8_e4m3fn"
 
     @property
     def name(self) -> str:
         rows = f"m{self.rows}"
-        return variant_name("wgmma", self.head_dim, rows, None, self.q_dtype, self.kv_dtype)
+        return variant_name("wgmma", self.head_dim, rows, None, self.q_dtype, self.cache_dtype)
 
     @property
     def rows(self) -> int:
@@ -139,7 +139,7 @@ class Variant:
             raise ValueError(f"head_dim {self.head_dim}: the wgmma family builds {HEAD_DIMS}")
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers {self.consumers}: 1 or 2 consumer warpgroups")
-        check_dtypes(self.q_dtype, self.kv_dtype, KV_DTYPES)
+        check_dtypes(self.q_dtype, self.cache_dtype, CACHE_DTYPES)
         if self.stages < 2:
             raise ValueError(f"{self.name}: room for {self.stages} staged item(s), need 2")
         regs = self.registers_per_thread

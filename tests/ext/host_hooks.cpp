@@ -297,13 +297,13 @@ PYBIND11_MODULE(fp8nca_host_hooks, host) {
            "block_m query rows).");
   namespace ms = fp8nca::mma_sync;
   host.def("tile_page", &ms::tile_page, py::arg("r"), py::arg("block_shift"));
-  host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("kv_dtype"));
-  host.def("fp8x4_to_bf16x2_scaled", [](uint32_t w, int kv_dtype) {
-    return py::make_tuple(ms::fp8x4_even_to_bf16x2_scaled(w, kv_dtype),
-                          ms::fp8x4_odd_to_bf16x2_scaled(w, kv_dtype),
-                          ms::fp8_to_bf16_scale(kv_dtype));
-  }, py::arg("word"), py::arg("kv_dtype"));
-  host.def("fp8x4_special_bits", &ms::fp8x4_special_bits, py::arg("word"), py::arg("kv_dtype"));
+  host.def("bit_dequant_k", &ms::bit_dequant_k, py::arg("q_dtype"), py::arg("cache_dtype"));
+  host.def("fp8x4_to_bf16x2_scaled", [](uint32_t w, int cache_dtype) {
+    return py::make_tuple(ms::fp8x4_even_to_bf16x2_scaled(w, cache_dtype),
+                          ms::fp8x4_odd_to_bf16x2_scaled(w, cache_dtype),
+                          ms::fp8_to_bf16_scale(cache_dtype));
+  }, py::arg("word"), py::arg("cache_dtype"));
+  host.def("fp8x4_special_bits", &ms::fp8x4_special_bits, py::arg("word"), py::arg("cache_dtype"));
   host.def("e5m2x4_to_f16x2", [](uint32_t w) {
     return py::make_tuple(ms::e5m2x4_low_to_f16x2(w), ms::e5m2x4_high_to_f16x2(w));
   }, py::arg("word"));

@@ -62,7 +62,7 @@ elif module in ("benchmarks.attention", "benchmarks.accuracy"):
     out.mkdir(parents=True, exist_ok=True)
     backends = option("--backends").split(",") if "--backends" in args else []
     # The grid's cache formats (benchmarks.shapes.grid; the test compares the two).
-    kv_dtypes = ("fp8_e4m3", "fp8_per_token_head", "int8_per_token_head")
+    kv_cache_dtypes = ("fp8_e4m3", "fp8_per_token_head", "int8_per_token_head")
     row = {
         "batch": 32,
         "q_len": 8,
@@ -75,14 +75,14 @@ elif module in ("benchmarks.attention", "benchmarks.accuracy"):
         "copy_bw_gbps": 4300.0,
         "complete": True,
         "rows": [
-            {**row, "backend": b, "kv_dtype": kv}
-            for kv in kv_dtypes
+            {**row, "backend": b, "kv_cache_dtype": kv}
+            for kv in kv_cache_dtypes
             for b in backends
             if b != fault
         ],
         "skipped": [
-            {"backend": fault, "kv_dtype": kv, "reason": "failed: stub fault"}
-            for kv in kv_dtypes
+            {"backend": fault, "kv_cache_dtype": kv, "reason": "failed: stub fault"}
+            for kv in kv_cache_dtypes
             if fault
         ],
         "backends": {b: {"status": "ok"} for b in backends},

@@ -223,8 +223,8 @@ def head_from_token(r, group, kv_head):
     return kv_head * group + r // group % group
 
 
-def page_count_floor(kv_len, page_shift):
-    return kv_len >> page_shift  # forgets the last partial page
+def page_count_floor(kv_len, block_shift):
+    return kv_len >> block_shift  # forgets the last partial page
 
 
 def index_offset_ignores_stride(i, stride):

@@ -188,8 +188,8 @@ class EmulatedFamily:
         problem = validate_attention(
             *case.args(), **case.kwargs(), **extra, softmax_scale=None, out=None, validate=False
         )
-        q_dtype, kv_dtype = _dtype_name(case.query.dtype), _dtype_name(case.key_cache.dtype)
-        variant = self.make_variant(head_dim, size, q_dtype, kv_dtype)
+        q_dtype, cache_dtype = _dtype_name(case.query.dtype), _dtype_name(case.key_cache.dtype)
+        variant = self.make_variant(head_dim, size, q_dtype, cache_dtype)
         return case, problem, variant, splits, extra
 
     def run_case(self, name: str) -> tuple[float, float]:

@@ -436,13 +436,15 @@ def benchmark_figures(folder: Path) -> dict[str, object]:
     payload = json.loads(files[0].read_text())
     rows = {}
     for row in payload.get("rows", []):
-        label = f"b{row['batch']} q{row['q_len']} kv{row['kv_len']} {row['kv_dtype']}"
+        label = f"b{row['batch']} q{row['q_len']} kv{row['kv_len']} {row['kv_cache_dtype']}"
         rows.setdefault(label, {})[row["backend"]] = {
             "frac_of_copy_bw": row.get("frac_of_copy_bw"),
             "median_us": row.get("median_us"),
             "rel_err": row.get("rel_err"),
         }
-    reasons = {f"{s['backend']} {s['kv_dtype']}": s["reason"] for s in payload.get("skipped", [])}
+    reasons = {
+        f"{s['backend']} {s['kv_cache_dtype']}": s["reason"] for s in payload.get("skipped", [])
+    }
     return {
         "copy_bw_gbps": payload.get("copy_bw_gbps"),
         "complete": payload.get("complete"),

@@ -22,8 +22,8 @@ from pathlib import Path
 from . import report
 from .dsl_families import dsl_rows
 from .rows import (
+    CACHE_DTYPES,
     HEAD_DIMS,
-    KV_DTYPES,
     PREFILL_LENS,
     QUERY_DTYPES,
     ROWS_PER_KV_HEAD,
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS)
     parser.add_argument("--q-dtype", action="append", choices=QUERY_DTYPES)
-    parser.add_argument("--kv-dtype", action="append", choices=KV_DTYPES)
+    parser.add_argument("--cache-dtype", action="append", choices=CACHE_DTYPES)
     parser.add_argument("--rows", type=int, action="append", choices=ROWS_PER_KV_HEAD)
     parser.add_argument(
         "--prefill-len", type=int, action="append", metavar="TOKENS",
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shapes = ShapeSet(
         tuple(args.head_dim or HEAD_DIMS), tuple(args.q_dtype or QUERY_DTYPES),
-        tuple(args.kv_dtype or KV_DTYPES), tuple(args.rows or ROWS_PER_KV_HEAD),
+        tuple(args.cache_dtype or CACHE_DTYPES), tuple(args.rows or ROWS_PER_KV_HEAD),
         () if args.no_prefill else tuple(args.prefill_len or PREFILL_LENS),
     )  # fmt: skip
 

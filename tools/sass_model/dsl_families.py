@@ -7,7 +7,7 @@ plain Python): which warps run which loop, and how many KV bytes one iteration o
 covers. Tensor work is the tile's, 2 x rows x head_dim multiply-accumulates per key (rows = the
 variant's query rows per CTA; tcgen05 shapes live in instruction descriptors, not in SASS).
 
-The tcgen05 converter specialises an item's copies per run-time page size (layouts.PAGE_SHIFTS):
+The tcgen05 converter specialises an item's copies per run-time page size (variant.BLOCK_SHIFTS):
 ptxas dispatches them by a jump table (``BRX`` through constant bank 2). The model follows the
 specialisation of one page size (``PAGE_SIZE``, the drafters' 16; recorded in each row) and no
 other: ``one_page_specialisation``.
@@ -186,10 +186,11 @@ def converter_item_counts(sass_text: str, convert: Role) -> LoopCounts:
 def tcgen05_copy_signature(page_size: int = PAGE_SIZE) -> tuple[int, int]:
     """(LDGSTS, SHFL) per converter warp and item for ``page_size`` (dsl/tcgen05/layouts.py):
     LOADER_STEPS copies; a shuffle per page when the key tile spans several pages."""
+    from dsl.common.variant import BLOCK_SHIFTS
     from dsl.tcgen05 import layouts
 
     shift = page_size.bit_length() - 1
-    if page_size != 1 << shift or shift not in layouts.PAGE_SHIFTS:
+    if page_size != 1 << shift or shift not in BLOCK_SHIFTS:
         raise ValueError(f"page size {page_size}: not one of the converter's specialisations")
     pages = layouts.pages_per_tile(shift)
     # Steps sharing a page shuffle from the same lane: ptxas keeps one SHFL per page.
@@ -220,8 +221,8 @@ def dsl_rows(build_dir: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAP
                 b
                 for b in built
                 if b.arch == arch
-                and (b.variant.head_dim, b.variant.q_dtype, b.variant.kv_dtype)
-                == (shape.head_dim, shape.q_dtype, shape.kv_dtype)
+                and (b.variant.head_dim, b.variant.q_dtype, b.variant.cache_dtype)
+                == (shape.head_dim, shape.q_dtype, shape.cache_dtype)
             ]
             if gpu is None or not fits:
                 continue
@@ -261,7 +262,7 @@ def _row(gpu: hardware.Gpu, built: Built, shape: Shape, label: str) -> dict:
         "kernel": f"[{label}] {name}" if label else name,
         "head_dim": shape.head_dim,
         "q_dtype": shape.q_dtype,
-        "kv_dtype": shape.kv_dtype,
+        "cache_dtype": shape.cache_dtype,
         "rows_per_kv_head": shape.rows,
         "instr_per_kv_byte": {p: round(instr[p], 5) for p in pipes.PIPES},
         "regs": kernel.regs,

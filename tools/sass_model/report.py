@@ -46,7 +46,7 @@ def summary(rows: list[dict], head_dim: int = 128, q_dtype: str = "bfloat16") ->
     R = 32 / 64 / 128 across: the headline table (README, top of sass-model.md)."""
     cells: dict[tuple[str, str, str], dict[int, str]] = {}
     for r in rows:
-        if (r["head_dim"], r["q_dtype"], r["kv_dtype"]) != (head_dim, q_dtype, "float8_e4m3fn"):
+        if (r["head_dim"], r["q_dtype"], r["cache_dtype"]) != (head_dim, q_dtype, "float8_e4m3fn"):
             continue
         if _kind(r) != "drafter":
             continue
@@ -112,7 +112,7 @@ def _detail_table(
     return lines
 
 
-_SHAPE = {"D": "head_dim", "q": "q_dtype", "kv": "kv_dtype", "R": "rows_per_kv_head"}
+_SHAPE = {"D": "head_dim", "q": "q_dtype", "kv": "cache_dtype", "R": "rows_per_kv_head"}
 
 
 def _prefill_table(rows: list[dict]) -> list[str]:
@@ -152,7 +152,7 @@ def markdown(rows: list[dict]) -> str:
     order = sorted(
         (r for r in rows if _kind(r) == "drafter"),
         key=lambda r: (r["kernel"].partition("]")[0], r["family"], r["gpu"], r["head_dim"],
-                       r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"]),
+                       r["q_dtype"], r["cache_dtype"], r["rows_per_kv_head"]),
     )  # fmt: skip
     lines += _detail_table(order, _SHAPE, "predicted_hbm_fraction", "predicted HBM fraction")
     return "\n".join(lines + _prefill_table(rows)) + "\n"

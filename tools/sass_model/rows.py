@@ -21,7 +21,7 @@ from .tiles import DRAFTER_KV_LEN, GROUP, TileFacts, TileFactsError, cuda_tiles,
 
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = ("bfloat16", "float16")
-KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+CACHE_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 ROWS_PER_KV_HEAD = (32, 64, 128)  # R = q_len x GQA group of the drafters
 # Non-causal prefill, q = kv tokens, modelled for one configuration: head_dim 128,
 # BF16 query, e4m3 cache, 32 query / 8 KV heads (the drafter's Qwen3-8B-style GQA 4), so
@@ -34,14 +34,14 @@ PREFILL_CONFIG = (128, "bfloat16", "float8_e4m3fn")
 class Shape:
     head_dim: int
     q_dtype: str
-    kv_dtype: str
+    cache_dtype: str
     rows: int
     # q = kv = this many tokens of a non-causal prefill (rows = GROUP x tokens); 0: a drafter.
     prefill_len: int = 0
 
     @property
     def kv_bytes(self) -> int:
-        return 1 if self.kv_dtype.startswith("float8") else 2
+        return 1 if self.cache_dtype.startswith("float8") else 2
 
     @property
     def kind(self) -> str:
@@ -66,18 +66,22 @@ class ShapeSet:
 
     head_dims: tuple[int, ...] = HEAD_DIMS
     q_dtypes: tuple[str, ...] = QUERY_DTYPES
-    kv_dtypes: tuple[str, ...] = KV_DTYPES
+    cache_dtypes: tuple[str, ...] = CACHE_DTYPES
     rows: tuple[int, ...] = ROWS_PER_KV_HEAD
     prefill_lens: tuple[int, ...] = PREFILL_LENS
 
     def __iter__(self) -> Iterator[Shape]:
         for head_dim in self.head_dims:
             for q_dtype in self.q_dtypes:
-                for kv_dtype in self.kv_dtypes:
+                for cache_dtype in self.cache_dtypes:
                     for rows in self.rows:
-                        yield Shape(head_dim, q_dtype, kv_dtype, rows)
-        head_dim, q_dtype, kv_dtype = PREFILL_CONFIG
-        if head_dim in self.head_dims and q_dtype in self.q_dtypes and kv_dtype in self.kv_dtypes:
+                        yield Shape(head_dim, q_dtype, cache_dtype, rows)
+        head_dim, q_dtype, cache_dtype = PREFILL_CONFIG
+        if (
+            head_dim in self.head_dims
+            and q_dtype in self.q_dtypes
+            and cache_dtype in self.cache_dtypes
+        ):
             for length in self.prefill_lens:
                 yield prefill_shape(length)
 
@@ -128,7 +132,7 @@ def make_row(
         "kernel": f"[{label}] {kernel.name}" if label else kernel.name,
         "head_dim": shape.head_dim,
         "q_dtype": shape.q_dtype,
-        "kv_dtype": shape.kv_dtype,
+        "cache_dtype": shape.cache_dtype,
         "rows_per_kv_head": shape.rows,
         "instr_per_kv_byte": {p: round(v, 5) for p, v in prediction.instr_per_kv_byte.items()},
         "regs": kernel.regs,
@@ -170,7 +174,7 @@ def cuda_rows(path: str | Path, label: str = "", shapes: ShapeSet = ALL_SHAPES) 
     cache: dict[tuple[str, int], LoopCounts] = {}
     for shape in shapes:
         facts = cuda_tiles(
-            ext, shape.head_dim, shape.q_dtype, shape.kv_dtype, shape.rows,
+            ext, shape.head_dim, shape.q_dtype, shape.cache_dtype, shape.rows,
             kv_len=shape.prefill_len or DRAFTER_KV_LEN,
         )  # fmt: skip
         wanted = normalise(facts.kernel)
@@ -229,7 +233,7 @@ def triton_rows(
         q_len = shape.rows // GROUP
         case = make_case(
             [q_len], [shape.prefill_len or q_len + 512], num_q_heads=8 * GROUP, num_kv_heads=8,
-            head_dim=shape.head_dim, cache_dtype=getattr(torch, shape.kv_dtype),
+            head_dim=shape.head_dim, cache_dtype=getattr(torch, shape.cache_dtype),
             query_dtype=getattr(torch, shape.q_dtype), scales="none",
         )  # fmt: skip
         problem = validate_attention(

@@ -65,14 +65,14 @@ class TileFacts:
         return 2 * self.keys_per_iter * head_dim * kv_bytes_per_element
 
 
-def _pre_plan_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) -> TileFacts:
+def _pre_plan_mma_sync(head_dim: int, q_dtype: str, cache_dtype: str, rows: int) -> TileFacts:
     """The pre-plan mma.sync kernel (commit b66bef0): csrc/params.h kBlockM = 64 and
     block_n_for; csrc/attention.cuh AttnConfig (4 warps, kStageBytes, kStages, kQBytes, kSmem)
     and the runtime key-group split (row_warps -> n_groups). Only for that build (see the
     module docstring; :func:`cuda_tiles` checks its exported BLOCK_M / block_n first)."""
     block_m, warps = 64, 4
     block_n = _pre_plan_block_n(head_dim)
-    elt = 1 if kv_dtype.startswith("float8") else 2
+    elt = 1 if cache_dtype.startswith("float8") else 2
     row_bytes = head_dim * elt
     stage = block_n * (row_bytes + row_bytes + 16)  # K swizzled, V padded by 16 bytes
     stages = 3 if 3 * stage <= 100 * 1024 else 2
@@ -81,7 +81,7 @@ def _pre_plan_mma_sync(head_dim: int, q_dtype: str, kv_dtype: str, rows: int) ->
     row_warps = -(-rows_in_cta // 16)
     max_groups = min(block_n // 16, warps)
     groups = max_groups if row_warps == 1 else 2 if row_warps == 2 else 1
-    kv_code = CODE_OF[kv_dtype]
+    kv_code = CODE_OF[cache_dtype]
     return TileFacts(
         family="mma_sync",
         kernel=f"paged_attention_kernel<{head_dim}, {QUERY_TYPES[q_dtype]}, {kv_code}>",
@@ -117,7 +117,7 @@ def _check_pre_plan_build(ext: ModuleType, head_dim: int) -> None:
 
 
 def _from_plan(
-    ext: ModuleType, head_dim: int, q_dtype: str, kv_dtype: str, rows: int, kv_len: int
+    ext: ModuleType, head_dim: int, q_dtype: str, cache_dtype: str, rows: int, kv_len: int
 ) -> TileFacts:
     """Tile facts from the extension's C++ plan (``_C.plan``, the function the plan/run API
     calls) and the kernel's own key-group map (``_C.host.key_groups``) unless the plan reports
@@ -128,7 +128,7 @@ def _from_plan(
     q_len = -(-rows // GROUP)
     plan = ext.plan(
         num_seqs=1, num_tokens=q_len, num_q_heads=8 * GROUP, num_kv_heads=8, head_dim=head_dim,
-        kv_dtype=CODE_OF[kv_dtype], max_seqlen_q=q_len, max_seqlen_k=kv_len, resident_ctas=1,
+        cache_dtype=CODE_OF[cache_dtype], max_seqlen_q=q_len, max_seqlen_k=kv_len, resident_ctas=1,
         num_splits=1,
     )  # fmt: skip
     missing = [key for key in PLAN_KEYS if key not in plan]
@@ -137,7 +137,7 @@ def _from_plan(
             f"_C.plan of {ext.__file__} lacks {missing} (has {sorted(plan)}): the model needs "
             f"{list(PLAN_KEYS)}"
         )
-    elt = 1 if kv_dtype.startswith("float8") else 2
+    elt = 1 if cache_dtype.startswith("float8") else 2
     rows_in_cta = min(rows, int(plan["block_m"]))
     source = "_C.plan (the extension's plan)"
     if "key_groups" in plan:
@@ -153,7 +153,7 @@ def _from_plan(
             f"{ext.__file__}: _C.plan reports no key_groups and _C.host.key_groups is missing"
         )
     name = plan.get("kernel_name", "paged_attention_kernel")
-    default = f"{name}<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[kv_dtype]}>"
+    default = f"{name}<{head_dim}, {QUERY_TYPES[q_dtype]}, {CODE_OF[cache_dtype]}>"
     return TileFacts(
         family=str(plan["family"]),
         kernel=str(plan.get("kernel", default)),
@@ -168,7 +168,7 @@ def _from_plan(
 
 
 def cuda_tiles(
-    ext: ModuleType | None, head_dim: int, q_dtype: str, kv_dtype: str, rows: int,
+    ext: ModuleType | None, head_dim: int, q_dtype: str, cache_dtype: str, rows: int,
     kv_len: int = DRAFTER_KV_LEN,
 ) -> TileFacts:  # fmt: skip
     """Tile facts of the CUDA kernel the extension's plan launches for this shape (R = rows
@@ -183,16 +183,16 @@ def cuda_tiles(
     export = getattr(ext, "sass_tiles", None)
     if export is None:
         if hasattr(ext, "plan"):
-            return _from_plan(ext, head_dim, q_dtype, kv_dtype, rows, kv_len)
+            return _from_plan(ext, head_dim, q_dtype, cache_dtype, rows, kv_len)
         if _is_pre_plan_build(ext):
             _check_pre_plan_build(ext, head_dim)
-            return _pre_plan_mma_sync(head_dim, q_dtype, kv_dtype, rows)
+            return _pre_plan_mma_sync(head_dim, q_dtype, cache_dtype, rows)
         raise TileFactsError(
             f"{getattr(ext, '__file__', ext)} exports neither _C.plan nor _C.sass_tiles (nor "
             "the pre-plan API of b66bef0): its tile facts (smem bytes, block sizes, threads) "
             "can only come from the build; export _C.plan"
         )
-    facts = dict(export(head_dim, CODE_OF[q_dtype], CODE_OF[kv_dtype], rows))
+    facts = dict(export(head_dim, CODE_OF[q_dtype], CODE_OF[cache_dtype], rows))
     return TileFacts(
         family=str(facts["family"]),
         kernel=str(facts["kernel"]),

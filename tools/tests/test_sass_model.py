@@ -349,7 +349,7 @@ def test_tile_facts_come_from_the_plan():
     (call,) = ext.calls
     assert call == {
         "num_seqs": 1, "num_tokens": 16, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-        "kv_dtype": 2, "max_seqlen_q": 16, "max_seqlen_k": 32768, "resident_ctas": 1,
+        "cache_dtype": 2, "max_seqlen_q": 16, "max_seqlen_k": 32768, "resident_ctas": 1,
         "num_splits": 1,
     }  # fmt: skip
     # Keys the plan adds win: the kernel's name and the key-group split.
@@ -373,7 +373,7 @@ def test_tile_facts_come_from_the_plan():
 
 ROW_KEYS = {
     "kind": str, "gpu": str, "arch": str, "family": str, "kernel": str, "head_dim": int,
-    "q_dtype": str, "kv_dtype": str, "rows_per_kv_head": int, "instr_per_kv_byte": dict,
+    "q_dtype": str, "cache_dtype": str, "rows_per_kv_head": int, "instr_per_kv_byte": dict,
     "regs": int, "smem_bytes": int, "ctas_per_sm": int, "binding": str,
     "predicted_hbm_fraction": float,
 }  # fmt: skip
@@ -401,7 +401,7 @@ def check_schema(document: dict) -> None:
             assert isinstance(row[key], kind), (key, row[key])
         assert row["gpu"] in ("H200", "B200") and row["arch"].startswith("sm_")
         assert row["q_dtype"] in ("bfloat16", "float16")
-        assert row["kv_dtype"] in ("float8_e4m3fn", "float8_e5m2")
+        assert row["cache_dtype"] in ("float8_e4m3fn", "float8_e5m2")
         assert set(row["instr_per_kv_byte"]) == set(pipes.PIPES)
         if row["kind"] == "prefill":
             assert row["q_len"] == row["kv_len"] == row["rows_per_kv_head"] // 4
@@ -499,7 +499,11 @@ def test_shape_set_adds_the_prefill_shapes_for_their_configuration():
     prefill = [s for s in every if s.kind == "prefill"]
     assert prefill == [rows.prefill_shape(n) for n in (4096, 8192, 16384)]
     for shape in prefill:
-        assert (shape.head_dim, shape.q_dtype, shape.kv_dtype) == (128, "bfloat16", "float8_e4m3fn")
+        assert (shape.head_dim, shape.q_dtype, shape.cache_dtype) == (
+            128,
+            "bfloat16",
+            "float8_e4m3fn",
+        )
         # The benchmark's shape: its mask's FLOPs over the KV bytes it reads.
         bench = bench_shapes.prefill(shape.prefill_len)
         assert shape.flops_per_kv_byte == bench.flops / bench.kv_bytes()
@@ -519,7 +523,7 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     """CI: the tool over the freshly built _C; one row per modelled arch x shape of head_dim 128,
     a bf16 query and an e4m3 cache (the other head dims and dtypes run other kernels of the same
     code: modelling them all took 150 s of CI's 20 minutes)."""
-    narrowed = ["--head-dim", "128", "--q-dtype", "bfloat16", "--kv-dtype", "float8_e4m3fn"]
+    narrowed = ["--head-dim", "128", "--q-dtype", "bfloat16", "--cache-dtype", "float8_e4m3fn"]
     result = subprocess.run(
         [sys.executable, "-m", "tools.sass_model", "--out", str(tmp_path), "--no-triton",
          *narrowed],
@@ -530,10 +534,14 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
     check_schema(document)
     archs = {k.arch for k in cubins.read_library(built_extension()) if rows.gpu_for(k.arch)}
     assert archs, "no cubin for a modelled GPU in the build"
-    shapes = rows.ShapeSet(head_dims=(128,), q_dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",))
-    expected = {(arch, s.head_dim, s.q_dtype, s.kv_dtype, s.rows) for arch in archs for s in shapes}
+    shapes = rows.ShapeSet(
+        head_dims=(128,), q_dtypes=("bfloat16",), cache_dtypes=("float8_e4m3fn",)
+    )
+    expected = {
+        (arch, s.head_dim, s.q_dtype, s.cache_dtype, s.rows) for arch in archs for s in shapes
+    }
     got = [
-        (r["arch"], r["head_dim"], r["q_dtype"], r["kv_dtype"], r["rows_per_kv_head"])
+        (r["arch"], r["head_dim"], r["q_dtype"], r["cache_dtype"], r["rows_per_kv_head"])
         for r in document["rows"]
     ]
     assert sorted(got) == sorted(expected)
@@ -547,10 +555,10 @@ def test_tool_covers_every_built_arch_and_shape(tmp_path):
 
     for row in document["rows"]:
         q_len = row["rows_per_kv_head"] // 4
-        code = {"float8_e4m3fn": 2, "float8_e5m2": 3}[row["kv_dtype"]]
+        code = {"float8_e4m3fn": 2, "float8_e5m2": 3}[row["cache_dtype"]]
         plan = _C.plan(
             num_seqs=1, num_tokens=q_len, num_q_heads=32, num_kv_heads=8,
-            head_dim=row["head_dim"], kv_dtype=code, max_seqlen_q=q_len, max_seqlen_k=32768,
+            head_dim=row["head_dim"], cache_dtype=code, max_seqlen_q=q_len, max_seqlen_k=32768,
             resident_ctas=1, num_splits=1,
         )  # fmt: skip
         assert row["smem_bytes"] >= plan["smem_bytes"] > 0
@@ -608,7 +616,7 @@ def test_tool_models_the_triton_drafter_kernel(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tools.sass_model", "--out", str(tmp_path), "--no-cuda",
          "--head-dim", "64", "--rows", "32", "--q-dtype", "bfloat16",
-         "--kv-dtype", "float8_e4m3fn"],
+         "--cache-dtype", "float8_e4m3fn"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]

@@ -163,7 +163,7 @@ class BuiltVariant:
     head_dim: int
     rows: int  # query rows per CTA
     q_dtype: torch.dtype
-    kv_dtype: torch.dtype
+    cache_dtype: torch.dtype
     arch: str
 
 
@@ -281,7 +281,7 @@ def choose_variant(
     arch: str,
     head_dim: int,
     q_dtype: torch.dtype,
-    kv_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
     page_size: int,
     rows: int,
 ) -> tuple[BuiltVariant | None, str]:
@@ -289,7 +289,7 @@ def choose_variant(
     with the fewest rows per CTA that holds them all, else the one with the most (several row
     tiles). None and the reason when nothing built matches the other fields (every variant
     runs each page size in RUN_TIME_PAGE_SIZES)."""
-    wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "kv_dtype": kv_dtype}
+    wanted = {"arch": arch, "head_dim": head_dim, "q_dtype": q_dtype, "cache_dtype": cache_dtype}
     fits = list(variants)
     for field, value in wanted.items():
         narrowed = [v for v in fits if getattr(v, field) == value]

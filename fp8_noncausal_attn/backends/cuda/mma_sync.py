@@ -85,11 +85,11 @@ def run_unsupported_reason(problem: AttentionProblem, out: torch.Tensor | None) 
 
 @functools.cache
 def _resident_ctas(
-    device_index: int, head_dim: int, q_dtype: int, kv_dtype: int, block_m: int
+    device_index: int, head_dim: int, q_dtype: int, cache_dtype: int, block_m: int
 ) -> int:
     ext = extension.loaded()
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, kv_dtype, block_m), 1)
+    return sms * max(ext.ctas_per_sm(device_index, head_dim, q_dtype, cache_dtype, block_m), 1)
 
 
 def resident_ctas(batch: Batch) -> int:
@@ -98,14 +98,14 @@ def resident_ctas(batch: Batch) -> int:
     if batch.device.type == "cpu":
         return 1
     codes = extension.DTYPE_CODES
-    kv_dtype = codes[batch.cache_dtype]
+    cache_dtype = codes[batch.cache_dtype]
     rows = max(batch.max_seqlen_q, 1) * batch.group_size
     return _resident_ctas(
         batch.device.index,
         batch.head_dim,
         codes[batch.query_dtype],
-        kv_dtype,
-        extension.loaded().block_m_for(batch.head_dim, kv_dtype, rows),
+        cache_dtype,
+        extension.loaded().block_m_for(batch.head_dim, cache_dtype, rows),
     )
 
 
@@ -127,7 +127,7 @@ def kernel_plan(batch: Batch, resident: int, num_splits: int | None = None) -> d
         **extension.plan_sizes(batch),
         num_tokens=batch.num_tokens,
         head_dim=batch.head_dim,
-        kv_dtype=extension.DTYPE_CODES[batch.cache_dtype],
+        cache_dtype=extension.DTYPE_CODES[batch.cache_dtype],
         resident_ctas=resident,
         num_splits=num_splits or 0,
     )
@@ -211,7 +211,7 @@ def run(
             stream=stream,
             plan=plan.launch,
             q_dtype=extension.DTYPE_CODES[q.dtype],
-            kv_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
+            cache_dtype=extension.DTYPE_CODES[problem.key_cache.dtype],
             fields=fields,
             lse=0 if lse is None else lse.data_ptr(),
         )
