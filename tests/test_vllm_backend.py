@@ -649,13 +649,13 @@ def dequantized(rows, scale, cache_view_dtype):
     return (rows.float() / scale[None, :, None]).to(cache_view_dtype).double() * per_head
 
 
-def float64_attention(query, keys, values, softmax_scale, causal_flags=CAUSAL, window=(-1, -1),
+def float64_attention(query, keys, values, softmax_scale, causal_per_seq=CAUSAL, window=(-1, -1),
                       sinks=None):  # fmt: skip
     """SPEC §3 in float64, one sequence at a time: keys/values are per-sequence [kv, Hkv, D];
     ``window=(left, right)`` as applied (-1 unbounded), ``sinks`` one logit per q head."""
     out, start = [], 0
     group = NUM_HEADS // NUM_KV_HEADS
-    for q_len, kv_len, causal, k, v in zip(Q_LENS, KV_LENS, causal_flags, keys, values,
+    for q_len, kv_len, causal, k, v in zip(Q_LENS, KV_LENS, causal_per_seq, keys, values,
                                            strict=True):  # fmt: skip
         q = query[start : start + q_len].double()
         start += q_len
