@@ -121,6 +121,7 @@ class DcpAttention:
         max_num_tokens: int,
         softmax_scale: float,
         backend: str,
+        scale_mode: str,
     ) -> None:
         self.world_size, self.rank, self.interleave = world_size, rank, interleave
         self.softmax_scale, self.backend = softmax_scale, backend
@@ -129,7 +130,7 @@ class DcpAttention:
                  "max_num_tokens": max_num_tokens}  # fmt: skip
         self.shard = PagedAttention(
             num_q_heads=num_heads * world_size, block_size=block_size, cache_dtype=cache_dtype,
-            **sizes,
+            scale_mode=scale_mode, **sizes,
         )  # fmt: skip
         self.new_tokens = PagedAttention(
             num_q_heads=num_heads, block_size=NEW_TOKEN_PAGE, cache_dtype=query_dtype, **sizes
@@ -167,11 +168,13 @@ class DcpAttention:
         # FLASH_ATTN's bound of a rank's keys: ceil(L / (N I)) I.
         span = self.world_size * self.interleave
         max_shard = -(-m.max_seq_len // span) * self.interleave
+        # Both plans are made for the LSE that forward's runs ask for: a plan made without it
+        # would be made again on the first run of each batch.
         shard_plan = self.shard.plan(
             starts, self._shard_lens[:num_reqs], m.block_table_tensor, causal=False,
             max_seqlen_q=m.max_query_len, max_seqlen_k=max(max_shard, 1),
             softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
-            backend=self.backend, key_shard=True,
+            backend=self.backend, key_shard=True, return_lse=True,
         )  # fmt: skip
         if bidirectional:
             return DcpPlan(self, shard_plan, None, None)
@@ -194,7 +197,7 @@ class DcpAttention:
             starts, self._new_lens[:num_reqs], self._new_table[:num_reqs, :width], causal=m.causal,
             max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_query_len,
             softmax_scale=self.softmax_scale, num_tokens=m.num_actual_tokens,
-            backend=self.backend,
+            backend=self.backend, return_lse=True,
         )  # fmt: skip
         return DcpPlan(self, shard_plan, new_plan, slots)
 

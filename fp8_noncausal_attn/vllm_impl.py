@@ -125,7 +125,8 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
     """Owns the :class:`PagedAttention` (and its workspace) of its layers; plans every batch.
 
     Sizes come from the KV-cache spec (KV heads, head size, block size), the layers' impls
-    (query heads of this rank, softmax scale, cache dtype: all layers of the group must agree),
+    (query heads of this rank, softmax scale, cache dtype, scale mode: all layers of the group
+    must agree),
     the model dtype, and the scheduler's largest batch. vLLM constructs builders in
     ``initialize_attn_backend``, also during its CUDA-graph memory profiling
     (``_init_minimal_kv_cache_for_profiling``), so the workspace is part of what it measures.
@@ -155,13 +156,20 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
                 f"{BACKEND_NAME}: none of the layers {layer_names} is an attention layer of this "
                 "backend in vLLM's static forward context"
             )
-        shared = {(impl.num_heads, impl.scale, impl.cache_dtype(kv_cache_spec)) for impl in impls}
+        shared = {
+            (impl.num_heads, impl.scale, impl.cache_dtype(kv_cache_spec), impl.scale_mode())
+            for impl in impls
+        }
         if len(shared) != 1:
             raise ValueError(
                 f"{BACKEND_NAME}: the layers {layer_names} share one plan, so they must agree on "
-                f"(num_heads, softmax scale, cache dtype); got {sorted(shared, key=str)}"
+                f"(num_heads, softmax scale, cache dtype, scale mode); got "
+                f"{sorted(shared, key=str)}"
             )
-        num_heads, self.softmax_scale, cache_dtype = shared.pop()
+        # The scale mode is stated so that each batch is planned once, in build(), for the
+        # kernels the layers' scales need (left to the first run, a per-token-head layer's
+        # batch would be planned again there).
+        num_heads, self.softmax_scale, cache_dtype, scale_mode = shared.pop()
         # The window is a layer property; a group normally shares one, but may hold windowed and
         # global layers (vLLM's FLASH_ATTN notes Gemma-3 without the hybrid KV-cache manager):
         # build() plans once per distinct window.
@@ -216,6 +224,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
                 query_dtype=query_dtype, cache_dtype=cache_dtype, device=device,
                 max_num_seqs=max(scheduler.max_num_seqs, 1), max_num_tokens=max_tokens,
                 softmax_scale=self.softmax_scale, backend=self.kernel_backend,
+                scale_mode=scale_mode,
             )  # fmt: skip
         self.attention = PagedAttention(
             num_q_heads=num_heads,
@@ -228,6 +237,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
             max_num_seqs=max(scheduler.max_num_seqs, 1),
             max_num_tokens=max_tokens,
             backend=self.kernel_backend,
+            scale_mode=scale_mode,
         )
 
     def build(
@@ -364,6 +374,11 @@ class Fp8NoncausalAttentionImpl(AttentionImpl[Fp8NoncausalMetadata]):
         """The dtype the kernels read: the FP8 format for FP8 caches, the data's (e4m3fn, int8)
         for per-token-head ones, else the spec's dtype."""
         return self._per_token_head_dtype or self._cache_view_dtype or kv_cache_spec.dtype
+
+    def scale_mode(self) -> str:
+        """The scales forward passes (``PagedAttention``'s ``scale_mode``): ``"per_token_head"``
+        (views of the page) for per-token-head caches, else ``"per_head"`` (the layer's)."""
+        return "per_token_head" if self._per_token_head_dtype is not None else "per_head"
 
     def _caches_and_scales(self, layer: AttentionLayer, kv_cache: torch.Tensor) -> tuple:
         """``(key_cache, value_cache, k_scale, v_scale)`` of this layer: views of ``kv_cache``

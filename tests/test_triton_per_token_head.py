@@ -114,12 +114,32 @@ def test_production_tile_configuration(cache_dtype, query_dtype, head_dim, split
     with monkeypatch.context() as patch:
         patch.setattr(triton_attention, "interpreting", lambda: False)
         plan = triton_attention.launch_plan(problem.batch, splits)
-    assert plan.block_n == {64: 64, 128: 16, 256: 32}[head_dim] and plan.num_splits == splits
+    assert plan.block_n == {64: 64, 128: 32, 256: 32}[head_dim] and plan.num_splits == splits
     out, lse = run(problem, splits, dataclasses.replace(plan, dot_fp32=True))
     expected, expected_lse = torch.empty_like(out), torch.empty_like(lse)
     reference.paged_attention(problem, expected, expected_lse)
     assert relative_error(out, expected) <= TOLERANCE[query_dtype]
     assert lse_error(lse, expected_lse) < LSE_TOLERANCE
+
+
+@pytest.mark.parametrize("rows", [4, 16, 32, 64, 128, 512])
+def test_per_token_head_query_tiles_at_head_dim_128_hold_the_per_head_rows(rows, monkeypatch):
+    """The GPU's plan at head_dim 128 (rows = q_len x GQA group per KV head): a per-token-head
+    batch's query tile holds at least the per-head tile's rows, so its KV is read no more often
+    (a 64-row drafter step: once, not four times over 16-row tiles), with at least 32 keys per
+    tile."""
+    case = token_head_case(torch.float8_e4m3fn, torch.bfloat16, Flags(False), head_dim=128)
+    batch = problem_of(case, Flags(False)).batch
+    batch = dataclasses.replace(batch, max_seqlen_q=rows // batch.group_size)
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_attention, "interpreting", lambda: False)
+        per_head = triton_attention.launch_plan(dataclasses.replace(batch, scale_mode="per_head"))
+        plan = triton_attention.launch_plan(batch)
+    assert batch.per_token_head_scales and batch.max_seqlen_q * batch.group_size == rows
+    assert per_head.block_m <= plan.block_m and plan.num_q_tiles <= per_head.num_q_tiles
+    assert plan.block_n >= 32
+    if rows == 64:
+        assert plan.num_q_tiles == 1
 
 
 @pytest.mark.parametrize("cache_dtype", PER_TOKEN_HEAD_DTYPES)

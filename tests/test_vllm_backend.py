@@ -34,6 +34,7 @@ import vllm  # noqa: E402
 from helpers.vllm import (  # noqa: E402
     BLACKWELL,
     HOPPER,
+    count_batch_plans,
     cpu_vllm_config,
     drafter_config,
     nan_filled,
@@ -945,11 +946,14 @@ def per_token_rows(gen, n):
 
 
 @pytest.mark.parametrize("kv_cache_dtype", PER_TOKEN_HEAD)
-def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, kv_cache_dtype):
+def test_per_token_head_cache_through_vllms_layer_matches_float64(
+    vllm_config, kv_cache_dtype, monkeypatch
+):
     """vLLM's Attention layer on a per-token-head cache (its TRITON_ATTN page, viewed by vLLM's
     own TritonAttentionImpl too): the write computes each token's and head's scale inline, and
     forward (causal and bidirectional requests, a window, sinks) reads them, against float64 over
-    what vLLM's views read from the page, and over the unquantised K/V."""
+    what vLLM's views read from the page, and over the unquantised K/V. The step's batch is
+    planned once, by the builder, for per-token-head scales (forward plans nothing)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     data_dtype = PER_TOKEN_HEAD[kv_cache_dtype]
@@ -967,8 +971,10 @@ def test_per_token_head_cache_through_vllms_layer_matches_float64(vllm_config, k
     triton = TritonAttentionImpl(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, None, None,
                                  kv_cache_dtype)  # fmt: skip
     vllm_k, vllm_v = triton._pth_key_value_caches(layer.kv_cache)
+    plans = count_batch_plans(monkeypatch)
     run = run_layer_on_batch(vllm_config, layer, gen, keys, values)
     assert run.meta.attention.cache_dtype == data_dtype
+    assert [batch.scale_mode for batch in plans] == ["per_token_head"]
 
     def read_by_vllm(cache, scale, slot):  # float64 [n, NUM_KV_HEADS, HEAD_SIZE]
         blocks, offsets = slot // block_size, slot % block_size

@@ -23,7 +23,12 @@ from helpers import TOLERANCE, VLLM_BLOCK_SIZES
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import vllm.distributed.parallel_state as parallel_state  # noqa: E402
-from helpers.vllm import cpu_vllm_config, drafter_config, nan_filled  # noqa: E402
+from helpers.vllm import (  # noqa: E402
+    count_batch_plans,
+    cpu_vllm_config,
+    drafter_config,
+    nan_filled,
+)
 from vllm.config import (  # noqa: E402
     CacheConfig,
     ParallelConfig,
@@ -129,6 +134,7 @@ def test_dcp_ranks_match_float64_attention(
     new_k = torch.cat([k[c:] for k, c in zip(keys, CONTEXT, strict=True)])
     new_v = torch.cat([v[c:] for v, c in zip(values, CONTEXT, strict=True)])
 
+    plans = count_batch_plans(monkeypatch)
     ranks = []
     for rank in range(RANKS):
         group.set_rank(rank)
@@ -207,6 +213,13 @@ def test_dcp_ranks_match_float64_attention(
         thread.join()
     if errors:
         raise errors[0]
+    # Each rank's builder planned the shard's call and, for a mixed batch, the new tokens' call,
+    # for the LSE they return and the layer's scales; forward planned nothing more.
+    calls = 1 if batch == "bidirectional" else 2
+    assert len(plans) == RANKS * calls
+    scale_mode = "per_token_head" if kv_cache_dtype == "int8_per_token_head" else "per_head"
+    assert all(plan.return_lse for plan in plans)
+    assert {plan.scale_mode for plan in plans[::calls]} == {scale_mode}
 
     if kv_cache_dtype == "int8_per_token_head":  # scales per token and head, from the write
         k_scale = v_scale = None

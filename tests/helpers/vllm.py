@@ -36,6 +36,23 @@ def cpu_vllm_config(**configs) -> VllmConfig:
         return VllmConfig(device_config=DeviceConfig(device="cpu"), **configs)
 
 
+def count_batch_plans(monkeypatch) -> list:
+    """Records every batch the library plans (``registry.plan_batch``, which each
+    ``PagedAttention.plan`` and each run of a batch planned for other needs call): the list
+    returned gets each planned ``Batch``."""
+    from fp8_noncausal_attn import registry
+
+    planned = []
+    plan_batch = registry.plan_batch
+
+    def counting(backend, batch, *args, **kwargs):
+        planned.append(batch)
+        return plan_batch(backend, batch, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "plan_batch", counting)
+    return planned
+
+
 def nan_filled(shape, dtype: torch.dtype) -> torch.Tensor:
     """A cache tensor whose every byte is :data:`NAN_BYTE`, as an unwritten cache may be."""
     numel = torch.Size(shape).numel() * dtype.itemsize

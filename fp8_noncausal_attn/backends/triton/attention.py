@@ -450,11 +450,14 @@ def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int,
     thread, else 8: 4 warps spilled at 128 rows x d128 (200 B on sm_90), 8 warps at 32 rows x
     d256 (16 B on sm_100, where ptxas stopped at 128 registers).
 
-    Per-token-head scales: 4 warps at 64 rows, else 8, at most 32 rows at head_dim 256; at
-    head_dim 128, 16 x 16 tiles and 4 warps: under Triton 3.6 (the H200's) every larger tile
-    tried at d128 spilled on sm_90 (64-128 rows 56-272 B; 32 rows x 32 keys 24 B at 8 warps;
-    32 x 64 16 B with a window and sinks), and 16 x 16 at d256 spilled 16 B on sm_100 under
-    Triton 3.9. Never run: the H200 run is where these tiles get tuned.
+    Per-token-head scales: 4 warps at 64 rows, else 8, at most 32 rows at head_dim 256 (16 x 16
+    at d256 spilled 16 B on sm_100 under Triton 3.9). At head_dim 128 the query tile holds at
+    least the per-head tile's rows, so the KV is read no more often: 8 warps, 64 keys at 16
+    rows, else 32, and 32 rows take the 64-row tile; these compile without spills on sm_90 and
+    sm_100 under Triton 3.6 (the H200's) and 3.9. Spilled: at 4 warps with 32-64 keys, 16-744 B
+    (16-64 rows, 3.6 on sm_90); at 8 warps 128 x 64 136 B, 32 x 64 16 B (window and sinks),
+    32 x 32 8 B (3.6, sm_90) and 64 x 64 16 B (3.9, sm_100). Never run: the H200 run is where
+    these tiles get tuned.
     Multiplying the score and P tiles by a vector per key column keeps Triton 3.9's pipeliner
     from making the K and V loads asynchronous (their TTGIR holds plain loads, one byte per
     thread, not cp.async), which costs registers: at 4 warps d128 x 16-32 rows spilled 200-350 B
@@ -465,8 +468,9 @@ def _tiles_for_dots(batch: Batch, block_m: int, block_n: int) -> tuple[int, int,
         return 16, 16, 4, 1
     if batch.per_token_head_scales:
         if batch.head_dim == 128:
-            # Triton 3.6 (the H200's) spilled on sm_90 with every larger tile tried at d128.
-            return 16, 16, 4, 2
+            if block_m == 32:
+                block_m = 64  # 32-row tiles spilled (the docstring's list)
+            return block_m, 64 if block_m == 16 else 32, 8, 2
         if batch.head_dim == 256:
             block_m = min(block_m, 32)
         return block_m, block_n, 4 if block_m == 64 else 8, 2
