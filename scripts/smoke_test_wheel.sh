@@ -19,7 +19,8 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf "$venv"
   "$python_bin" -m venv "$venv"
   # Pinned CPU torch, as scripts/setup.sh does (an unpinned torch pulls a multi-GB CUDA build).
-  "$venv/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0 numpy
+  # --no-compile: one process imports them, once.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-compile torch==2.13.0 numpy
   exit 0
 fi
 
@@ -29,7 +30,8 @@ if [ "$archs" = all ]; then  # every supported one: setup.py reads them from CMa
   archs=$(.venv/bin/python -c 'import setup; print(";".join(setup.supported_archs()))')
 fi
 [ -x "$venv/bin/python" ] || bash "$0" --prepare
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-compile --force-reinstall \
+    --no-deps "$wheel"
 
 cuobjdump=$(command -v cuobjdump || true)
 for candidate in .venv/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump; do

@@ -18,10 +18,8 @@ start=$SECONDS
 if ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     python_bin=$(command -v python3.11 || command -v python3)
     [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
-    # --no-compile: byte-compiling all of torch made the setup 42 s instead of 13-20 s. The
-    # check's one process then compiles what it imports on every run (where
-    # PYTHONDONTWRITEBYTECODE is set, as on the CI image: import torch 12 s instead of 7 s),
-    # still less. The main and engine venvs, whose tests start many processes, are compiled.
+    # --no-compile: byte-compiling all of torch made the setup 42 s instead of 13-20 s; as in
+    # the other venvs, scripts/test.sh caches the bytecode of what runs.
     # shellcheck disable=SC2086  # one requirement per word
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-compile \
         "torch==$torch_version" "triton==$device_triton" $pins

@@ -171,6 +171,7 @@ NEWER = (
 )
 
 
+@pytest.mark.version_gate
 @pytest.mark.parametrize(
     "version, registered, logged",
     [("0.31.2", "not registered", OLDER + "registered"), ("0.35.0", "registered", NEWER)],
@@ -200,6 +201,7 @@ def _verdict(caplog, version: str) -> tuple[bool, list[str]]:
     ]
 
 
+@pytest.mark.version_gate
 @pytest.mark.parametrize("version", ["0.31.2", "0.4.0", "not-a-version"])
 def test_an_older_vllm_is_not_registered(caplog, version):
     assert _verdict(caplog, version) == (
@@ -211,6 +213,7 @@ def test_an_older_vllm_is_not_registered(caplog, version):
     )
 
 
+@pytest.mark.version_gate
 @pytest.mark.parametrize("version", ["0.35.0", "0.36.1.dev3+gabc", "1.0.0"])
 def test_a_newer_vllm_with_the_same_interface_is_registered_with_one_warning(caplog, version):
     assert _verdict(caplog, version) == (
@@ -313,6 +316,7 @@ def test_vllm_configs_parse_the_backend_name():
     assert parsed is AttentionBackendEnum["FP8_NONCAUSAL"]
 
 
+@pytest.mark.version_gate
 def test_version_gate_knows_the_tested_minors():
     for tested in ("0.32.0", "0.32.3", "0.33.0", "0.33.4", "0.33.1.dev12+gabcdef", "0.32.0+cpu",
                    "0.34.0", "0.34.2rc1"):  # fmt: skip
