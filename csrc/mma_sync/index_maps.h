@@ -109,13 +109,9 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
 // Byte offset in a V stage of key row r's per-token-head scale (which: 0 K, 1 V), copied with
 // the tile: the 16 bytes that pad each V row hold it (v_row), so the stage and the kernel's
 // shared memory keep their size; a 1-byte V tile is read back only through the dequantisation,
-// never by ldmatrix, so nothing else reads the pad. v_row is 4 words past a multiple of 8 (or,
-// at head_dim 64, 4 times an odd number), so a fixed word of the pad puts rows 8 apart in one
-// bank: a warp's copy of 32 consecutive rows would take 4 wavefronts. The word turns with
-// r / 8 instead (V two words from K), so those 32 rows hit 32 banks; the readers (up to 8
-// consecutive rows, or 4 even rows, of one aligned group of 8) stay on distinct banks.
+// never by ldmatrix, so nothing else reads the pad.
 FP8NCA_HD constexpr int scale_smem_offset(const TileShape& s, int r, int which) {
-  return r * s.v_row + s.units * 16 + 4 * (((r >> 3) + 2 * which) & 3);
+  return r * s.v_row + s.units * 16 + 4 * which;
 }
 
 // Copy slot `slot` (= thread + i * threads) of a tile copy moves unit slot % units of key row
