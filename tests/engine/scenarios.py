@@ -5,7 +5,8 @@ arguments, ``FP8NCA_ENGINE_MODE=reference`` and a bfloat16 cache (CPU_ATTN refus
 on AVX2; ``auto`` would not do: a checkpoint with a ``kv_cache_scheme`` makes it ``fp8``). The
 test platform then gives those layers CPU_ATTN over K/V rounded through the same FP8 format with
 the same scales. The per-token-head reference runs, whose targets keep a quantised cache, run
-with vLLM seeing an AVX2 CPU (``FP8NCA_ENGINE_CPU=avx2``) on every host.
+with vLLM seeing an AVX2 CPU (``FP8NCA_ENGINE_CPU=avx2``) on every host, and so do their backend
+runs.
 """
 
 from __future__ import annotations
@@ -148,14 +149,16 @@ def engine_specs(
                                     "speculative_config": speculative}  # fmt: skip
             spec = {"llm": llm, "prompts": prompts(DRAFTER_PROMPTS, seed=10 + k),
                     "max_tokens": MAX_TOKENS, "phases": ["generate"]}  # fmt: skip
+            # vLLM sees an AVX2 CPU in both runs: the reference's kernels, chosen beside the
+            # target's quantised cache, must be those of its 16-bit one on any x86 host, and the
+            # backend run takes the same kernels for the rest of the model (on a host with
+            # AVX512-BF16 its own would give the drafter other inputs than the reference's).
+            avx2 = {PLUGIN.CPU_ENV: PLUGIN.AVX2_ONLY}
             if reference:
-                # vLLM there sees an AVX2 CPU: the reference's kernels, chosen beside the
-                # target's quantised cache, must be those of its 16-bit one on any x86 host.
                 rounding = _reference(drafter_dtype or target_dtype, plants)
-                avx2 = {PLUGIN.CPU_ENV: PLUGIN.AVX2_ONLY}
                 specs[f"per_token_head_{name}_ref"] = (spec, rounding | avx2)
             else:
                 planted = ",".join(sorted(plants & set(PLUGIN.BACKEND_PLANTS)))
                 env = {PLUGIN.RECORD_KV_ENV: "1", PLUGIN.BACKEND_PLANT_ENV: planted}
-                specs[f"per_token_head_{name}"] = (spec, env)
+                specs[f"per_token_head_{name}"] = (spec, env | avx2)
     return {name: (spec, env | IN_PROCESS) for name, (spec, env) in specs.items()}
