@@ -1,4 +1,4 @@
-"""AOT build of every tcgen05 variant (skipped without ``nvidia-cutlass-dsl``): compile each
+"""AOT build of the CI tcgen05 variants (skipped without ``nvidia-cutlass-dsl``): compile each
 kernel for sm_100f (B200 and B300; one kernel serves a shape's bf16 and fp16 variants), export,
 link, load the library on this CPU machine, and check the kept cubins' SASS. NEVER RUN ON A GPU:
 nothing here launches a kernel."""
@@ -31,9 +31,12 @@ def built(tmp_path_factory):
     return cached_ci_build(build, "tcgen05", tmp_path_factory.mktemp("tcgen05"))
 
 
-def test_build_record_lists_every_variant_and_arch(built):
-    # CI compiles every tcgen05 variant
-    assert build.FAMILIES["tcgen05"][2]() == build.VARIANTS
+def test_build_record_lists_every_ci_variant_and_arch(built):
+    assert build.FAMILIES["tcgen05"][2]() == build.TCGEN05_CI_VARIANTS
+    # Every shape, and each cache dtype's conversion, is compiled.
+    ci = build.TCGEN05_CI_VARIANTS
+    assert {(v.head_dim, v.rows) for v in ci} == {(v.head_dim, v.rows) for v in build.VARIANTS}
+    assert {v.cache_dtype for v in ci} == {v.cache_dtype for v in build.VARIANTS}
     check_ci_build_record(build, "tcgen05", *built)
 
 
@@ -44,7 +47,7 @@ def test_library_loads_without_a_gpu_and_names_every_variant(built):
 
 def test_sass_has_tcgen05_tmem_cp_async_and_no_local_memory(built):
     out, record = built
-    assert len({e["symbol"] for e in record["variants"]}) == len(build.VARIANTS) // 2
+    assert len({e["symbol"] for e in record["variants"]}) == len(build.TCGEN05_CI_VARIANTS) // 2
     for entry in record["variants"]:
         cubin = out / entry["cubins"][0]
         variant = next(v for v in build.VARIANTS if v.name == entry["variant"])
