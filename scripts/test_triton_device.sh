@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Triton compile check (tests/test_triton_compile.py, sm_90a) again under the GPU machine's
+# The Triton compile check for sm_90a (tests/test_triton_compile.py) under the GPU machine's
 # Triton, which is older than the suite's: a kernel construct the newer Triton accepts and the
-# H200's rejects (or spills under) would otherwise first show on a GPU lease. Runs in
+# H200's rejects (or spills under) would otherwise first show on a GPU lease. (scripts/test.sh's
+# full run compiles sm_90 only here, and sm_100 under the suite's Triton.) Runs in
 # .venv-triton36 (made here, idempotently) with the suite's CPU torch and test pins; compiling
 # needs no GPU. Called by scripts/test.sh's full run.
 set -euo pipefail
