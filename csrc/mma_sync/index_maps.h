@@ -109,7 +109,12 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
 // Byte offset in a V stage of key row r's per-token-head scale (which: 0 K, 1 V), copied with
 // the tile: the 16 bytes that pad each V row hold it (v_row), so the stage and the kernel's
 // shared memory keep their size; a 1-byte V tile is read back only through the dequantisation,
-// never by ldmatrix, so nothing else reads the pad.
+// never by ldmatrix, so nothing else reads the pad. A fixed word of each row's pad puts rows 8
+// apart on one bank (v_row is 4 words past a multiple of 8, or 4 times an odd number), so a
+// warp's copy of 32 rows' scales takes 4 wavefronts. The conflict-free layouts tried cost the
+// head_dim 64 kernels, at their 168-register cap, a spill: the word turned with r / 8 (8-16
+// bytes on sm_90, sm_100f, sm_120), or the scales of rows 4p..4p+3 in the pad of row p (16
+// bytes on sm_89); the readers here add immediates to the row addresses they already hold.
 FP8NCA_HD constexpr int scale_smem_offset(const TileShape& s, int r, int which) {
   return r * s.v_row + s.units * 16 + 4 * which;
 }
