@@ -39,7 +39,7 @@ timed suite .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxproce
 [ "$quick" = 1 ] || timed "vLLM 0.33 run" env PYTHONPATH=build/vllm-0.33 .venv/bin/python -m pytest \
     -q -p no:cacheprovider -n 2 --dist loadfile -m "not version_gate" -k "vllm and not block64" \
     tests/test_vllm_backend.py tests/test_vllm_dcp.py tests/test_per_token_head_cache.py
-# The Triton kernels compiled again under the GPU machine's older Triton, in its own venv: one
+# The Triton kernels compiled for sm_90 under the GPU machine's older Triton, in its own venv: one
 # process, so it runs beside the engine venv's setup (another), its output shown at the end.
 if [ "$quick" = 0 ]; then
     mkdir -p build
