@@ -6,9 +6,10 @@ The maps are not copied: the test extension ``fp8nca_host_hooks`` (helpers/host_
 csrc/mma_sync/index_maps.h, fp8_bits.h, csrc/common/index_tensors.h, the cache quantisation and
 the split-KV merge row compiled for the CPU (the same ``__host__ __device__`` functions the
 kernels call): the tile copy's slots, the ldmatrix row addresses, the FP8 and int8 byte moves
-for every byte, the per-token-head scale slots, the pages of a tile, each row's visible key
-range and the tiles a window touches, the split of the windowed tile range, the plan's tile
-choice, the merge row and its sink, the index tensor readers and the cache quantisation.
+for every byte, the per-token-head scale slots, the shared-memory banks of the tile and scale
+copies, the pages of a tile, each row's visible key range and the tiles a window touches, the
+split of the windowed tile range, the plan's tile choice, the merge row and its sink, the index
+tensor readers and the cache quantisation.
 """
 
 import functools
@@ -163,17 +164,82 @@ def test_int8_byte_moves_are_exact_for_every_byte():
         assert [x - bias for x in biased] == raw.view(np.int8).tolist(), (b, pos)
 
 
-def test_scale_slots_lie_in_the_value_rows_pad():
-    """Each key row's two scales sit in its V row's 16-byte pad of a 1-byte stage: inside the
-    row, past its data, distinct per row and scale, 4-byte aligned."""
+def test_scale_slots_fill_the_stage_past_the_value_tile():
+    """A 1-byte stage ends with its keys' scales: K scales in key order, then V scales, 4-byte
+    words past the (unpadded) V tile, filling the stage to its end."""
     for head_dim in (64, 128, 256):
         for block_m in (64, 128):
             T = tables(head_dim, 1, block_m)
-            data_end = T["units"] * 16
-            assert T["v_row"] == data_end + 16
-            for r, (k, v) in enumerate(T["scale"]):
-                assert r * T["v_row"] + data_end <= k and v == k + 4 <= (r + 1) * T["v_row"] - 4
-                assert k % 4 == 0
+            n, v_tile = T["block_n"], T["block_n"] * T["v_row"]
+            assert T["v_row"] == T["units"] * 16 and T["scale_bytes"] == 8 * n
+            assert T["stage_bytes"] == n * T["k_row"] + v_tile + T["scale_bytes"]
+            assert T["scale"] == [[v_tile + 4 * r, v_tile + 4 * (n + r)] for r in range(n)]
+
+
+def wavefronts(offsets: list[int], width: int) -> list[int]:
+    """Shared-memory wavefronts of one warp's access of ``width`` bytes a lane (4 or 16) at
+    these byte offsets, phase by phase: the hardware serves 128 bytes of lanes at a time (a
+    16-byte access a quarter warp, a 4-byte one the whole warp), and a phase takes as many
+    wavefronts as the most distinct words one of the 32 banks holds (lanes reading one word
+    share it)."""
+    lanes = 128 // width
+    phases = []
+    for first in range(0, len(offsets), lanes):
+        words_per_bank: dict[int, set[int]] = {}
+        for offset in offsets[first : first + lanes]:
+            for word in range(offset // 4, (offset + width) // 4):
+                words_per_bank.setdefault(word % 32, set()).add(word)
+        phases.append(max(len(words) for words in words_per_bank.values()))
+    return phases
+
+
+def test_wavefronts_count_a_planted_conflict():
+    """Negative control: rows 8 apart at a stride of 20 words share banks; 16-byte units of two
+    rows 80 bytes apart overlap in banks 0-3; a broadcast and consecutive words do not."""
+    assert wavefronts([80 * r for r in range(32)], 4) == [4]
+    assert wavefronts([80 * (s // 4) + 16 * (s % 4) for s in range(32)], 16) == [2] * 4
+    assert wavefronts([0] * 32, 4) == wavefronts([4 * r for r in range(32)], 4) == [1]
+
+
+def assert_conflict_free(what: str, offsets: list[int], width: int) -> None:
+    assert wavefronts(offsets, width) == [1] * (len(offsets) * width // 128), (what, offsets)
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("elt", [1, 2])
+def test_tile_copies_are_free_of_bank_conflicts(elt, head_dim, block_m):
+    """Each warp's 16-byte units of a K and a V stage (load_kv_tile's cp.async slots, and
+    dequantize_tile's reads of a 1-byte stage, at the same offsets) fall on distinct banks in
+    each quarter warp. Stages start at multiples of 128 bytes (of the bank period)."""
+    T = tables(head_dim, elt, block_m)
+    assert (T["q_bytes"] % 128, T["stage_bytes"] % 128, T["block_n"] * T["k_row"] % 128) == (0,) * 3
+    for first in range(0, len(T["copy"]), 32):
+        slots = T["copy"][first : first + 32]
+        assert_conflict_free("K copy", [k for _, _, k, _ in slots], 16)
+        assert_conflict_free("V copy", [v for _, _, _, v in slots], 16)
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_scale_copies_and_reads_are_free_of_bank_conflicts(head_dim, block_m):
+    """Every warp-wide access to the per-token-head scales of a 1-byte stage hits each bank at
+    most once (or reads one word, a broadcast): load_scales' copy (thread r copies key row r's
+    K scale, then its V scale), scale_key_columns' K reads (lane (g, t) of n-tile j: keys
+    8 j + 2t, + 1) and dequantize_tile's V reads (the rows of the warp's copy slots)."""
+    T = tables(head_dim, 1, block_m)
+    scale = T["scale"]
+    for warp in range(T["block_n"] // 32):
+        for which in (0, 1):
+            rows = range(32 * warp, 32 * warp + 32)
+            assert_conflict_free("copy", [scale[r][which] for r in rows], 4)
+    for j in range(T["nt"]):
+        for column in (0, 1):
+            keys = [8 * j + 2 * (lane % 4) + column for lane in range(32)]
+            assert_conflict_free("K read", [scale[key][0] for key in keys], 4)
+    for first in range(0, len(T["copy"]), 32):
+        rows = [r for r, *_ in T["copy"][first : first + 32]]
+        assert_conflict_free("V read", [scale[r][1] for r in rows], 4)
 
 
 def test_plan_picks_the_128_row_tile_past_64_rows_of_an_fp8_cache():

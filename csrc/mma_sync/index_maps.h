@@ -14,8 +14,8 @@
 //  * O = P V: one ldmatrix.x4.trans per k-step and pair of output n-tiles loads the V operand
 //    (8x8 blocks of the row-major V tile, transposed: lane (g, t) gets keys 2t, 2t + 1 of head
 //    dim g); output n-tile j is head dims 8j .. 8j + 7 and lane (g, t) owns dims 8j + 2t, +1.
-// K rows are XOR-swizzled in 16-byte units and V rows padded by 16 bytes so both read patterns
-// are free of bank conflicts.
+// K rows are XOR-swizzled in 16-byte units and 16-bit V rows padded by 16 bytes so both read
+// patterns are free of bank conflicts; a 1-byte stage ends with its keys' per-token-head scales.
 #pragma once
 
 #include "../common/host_device.h"
@@ -45,7 +45,8 @@ struct TileShape {
   int steps_per_unit;  // mma k-steps fed by one unit
   int groups;          // groups of 4 units (one per quad lane)
   int k_row;           // bytes per K row in shared memory (swizzled, unpadded)
-  int v_row;           // bytes per V row in shared memory (padded by 16)
+  int v_row;           // bytes per V row in shared memory (16-bit rows padded by 16)
+  int scale_bytes;     // a 1-byte stage's per-token-head K and V scales (0 for 16-bit ones)
   int nt;              // S n-tiles per key tile
   int ot;              // O n-tiles
   int max_key_groups;  // warps one row warp's keys can be shared among
@@ -71,12 +72,16 @@ constexpr TileShape tile_shape(int head_dim, int elt, int block_m = kBlockM) {
   s.steps_per_unit = s.e / 4;
   s.groups = head_dim / (4 * s.e);
   s.k_row = head_dim * elt;
-  s.v_row = head_dim * elt + 16;
+  // ldmatrix reads 16-bit V rows 8 at a time: the pad (4 banks) puts the 8 on distinct banks. A
+  // 1-byte V tile is read only by the dequantisation, 16 bytes of consecutive rows a thread
+  // (copy slots), which an unpadded tile keeps on distinct banks and a padded one would not.
+  s.v_row = head_dim * elt + (elt == 2 ? 16 : 0);
+  s.scale_bytes = elt == 1 ? s.block_n * 2 * 4 : 0;
   s.nt = s.block_n / 8;
   s.ot = head_dim / 8;
   s.max_key_groups =
       block_m > kBlockM ? 1 : s.block_n / 16 < s.warps ? s.block_n / 16 : s.warps;
-  s.stage_bytes = s.block_n * (s.k_row + s.v_row);
+  s.stage_bytes = s.block_n * (s.k_row + s.v_row) + s.scale_bytes;
   s.q_bytes = block_m * head_dim * 2;
   s.wide_bytes = elt == 1 ? s.block_n * (2 * head_dim * 2 + 16) : 0;
   s.stages = s.q_bytes + s.wide_bytes + 3 * s.stage_bytes <= kSmemBudgetThreeStages ? 3 : 2;
@@ -107,16 +112,12 @@ FP8NCA_HD constexpr int v_smem_offset(const TileShape& s, int r, int u) {
 }
 
 // Byte offset in a V stage of key row r's per-token-head scale (which: 0 K, 1 V), copied with
-// the tile: the 16 bytes that pad each V row hold it (v_row), so the stage and the kernel's
-// shared memory keep their size; a 1-byte V tile is read back only through the dequantisation,
-// never by ldmatrix, so nothing else reads the pad. A fixed word of each row's pad puts rows 8
-// apart on one bank (v_row is 4 words past a multiple of 8, or 4 times an odd number), so a
-// warp's copy of 32 rows' scales takes 4 wavefronts. The conflict-free layouts tried cost the
-// head_dim 64 kernels, at their 168-register cap, a spill: the word turned with r / 8 (8-16
-// bytes on sm_90, sm_100f, sm_120), or the scales of rows 4p..4p+3 in the pad of row p (16
-// bytes on sm_89); the readers here add immediates to the row addresses they already hold.
+// the tile into the stage's scale_bytes past the V tile: the K scales of the tile's keys in
+// order, then the V scales. A warp's copy (32 consecutive rows) and its reads (scale_key_columns:
+// 8 consecutive keys; dequantize_tile: the consecutive rows of its copy slots) fall on distinct
+// banks or share a word.
 FP8NCA_HD constexpr int scale_smem_offset(const TileShape& s, int r, int which) {
-  return r * s.v_row + s.units * 16 + 4 * which;
+  return s.block_n * s.v_row + 4 * (which * s.block_n + r);
 }
 
 // Copy slot `slot` (= thread + i * threads) of a tile copy moves unit slot % units of key row

@@ -81,8 +81,9 @@ __device__ __forceinline__ ScaleSource scale_source(const AttnParams& p, int kvh
 }
 
 // Copies key row `tid`'s K and V scale (zero outside `keys`, as load_kv_tile's data) of the
-// key tile from key n0 into its V row's pad (index_maps.h scale_smem_offset). Threads below
-// block_n, whole warps (it shuffles the page id from `my_page`, as load_kv_tile does).
+// key tile from key n0 into the stage's scales past the V tile (index_maps.h
+// scale_smem_offset). Threads below block_n, whole warps (it shuffles the page id from
+// `my_page`, as load_kv_tile does).
 template <int D, typename QT, int KV, int BM>
 __device__ __forceinline__ void load_scales(const AttnParams& p, const ScaleSource& scales,
                                             int my_page, int n0, const KeyRange& keys,

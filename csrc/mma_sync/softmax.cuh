@@ -24,8 +24,8 @@ struct RowState {
 
 // Per-token-head K scales: multiplies each score column of the warp's kNT n-tiles (from j0) by
 // its key's k_scale, in fp32, before the mask and the row max: s_ij = (q_i . k_j) * k_scale_j.
-// `stage_v` is the tile's V stage, whose row pads hold the scales (index_maps.h
-// scale_smem_offset); lane (g, t) holds keys 8 (j0 + j) + 2t, + 1 of n-tile j (PTX ISA layout).
+// `stage_v` is the tile's V stage, which the scales follow (index_maps.h scale_smem_offset);
+// lane (g, t) holds keys 8 (j0 + j) + 2t, + 1 of n-tile j (PTX ISA layout).
 template <int kNT>
 __device__ __forceinline__ void scale_key_columns(float (&s)[kNT][4], const uint8_t* stage_v,
                                                   const TileShape& shape, int j0, int lane) {
