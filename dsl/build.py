@@ -33,7 +33,7 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 # The tcgen05 variants built (the page size, 16..256, is a run-time argument): head_dim
 # 64 and 128 with 32, 64 or 128 query rows per CTA (R = q_len x group: one CTA per KV head up to
 # R = 128), head_dim 256 with 32 or 64; both query dtypes (one kernel for both: ``kernel_name``);
-# e4m3 and e5m2 caches; for sm_100f (B200 and B300). CI compiles TCGEN05_CI_VARIANTS'. See
+# e4m3 and e5m2 caches; for sm_100f (B200 and B300). CI compiles TCGEN05_CI_VARIANTS. See
 # docs/tcgen05.md for what is left (head_dim 256 x 128 rows).
 # head_dim 256 x 64 rows with an e5m2 cache spills 32-40 bytes at ptxas' 168-register cap: not
 # built, so R > 32 there runs as several 32-row CTAs.

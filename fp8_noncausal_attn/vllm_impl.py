@@ -126,8 +126,7 @@ class Fp8NoncausalMetadataBuilder(AttentionMetadataBuilder[Fp8NoncausalMetadata]
 
     Sizes come from the KV-cache spec (KV heads, head size, block size), the layers' impls
     (query heads of this rank, softmax scale, cache dtype, scale mode: all layers of the group
-    must agree),
-    the model dtype, and the scheduler's largest batch. vLLM constructs builders in
+    must agree), the model dtype, and the scheduler's largest batch. vLLM constructs builders in
     ``initialize_attn_backend``, also during its CUDA-graph memory profiling
     (``_init_minimal_kv_cache_for_profiling``), so the workspace is part of what it measures.
 
